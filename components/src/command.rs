@@ -1,0 +1,217 @@
+//! Command entities: what a command is, what memory it needs, how it is connected to
+//! other commands, and where it is in its execution.
+
+use std::sync::Arc;
+
+use bevy_ecs::component::Component;
+use bevy_ecs::entity::Entity;
+use gantry_driver::{
+    AccessMode, AllocId, ClosureKernel, Geometry, HostCtx, HostStorage, MemSpace, OpHandle,
+};
+use smallvec::SmallVec;
+
+use crate::event::EventShared;
+use crate::handle::{BufferCore, QueueCore};
+use crate::memory::ByteRange;
+use crate::resources::DeviceId;
+
+/// What kind of command an entity is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommandKind {
+    /// A kernel launch.
+    Kernel,
+    /// A host task.
+    HostTask,
+    /// A buffer-to-buffer copy.
+    Copy,
+    /// A host-to-buffer copy.
+    CopyFromHost,
+    /// A buffer-to-host copy.
+    CopyToHost,
+    /// A fill.
+    Fill,
+    /// A memory move between memory spaces, inserted by dependency resolution.
+    MemoryMove,
+    /// An empty command group: completes when its dependencies have.
+    Marker,
+    /// A queue barrier: depends on everything submitted to its queue before it.
+    Barrier,
+    /// A host access guard: runs while the user holds the data.
+    HostAccess,
+}
+
+impl CommandKind {
+    /// Whether a driver executes it (markers and host accesses complete in the scheduler).
+    pub fn runs_on_driver(self) -> bool {
+        !matches!(self, CommandKind::Marker | CommandKind::Barrier | CommandKind::HostAccess)
+    }
+}
+
+/// A closure a host task runs.
+pub type HostFn = Box<dyn FnOnce(&HostCtx<'_>) + Send>;
+
+/// Makes a `Send` value `Sync` by allowing access only through `&mut` or by value, so
+/// components can own closures that are not `Sync` (host tasks).
+pub struct SyncCell<T>(T);
+
+// SAFETY: a shared reference gives no access to the inner value.
+unsafe impl<T: Send> Sync for SyncCell<T> {}
+
+impl<T> SyncCell<T> {
+    /// Wraps a value.
+    pub fn new(v: T) -> Self {
+        Self(v)
+    }
+    /// Unwraps it.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+/// The work a command carries until it is enqueued. Memory arguments are its
+/// [`Requirements`], in order.
+pub enum Work {
+    /// Launch a kernel; one requirement per global accessor slot.
+    Kernel {
+        /// The kernel.
+        kernel: Arc<ClosureKernel>,
+        /// Its iteration space.
+        geometry: Geometry,
+    },
+    /// Run a host task; one requirement per host accessor slot.
+    HostTask {
+        /// The closure.
+        run: SyncCell<HostFn>,
+        /// Its command group's tag.
+        tag: u64,
+    },
+    /// Copy requirement 0 into requirement 1.
+    Copy,
+    /// Copy these bytes into requirement 0.
+    CopyFromHost(Arc<HostStorage>),
+    /// Copy requirement 0 into this host storage.
+    CopyToHost(Arc<HostStorage>),
+    /// Fill requirement 0 with this element pattern.
+    Fill(SmallVec<[u8; 16]>),
+    /// Copy the whole buffer of requirement 0 from one memory space to another.
+    Move {
+        /// Where the valid copy is.
+        from: MemSpace,
+        /// Where it is needed.
+        to: MemSpace,
+    },
+    /// Nothing to run.
+    Marker,
+    /// A host access guard.
+    HostAccess,
+}
+
+/// Identity of a command.
+#[derive(Component, Debug)]
+pub struct Command {
+    /// Kind.
+    pub kind: CommandKind,
+    /// Name, for errors and traces.
+    pub name: Arc<str>,
+    /// The queue it was submitted to (none for inserted memory moves).
+    pub queue: Option<Arc<QueueCore>>,
+    /// The device that executes it.
+    pub device: DeviceId,
+    /// Global submission order.
+    pub seq: u64,
+}
+
+/// One buffer range a command uses.
+#[derive(Clone, Debug)]
+pub struct Requirement {
+    /// The buffer.
+    pub buffer: Arc<BufferCore>,
+    /// How it is used.
+    pub mode: AccessMode,
+    /// Which bytes.
+    pub range: ByteRange,
+    /// Where the command needs them (set by resolution).
+    pub space: MemSpace,
+    /// The device allocation in `space`, if it is not host memory (set by resolution).
+    pub alloc: Option<AllocId>,
+}
+
+impl Requirement {
+    /// A requirement not yet placed in a memory space.
+    pub fn new(buffer: Arc<BufferCore>, mode: AccessMode, range: ByteRange) -> Self {
+        Self { buffer, mode, range, space: MemSpace::Host, alloc: None }
+    }
+}
+
+/// The buffer ranges a command uses, in argument order.
+#[derive(Component, Debug, Default)]
+pub struct Requirements(pub SmallVec<[Requirement; 4]>);
+
+/// An outgoing dependency edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Successor {
+    /// The dependent command.
+    pub entity: Entity,
+    /// The edge stops blocking when this command is *submitted* (both on one driver
+    /// that orders wait-lists itself); otherwise when it completes.
+    pub on_submit: bool,
+}
+
+/// Dependency edges of a command.
+#[derive(Component, Debug, Default)]
+pub struct Edges {
+    /// Commands this one depends on (possibly finished and despawned since).
+    pub preds: SmallVec<[Entity; 4]>,
+    /// Commands that depend on this one.
+    pub succs: SmallVec<[Successor; 4]>,
+    /// Incoming edges that still block enqueueing.
+    pub blockers: u32,
+}
+
+/// Where a command is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Waiting for dependency resolution.
+    New,
+    /// Waiting for its blockers.
+    Waiting,
+    /// Ready to be enqueued.
+    Ready,
+    /// Handed to a driver (or, for a host access, held by the user).
+    Submitted,
+}
+
+/// Execution state of a command.
+#[derive(Component)]
+pub struct Execution {
+    /// Status.
+    pub status: Status,
+    /// The work, until enqueued.
+    pub work: Option<Work>,
+    /// The driver's handle once submitted.
+    pub handle: Option<OpHandle>,
+    /// The event users wait on.
+    pub event: Arc<EventShared>,
+    /// Events this command was asked to depend on, until resolved.
+    pub waits: SmallVec<[Arc<EventShared>; 1]>,
+}
+
+/// Everything a submission carries from a user thread to the ingest stage.
+pub struct CommandDesc {
+    /// Kind.
+    pub kind: CommandKind,
+    /// Name.
+    pub name: Arc<str>,
+    /// The queue.
+    pub queue: Arc<QueueCore>,
+    /// The executing device.
+    pub device: DeviceId,
+    /// Buffer ranges used.
+    pub requirements: SmallVec<[Requirement; 4]>,
+    /// Explicit event dependencies.
+    pub waits: SmallVec<[Arc<EventShared>; 1]>,
+    /// The work.
+    pub work: Work,
+    /// Its event.
+    pub event: Arc<EventShared>,
+}

@@ -1,0 +1,189 @@
+//! Events: completion state shared between the scheduler and user threads.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use gantry_driver::ExecError;
+use parking_lot::{Condvar, Mutex};
+
+use crate::handle::EntitySlot;
+
+/// Where a command is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventStatus {
+    /// Submitted to the runtime, waiting for dependencies.
+    Pending = 0,
+    /// Handed to a driver.
+    Submitted = 1,
+    /// Running (host accesses: the user holds the data).
+    Running = 2,
+    /// Finished successfully.
+    Complete = 3,
+    /// Finished with an error.
+    Failed = 4,
+}
+
+impl EventStatus {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Pending,
+            1 => Self::Submitted,
+            2 => Self::Running,
+            3 => Self::Complete,
+            _ => Self::Failed,
+        }
+    }
+    /// Complete or failed.
+    pub fn is_final(self) -> bool {
+        self >= EventStatus::Complete
+    }
+}
+
+/// Profiling timestamps in nanoseconds: submission on the runtime's clock, start and
+/// end on the executing device's clock (real time for the CPU driver, virtual time
+/// for the simulated device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timestamps {
+    /// When `submit` was called.
+    pub submitted_ns: u64,
+    /// When execution started.
+    pub started_ns: u64,
+    /// When execution ended.
+    pub ended_ns: u64,
+}
+
+/// The shared state of one event.
+#[derive(Debug)]
+pub struct EventShared {
+    status: AtomicU8,
+    error: OnceLock<ExecError>,
+    times: [AtomicU64; 3],
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cond: Condvar,
+    /// Name of the command, for errors.
+    pub name: Arc<str>,
+    /// The command entity while it is alive.
+    pub command: EntitySlot,
+    /// Which runtime it belongs to.
+    pub runtime: u64,
+}
+
+impl EventShared {
+    /// A pending event submitted at `submitted_ns`.
+    pub fn new(name: Arc<str>, runtime: u64, submitted_ns: u64) -> Self {
+        Self {
+            status: AtomicU8::new(EventStatus::Pending as u8),
+            error: OnceLock::new(),
+            times: [AtomicU64::new(submitted_ns), AtomicU64::new(0), AtomicU64::new(0)],
+            waiters: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            name,
+            command: EntitySlot::default(),
+            runtime,
+        }
+    }
+
+    /// Current status.
+    #[inline]
+    pub fn status(&self) -> EventStatus {
+        EventStatus::from_u8(self.status.load(Ordering::Acquire))
+    }
+
+    /// The error, once failed.
+    pub fn error(&self) -> Option<&ExecError> {
+        self.error.get()
+    }
+
+    /// Profiling timestamps (zero until known).
+    pub fn timestamps(&self) -> Timestamps {
+        Timestamps {
+            submitted_ns: self.times[0].load(Ordering::Relaxed),
+            started_ns: self.times[1].load(Ordering::Relaxed),
+            ended_ns: self.times[2].load(Ordering::Relaxed),
+        }
+    }
+
+    fn set_status(&self, s: EventStatus) {
+        self.status.store(s as u8, Ordering::Release);
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            let _g = self.lock.lock();
+            self.cond.notify_all();
+        }
+    }
+
+    /// Marks it handed to a driver.
+    pub fn mark_submitted(&self) {
+        self.set_status(EventStatus::Submitted);
+    }
+
+    /// Marks it running at `started_ns`.
+    pub fn mark_running(&self, started_ns: u64) {
+        self.times[1].store(started_ns, Ordering::Relaxed);
+        self.set_status(EventStatus::Running);
+    }
+
+    /// Completes it with `result` and the device timestamps.
+    pub fn finish(&self, result: Result<(), ExecError>, started_ns: u64, ended_ns: u64) {
+        self.times[1].store(started_ns, Ordering::Relaxed);
+        self.times[2].store(ended_ns, Ordering::Relaxed);
+        match result {
+            Ok(()) => self.set_status(EventStatus::Complete),
+            Err(e) => {
+                let _ = self.error.set(e);
+                self.set_status(EventStatus::Failed);
+            }
+        }
+    }
+
+    /// Blocks until the status is at least `at_least`.
+    pub fn block_until(&self, at_least: EventStatus) {
+        if self.status() >= at_least {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut g = self.lock.lock();
+        while self.status() < at_least {
+            self.cond.wait(&mut g);
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Blocks until the status is at least `at_least` or `timeout` passes; returns
+    /// whether the status was reached.
+    pub fn block_until_for(&self, at_least: EventStatus, timeout: std::time::Duration) -> bool {
+        if self.status() >= at_least {
+            return true;
+        }
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut g = self.lock.lock();
+        if self.status() < at_least {
+            self.cond.wait_for(&mut g, timeout);
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.status() >= at_least
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_wake_on_completion() {
+        let ev = Arc::new(EventShared::new("k".into(), 1, 5));
+        let ev2 = ev.clone();
+        let t = std::thread::spawn(move || {
+            ev2.block_until(EventStatus::Complete);
+            ev2.status()
+        });
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        ev.finish(Err(ExecError::RuntimeDropped), 7, 9);
+        assert_eq!(t.join().unwrap(), EventStatus::Failed);
+        assert_eq!(ev.timestamps(), Timestamps { submitted_ns: 5, started_ns: 7, ended_ns: 9 });
+        assert_eq!(ev.error(), Some(&ExecError::RuntimeDropped));
+    }
+}

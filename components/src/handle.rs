@@ -1,0 +1,63 @@
+//! The shared halves of user handles: what a user thread and the scheduler both see.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bevy_ecs::entity::Entity;
+use gantry_driver::HostStorage;
+
+use crate::resources::DeviceId;
+
+/// An entity id that user threads can hold and the scheduler fills in lazily.
+#[derive(Debug)]
+pub struct EntitySlot(AtomicU64);
+
+impl Default for EntitySlot {
+    fn default() -> Self {
+        Self(AtomicU64::new(Entity::PLACEHOLDER.to_bits()))
+    }
+}
+
+impl EntitySlot {
+    /// The entity, if set.
+    #[inline]
+    pub fn get(&self) -> Option<Entity> {
+        let bits = self.0.load(Ordering::Acquire);
+        (bits != Entity::PLACEHOLDER.to_bits()).then(|| Entity::from_bits(bits))
+    }
+    /// Sets the entity.
+    #[inline]
+    pub fn set(&self, e: Entity) {
+        self.0.store(e.to_bits(), Ordering::Release);
+    }
+    /// Clears it.
+    pub fn clear(&self) {
+        self.0.store(Entity::PLACEHOLDER.to_bits(), Ordering::Release);
+    }
+}
+
+/// The scheduler's view of a buffer: its host storage, size and memory record.
+#[derive(Debug)]
+pub struct BufferCore {
+    /// Unique within the runtime; names the buffer in errors.
+    pub id: u64,
+    /// Host copy of the contents (always allocated).
+    pub storage: Arc<HostStorage>,
+    /// Size in bytes.
+    pub bytes: usize,
+    /// The memory record entity, created at first use.
+    pub record: EntitySlot,
+}
+
+/// The scheduler's view of a queue.
+#[derive(Debug)]
+pub struct QueueCore {
+    /// Unique within the runtime.
+    pub id: u64,
+    /// The device its commands run on.
+    pub device: DeviceId,
+    /// Whether each command depends on the previous one.
+    pub in_order: bool,
+    /// The queue-state entity, created at first use.
+    pub entity: EntitySlot,
+}

@@ -1,0 +1,38 @@
+//! # gantry-components
+//!
+//! The data of Gantry's scheduler, as ECS components and resources. Commands and
+//! memory records (one per buffer) and queues are entities; the systems in
+//! `gantry-systems` transform them stage by stage.
+//!
+//! | entity | components |
+//! | --- | --- |
+//! | command | [`Command`], [`Requirements`], [`Edges`], [`Execution`] (holds its event) |
+//! | memory record | [`MemoryRecord`] |
+//! | queue | [`QueueState`] |
+//!
+//! A user-facing event is the shared half of a command's [`Execution`]: its
+//! [`EventShared`] outlives the command entity, so waiting never needs the world, and
+//! it is freed when neither the scheduler nor the user holds it.
+
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod event;
+pub mod handle;
+pub mod memory;
+pub mod queue;
+pub mod resources;
+pub mod stage;
+
+pub use command::{
+    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status,
+    Successor, SyncCell, Work,
+};
+pub use event::{EventShared, EventStatus, Timestamps};
+pub use handle::{BufferCore, EntitySlot, QueueCore};
+pub use memory::{ByteRange, Leaf, Location, MemoryRecord};
+pub use queue::QueueState;
+pub use resources::{
+    Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,
+};
+pub use stage::{Flush, Stage};

@@ -1,0 +1,123 @@
+//! The scheduler's resources: inboxes, devices, work lists, configuration, counters.
+
+use std::sync::Arc;
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::resource::Resource;
+use crossbeam_channel::Receiver;
+use gantry_driver::{Completion, DeviceInfo, Driver, ExecError, MemSpace};
+
+use crate::command::CommandDesc;
+use crate::handle::{BufferCore, QueueCore};
+
+/// Index of a device in the runtime's device list.
+pub type DeviceId = u32;
+
+/// A message from user threads to the scheduler.
+pub enum Message {
+    /// A command group.
+    Submit(Box<CommandDesc>),
+    /// The user dropped the last handle to a buffer.
+    DropBuffer(Arc<BufferCore>),
+    /// The user dropped a queue.
+    DropQueue(Arc<QueueCore>),
+    /// The user released a host access guard (the command entity).
+    ReleaseHostAccess(Entity),
+}
+
+/// Channels the scheduler drains each flush.
+#[derive(Resource)]
+pub struct Inbox {
+    /// Submissions and other user messages, in order.
+    pub messages: Receiver<Message>,
+    /// Driver completions.
+    pub completions: Receiver<Completion>,
+}
+
+/// One device: its driver and memory space.
+pub struct Device {
+    /// The driver.
+    pub driver: Arc<dyn Driver>,
+    /// Its info (cached).
+    pub info: DeviceInfo,
+    /// Where its commands need their memory.
+    pub space: MemSpace,
+    /// Set when the device was lost; no new work is accepted.
+    pub lost: bool,
+}
+
+/// All devices; index = [`DeviceId`]. Device 0 is the host (CPU driver), which also
+/// runs host tasks.
+#[derive(Resource)]
+pub struct Devices(pub Vec<Device>);
+
+/// A command finished outside a driver completion (markers, host accesses, commands
+/// failed by the scheduler).
+#[derive(Clone, Debug)]
+pub struct Finished {
+    /// The command.
+    pub cmd: Entity,
+    /// Its result.
+    pub result: Result<(), ExecError>,
+    /// Start time.
+    pub started_ns: u64,
+    /// End time.
+    pub ended_ns: u64,
+}
+
+/// Entities waiting for each stage, so stages never scan every command.
+#[derive(Resource, Default)]
+pub struct WorkLists {
+    /// Newly ingested commands, in submission order.
+    pub resolve: Vec<Entity>,
+    /// Commands whose blockers are gone.
+    pub ready: Vec<Entity>,
+    /// Commands finished without a driver completion.
+    pub finished: Vec<Finished>,
+    /// Buffers whose records may be despawned.
+    pub maybe_idle_records: Vec<Entity>,
+}
+
+impl WorkLists {
+    /// Whether a further flush would make progress without new input.
+    pub fn has_work(&self) -> bool {
+        !(self.resolve.is_empty() && self.ready.is_empty() && self.finished.is_empty())
+    }
+}
+
+/// Scheduler settings.
+#[derive(Resource, Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Ask drivers to restore written ranges when a command fails.
+    pub preserve_on_failure: bool,
+    /// The runtime's time origin.
+    pub epoch: std::time::Instant,
+}
+
+impl SchedulerConfig {
+    /// Nanoseconds since the epoch.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+/// Counters, for monitoring and tests.
+#[derive(Resource, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Commands ingested.
+    pub submitted: u64,
+    /// Commands finished successfully.
+    pub completed: u64,
+    /// Commands finished with an error.
+    pub failed: u64,
+    /// Memory moves inserted.
+    pub moves: u64,
+    /// Dependency edges created.
+    pub edges: u64,
+    /// Commands alive in the world.
+    pub live_commands: u64,
+    /// Operations handed to drivers whose completion has not arrived yet.
+    pub in_driver: u64,
+    /// Memory records alive in the world.
+    pub live_records: u64,
+}

@@ -1,0 +1,462 @@
+//! # gantry-cpu
+//!
+//! The CPU driver: Gantry's default device. Closure kernels run work-group by
+//! work-group on a thread pool (all phases of one group on one thread, so barriers
+//! between phases hold), host tasks run on a separate pool of host threads, and copies
+//! and fills run in place. Device memory is host memory.
+//!
+//! Operations may be submitted before the operations they wait on have finished; the
+//! driver keeps a small dependency graph of its own and starts each operation when its
+//! wait-list is done, on the thread that finished the last one. Work too small to be
+//! worth a thread hop (a single small work-group, a small copy) runs inline there.
+//!
+//! With `worker_threads == 0` every operation runs inline on the submitting thread, in
+//! submission order: fully deterministic, for tests and debugging.
+
+#![warn(missing_docs)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gantry_driver::{
+    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef,
+    MemSlice, OpHandle, OpId, Snapshot, Submission,
+};
+use parking_lot::Mutex;
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+/// Configuration of the CPU driver.
+///
+/// ```
+/// let config = gantry_cpu::CpuConfig { worker_threads: 2, ..Default::default() };
+/// assert_eq!(config.host_threads, 2);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Threads that run kernel work-groups, copies and fills; 0 runs everything inline
+    /// on the submitting thread.
+    pub worker_threads: usize,
+    /// Threads that run host tasks; 0 runs them inline.
+    pub host_threads: usize,
+    /// Kernels with a single work-group of at most this many work-items, and copies
+    /// and fills of at most `inline_items * 4` bytes, run inline.
+    pub inline_items: usize,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        Self {
+            worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            host_threads: 2,
+            inline_items: 4096,
+        }
+    }
+}
+
+/// The CPU driver. See the crate docs.
+pub struct CpuDriver {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    info: DeviceInfo,
+    ctx: DriverContext,
+    workers: Option<rayon::ThreadPool>,
+    hosts: Option<rayon::ThreadPool>,
+    inline_items: usize,
+}
+
+/// One submitted operation in the driver's dependency graph.
+struct Node {
+    id: OpId,
+    /// Unfinished predecessors, plus one while the submission is being registered.
+    pending: AtomicUsize,
+    state: Mutex<NodeState>,
+}
+
+struct NodeState {
+    op: Option<(DeviceOp, bool)>,
+    /// Set once the node has completed.
+    done: Option<Result<(), ExecError>>,
+    successors: SmallVec<[Arc<Node>; 2]>,
+    dependency_failure: Option<ExecError>,
+}
+
+enum Started {
+    /// Ran inline with this result and these timestamps.
+    Finished(Result<(), ExecError>, u64, u64),
+    /// Handed to a pool; it completes the node itself.
+    Spawned,
+}
+
+fn pool(threads: usize, name: &'static str) -> Option<rayon::ThreadPool> {
+    (threads > 0).then(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(move |i| format!("gantry-{name}-{i}"))
+            .build()
+            .expect("failed to start CPU driver threads")
+    })
+}
+
+impl CpuDriver {
+    /// Starts the driver's thread pools.
+    pub fn new(config: CpuConfig, ctx: DriverContext) -> Self {
+        let info = DeviceInfo {
+            name: "cpu".into(),
+            kind: DeviceKind::Cpu,
+            caps: Capabilities {
+                shares_host_memory: true,
+                in_driver_waits: true,
+                closure_kernels: true,
+                host_tasks: true,
+                max_local_memory: 1 << 20,
+            },
+        };
+        let inner = Inner {
+            info,
+            ctx,
+            workers: pool(config.worker_threads, "worker"),
+            hosts: pool(config.host_threads, "host"),
+            inline_items: config.inline_items,
+        };
+        Self { inner: Arc::new(inner) }
+    }
+}
+
+impl Driver for CpuDriver {
+    fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    fn alloc(&self, _bytes: usize) -> Result<AllocId, ExecError> {
+        Err(self.inner.unsupported("device allocations (it shares host memory)"))
+    }
+
+    fn free(&self, _id: AllocId) {}
+
+    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError> {
+        let node = Arc::new(Node {
+            id: sub.id,
+            pending: AtomicUsize::new(1),
+            state: Mutex::new(NodeState {
+                op: Some((sub.op, sub.preserve_on_failure)),
+                done: None,
+                successors: SmallVec::new(),
+                dependency_failure: None,
+            }),
+        });
+        for wait in sub.waits {
+            let Some(pred) = wait.downcast_ref::<Node>() else {
+                return Err(ExecError::Driver {
+                    device: self.inner.info.name.clone(),
+                    message: "wait-list names an operation of another driver".into(),
+                });
+            };
+            let mut ps = pred.state.lock();
+            match &ps.done {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    let failure = e.as_dependency_of(format!("op {}", pred.id.0).into());
+                    node.state.lock().dependency_failure.get_or_insert(failure);
+                }
+                None => {
+                    node.pending.fetch_add(1, Ordering::AcqRel);
+                    ps.successors.push(node.clone());
+                }
+            }
+        }
+        if node.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            Inner::run_ready(&self.inner, node.clone());
+        }
+        Ok(node)
+    }
+}
+
+/// Resolves host memory to a raw binding.
+fn bind(inner: &Inner, mem: &MemSlice) -> Result<Binding, ExecError> {
+    match &mem.mem {
+        MemRef::Host(storage) => {
+            if mem.offset.checked_add(mem.len).is_none_or(|end| end > storage.len()) {
+                return Err(inner.invalid(format!(
+                    "slice {}..+{} outside a host allocation of {} bytes",
+                    mem.offset,
+                    mem.len,
+                    storage.len()
+                )));
+            }
+            // SAFETY: offset is within the allocation (checked above).
+            Ok(Binding { ptr: unsafe { storage.as_ptr().add(mem.offset) }, len: mem.len })
+        }
+        MemRef::Device(_) => Err(inner.unsupported("device memory")),
+    }
+}
+
+fn bind_all(inner: &Inner, args: &[MemArg]) -> Result<SmallVec<[Binding; 8]>, ExecError> {
+    args.iter().map(|a| bind(inner, &a.mem)).collect()
+}
+
+impl Inner {
+    fn invalid(&self, message: String) -> ExecError {
+        ExecError::Driver { device: self.info.name.clone(), message }
+    }
+
+    fn unsupported(&self, what: &'static str) -> ExecError {
+        ExecError::Unsupported { device: self.info.name.clone(), what }
+    }
+
+    /// Starts `first` and, iteratively, everything its inline completion makes ready.
+    fn run_ready(this: &Arc<Inner>, first: Arc<Node>) {
+        let mut ready = vec![first];
+        while let Some(node) = ready.pop() {
+            if let Started::Finished(result, t0, t1) = Inner::start(this, &node) {
+                this.finish(&node, result, t0, t1, &mut ready);
+            }
+        }
+    }
+
+    /// Records the result, reports it and collects successors that became ready.
+    fn finish(&self, node: &Node, result: Result<(), ExecError>, t0: u64, t1: u64, ready: &mut Vec<Arc<Node>>) {
+        let successors = {
+            let mut s = node.state.lock();
+            s.done = Some(result.clone());
+            std::mem::take(&mut s.successors)
+        };
+        self.ctx.complete(Completion { op: node.id, result: result.clone(), started_ns: t0, ended_ns: t1 });
+        for succ in successors {
+            if let Err(e) = &result {
+                let failure = e.as_dependency_of(format!("op {}", node.id.0).into());
+                succ.state.lock().dependency_failure.get_or_insert(failure);
+            }
+            if succ.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                ready.push(succ);
+            }
+        }
+    }
+
+    /// Runs a node whose wait-list is done, inline or on a pool.
+    fn start(this: &Arc<Inner>, node: &Arc<Node>) -> Started {
+        let (op, preserve, failed) = {
+            let mut s = node.state.lock();
+            let (op, preserve) = s.op.take().expect("operation started twice");
+            (op, preserve, s.dependency_failure.take())
+        };
+        let t0 = this.ctx.now_ns();
+        if let Some(e) = failed {
+            return Started::Finished(Err(e), t0, t0);
+        }
+        let spawn_on = match &op {
+            DeviceOp::Marker => None,
+            DeviceOp::HostTask(_) => this.hosts.as_ref(),
+            DeviceOp::Kernel(k) => {
+                let small = k.geometry.group_count() == 1 && k.geometry.global_size() <= this.inline_items;
+                if small { None } else { this.workers.as_ref() }
+            }
+            DeviceOp::Copy { dst, .. } | DeviceOp::Fill { dst, .. } => {
+                if dst.len <= this.inline_items * 4 { None } else { this.workers.as_ref() }
+            }
+        };
+        match spawn_on {
+            None => {
+                let result = this.execute(op, preserve);
+                Started::Finished(result, t0, this.ctx.now_ns())
+            }
+            Some(pool) => {
+                let (this2, node2) = (this.clone(), node.clone());
+                pool.spawn(move || {
+                    let t0 = this2.ctx.now_ns();
+                    let result = this2.execute(op, preserve);
+                    let mut ready = Vec::new();
+                    this2.finish(&node2, result, t0, this2.ctx.now_ns(), &mut ready);
+                    for r in ready {
+                        Inner::run_ready(&this2, r);
+                    }
+                });
+                Started::Spawned
+            }
+        }
+    }
+
+    /// Executes one operation on the current thread (kernels fan out over the pool).
+    fn execute(&self, op: DeviceOp, preserve: bool) -> Result<(), ExecError> {
+        match op {
+            DeviceOp::Marker => Ok(()),
+            DeviceOp::Copy { src, dst } => {
+                let (s, d) = (bind(self, &src)?, bind(self, &dst)?);
+                if s.len != d.len {
+                    return Err(self.invalid(format!("copy of {} bytes into {} bytes", s.len, d.len)));
+                }
+                // SAFETY: both ranges are live host memory of the given length; the
+                // scheduler orders conflicting commands, and `copy` tolerates overlap.
+                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
+                Ok(())
+            }
+            DeviceOp::Fill { dst, pattern } => {
+                let d = bind(self, &dst)?;
+                if pattern.is_empty() || !d.len.is_multiple_of(pattern.len()) {
+                    return Err(self.invalid(format!("fill of {} bytes with a {}-byte pattern", d.len, pattern.len())));
+                }
+                // SAFETY: live host memory, exclusive by scheduling.
+                unsafe { fill_bytes(d.ptr, d.len, &pattern) };
+                Ok(())
+            }
+            DeviceOp::Kernel(launch) => self.run_kernel(&launch, preserve),
+            DeviceOp::HostTask(task) => {
+                let bindings = bind_all(self, &task.args)?;
+                // SAFETY: bindings are live and exclusive to this task by scheduling.
+                let snapshot = preserve.then(|| unsafe { Snapshot::take(&task.args, &bindings) });
+                let (name, tag, run) = (task.name, task.tag, task.run);
+                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
+                outcome.map_err(|p| {
+                    if let Some(s) = snapshot {
+                        // SAFETY: the task has returned; nothing else touches the ranges.
+                        unsafe { s.restore() };
+                    }
+                    ExecError::HostTaskPanicked { task: name, message: panic_message(&*p) }
+                })
+            }
+        }
+    }
+
+    fn run_kernel(&self, launch: &KernelLaunch, preserve: bool) -> Result<(), ExecError> {
+        let bindings = bind_all(self, &launch.args)?;
+        if bindings.len() != launch.kernel.global_slots {
+            return Err(self.invalid(format!(
+                "kernel `{}` has {} buffer slots but {} arguments",
+                launch.kernel.name,
+                launch.kernel.global_slots,
+                bindings.len()
+            )));
+        }
+        let (kernel, geometry) = (&launch.kernel, &launch.geometry);
+        // SAFETY: bindings are live and ordered against other commands by scheduling.
+        let snapshot = preserve.then(|| unsafe { Snapshot::take(&launch.args, &bindings) });
+        let groups = geometry.group_count();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            if groups == 1 || self.workers.is_none() {
+                let mut arena = Arena::default();
+                for g in 0..groups {
+                    kernel.run_group(geometry, g, &bindings, &mut arena);
+                }
+            } else {
+                let run = || {
+                    (0..groups).into_par_iter().for_each_init(Arena::default, |arena, g| {
+                        kernel.run_group(geometry, g, &bindings, arena)
+                    })
+                };
+                match (&self.workers, rayon::current_thread_index()) {
+                    (Some(pool), None) => pool.install(run),
+                    _ => run(),
+                }
+            }
+        }));
+        outcome.map_err(|p| {
+            if let Some(s) = snapshot {
+                // SAFETY: every group has stopped; nothing else touches the ranges.
+                unsafe { s.restore() };
+            }
+            ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_driver::{phase, Accessor, ClosureKernel, HostStorage, Range, ReadWrite, Geometry, AccessMode};
+    use crossbeam_channel::unbounded;
+    use std::time::Instant;
+
+    fn driver(workers: usize) -> (CpuDriver, crossbeam_channel::Receiver<Completion>) {
+        let (tx, rx) = unbounded();
+        let d = CpuDriver::new(
+            CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64 },
+            DriverContext { completions: tx, epoch: Instant::now() },
+        );
+        (d, rx)
+    }
+
+    fn add_one(n: usize, storage: &Arc<HostStorage>, name: &str) -> DeviceOp {
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
+        DeviceOp::Kernel(KernelLaunch {
+            kernel: Arc::new(ClosureKernel {
+                name: name.into(),
+                tag: 1,
+                phases: vec![phase(move |it| {
+                    let i = it.global_linear_id();
+                    acc.set(it, i, acc.get(it, i) + 1)
+                })],
+                global_slots: 1,
+                scratch: vec![],
+            }),
+            geometry: Geometry::for_range(Range::d1(n)).unwrap(),
+            args: vec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+        })
+    }
+
+    /// A chain submitted all at once, each link waiting on the previous one in the
+    /// driver, applies every increment exactly once, in order.
+    #[test]
+    fn in_driver_waits_order_a_chain() {
+        for workers in [0, 1, 3] {
+            let (d, rx) = driver(workers);
+            let n = 5000;
+            let storage = Arc::new(HostStorage::zeroed(n * 4));
+            let mut prev: Option<OpHandle> = None;
+            for i in 0..20 {
+                let waits: Vec<OpHandle> = prev.iter().cloned().collect();
+                let h = d
+                    .submit(Submission { id: OpId(i), op: add_one(n, &storage, "inc"), waits: &waits, preserve_on_failure: false })
+                    .unwrap();
+                prev = Some(h);
+            }
+            let done: Vec<u64> = (0..20).map(|_| rx.recv().unwrap().op.0).collect();
+            assert_eq!(done, (0..20).collect::<Vec<_>>(), "a chain completes in order");
+            let v: &[u32] = bytemuck_cast(unsafe { storage.bytes() });
+            assert!(v.iter().all(|&x| x == 20), "workers={workers}");
+        }
+    }
+
+    fn bytemuck_cast(b: &[u8]) -> &[u32] {
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len() / 4) }
+    }
+
+    /// A panicking kernel restores its written range and fails its dependents, which
+    /// do not run.
+    #[test]
+    fn failure_restores_and_propagates() {
+        let (d, rx) = driver(2);
+        let n = 3000;
+        let storage = Arc::new(HostStorage::zeroed(n * 4));
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
+        let bad = DeviceOp::Kernel(KernelLaunch {
+            kernel: Arc::new(ClosureKernel {
+                name: "bad".into(),
+                tag: 1,
+                phases: vec![phase(move |it| {
+                    let i = it.global_linear_id();
+                    acc.set(it, i, 99);
+                    if i == n - 1 {
+                        panic!("boom");
+                    }
+                })],
+                global_slots: 1,
+                scratch: vec![],
+            }),
+            geometry: Geometry::for_range(Range::d1(n)).unwrap(),
+            args: vec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+        });
+        let h = d.submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true }).unwrap();
+        d.submit(Submission { id: OpId(2), op: add_one(n, &storage, "after"), waits: &[h], preserve_on_failure: true })
+            .unwrap();
+        let mut results: Vec<Completion> = (0..2).map(|_| rx.recv().unwrap()).collect();
+        results.sort_by_key(|c| c.op.0);
+        assert!(matches!(&results[0].result, Err(ExecError::KernelPanicked { message, .. }) if message == "boom"));
+        assert!(matches!(&results[1].result, Err(ExecError::DependencyFailed { .. })));
+        let v = bytemuck_cast(unsafe { storage.bytes() });
+        assert!(v.iter().all(|&x| x == 0), "contents restored, dependent did not run");
+    }
+}

@@ -1,0 +1,94 @@
+//! The driver interface: one trait every backend implements, shaped after GPU
+//! runtimes (asynchronous submission with wait-lists, completions reported later and
+//! possibly out of order, device memory and host↔device copies).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+
+use crate::error::ExecError;
+use crate::memory::AllocId;
+use crate::op::{Completion, OpHandle, Submission};
+
+/// What kind of backend a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// Host CPU threads.
+    Cpu,
+    /// The deterministic simulated device.
+    Sim,
+}
+
+/// What a driver can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Device memory is host memory: no allocations or moves are needed.
+    pub shares_host_memory: bool,
+    /// Wait-lists may name operations that have not finished: the driver orders them
+    /// itself, so the scheduler can hand over a whole dependent batch at once.
+    pub in_driver_waits: bool,
+    /// Runs closure kernels.
+    pub closure_kernels: bool,
+    /// Runs host tasks.
+    pub host_tasks: bool,
+    /// Largest local (work-group) memory per group, in bytes.
+    pub max_local_memory: usize,
+}
+
+/// Name, kind and capabilities of a device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Human-readable name, used in errors.
+    pub name: Arc<str>,
+    /// Backend kind.
+    pub kind: DeviceKind,
+    /// Capabilities.
+    pub caps: Capabilities,
+}
+
+/// Where a driver reports completions and reads time.
+#[derive(Clone, Debug)]
+pub struct DriverContext {
+    /// The runtime's completion channel.
+    pub completions: Sender<Completion>,
+    /// The runtime's time origin: real-time drivers report nanoseconds since it.
+    pub epoch: Instant,
+}
+
+impl DriverContext {
+    /// Nanoseconds since the epoch.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+    /// Reports a completion; a closed channel means the runtime is gone and the report
+    /// has no reader.
+    pub fn complete(&self, c: Completion) {
+        let _ = self.completions.send(c);
+    }
+}
+
+/// A device backend.
+///
+/// The scheduler calls [`Driver::submit`] only for operations whose dependencies are
+/// complete, or (with [`Capabilities::in_driver_waits`]) submitted to this same driver
+/// and named in the wait-list. Every accepted submission produces exactly one
+/// [`Completion`] on the context's channel, from any thread, in any order.
+pub trait Driver: Send + Sync {
+    /// Name, kind and capabilities.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Allocates `bytes` of device memory (zeroed). Drivers that share host memory
+    /// are never asked.
+    fn alloc(&self, bytes: usize) -> Result<AllocId, ExecError>;
+
+    /// Frees an allocation once no submitted operation uses it.
+    fn free(&self, id: AllocId);
+
+    /// Accepts an operation. An `Err` means it was refused and will never complete.
+    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError>;
+
+    /// Makes progress on accepted work. Drivers that run on their own threads have
+    /// nothing to do; the simulated device executes here, in virtual-time order.
+    fn poll(&self) {}
+}

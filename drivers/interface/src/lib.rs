@@ -1,0 +1,42 @@
+//! # gantry-driver
+//!
+//! The interface between Gantry's scheduler and its device backends, and the kernel
+//! vocabulary both sides share:
+//!
+//! * [`range`]: [`Range`], [`NdRange`] and the validated [`Geometry`] of a launch;
+//! * [`item`]: the [`Item`] a kernel closure receives for each work-item;
+//! * [`access`]: accessors and the soundness model of closure kernels;
+//! * [`kernel`]: closure kernels as barrier-separated phases with scratch memory;
+//! * [`memory`]: host storage, device allocations and slices;
+//! * [`op`]: the [`DeviceOp`]s a driver runs and the [`Completion`]s it reports;
+//! * [`driver`]: the [`Driver`] trait itself.
+//!
+//! Backends live beside this crate (`gantry-cpu`, `gantry-sim`). The scheduler reaches
+//! them only through [`Driver`].
+
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod driver;
+pub mod error;
+pub mod item;
+pub mod kernel;
+pub mod memory;
+pub mod op;
+pub mod range;
+
+pub use access::{
+    AccessMode, Accessor, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode,
+    PrivateAccessor, Read, ReadWrite, Readable, Writable, Write,
+};
+pub use bytemuck::{Pod, Zeroable};
+pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
+pub use error::{panic_message, ExecError, RangeError};
+pub use item::{GroupCtx, HostCtx, Item};
+pub use kernel::{phase, Arena, ClosureKernel, PhaseFn, Scratch, ScratchKind};
+pub use memory::{AllocId, Binding, HostStorage, MemRef, MemSlice, MemSpace, HOST_ALIGN};
+pub use op::{
+    fill_bytes, Completion, DeviceOp, HostTask, KernelLaunch, MemArg, OpHandle, OpId, Snapshot,
+    Submission,
+};
+pub use range::{delinearize, linearize, Geometry, NdRange, Range, RANGE_CHUNK};

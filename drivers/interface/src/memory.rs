@@ -1,0 +1,162 @@
+//! Memory as drivers see it: host storage, device allocations, slices of either, and the
+//! raw bindings a kernel's accessors resolve to at execution time.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Alignment of every host allocation (a cache line, and enough for any SIMD type).
+pub const HOST_ALIGN: usize = 64;
+
+/// A memory space: the host, or the private memory of one device.
+/// Devices whose driver shares host memory (the CPU driver) use [`MemSpace::Host`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemSpace {
+    /// Host memory.
+    Host,
+    /// The memory of device `n` (an index into the runtime's device list).
+    Device(u32),
+}
+
+/// A driver's handle to one of its device allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocId(pub u64);
+
+/// A zero-initialized, cache-line aligned host allocation whose bytes are written by
+/// kernels, copies and host tasks running on other threads.
+///
+/// It hands out raw pointers only: who may touch which bytes when is decided by the
+/// scheduler's dependency edges, never by this type.
+pub struct HostStorage {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostStorage is a plain heap allocation; concurrent access to its bytes is
+// ordered by the scheduler (conflicting commands are connected by dependency edges)
+// and kernels access shared elements only through relaxed atomics or exclusive views.
+unsafe impl Send for HostStorage {}
+// SAFETY: see above.
+unsafe impl Sync for HostStorage {}
+
+impl HostStorage {
+    /// Allocates `len` zeroed bytes.
+    ///
+    /// # Panics
+    /// Only on allocation failure of the global allocator (as `Vec` does).
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    /// Allocates a copy of `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let s = Self::zeroed(bytes.len());
+        // SAFETY: fresh allocation of at least bytes.len() bytes, not yet shared.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr.as_ptr(), bytes.len()) };
+        s
+    }
+
+    fn layout(len: usize) -> Layout {
+        Layout::from_size_align(len.max(1).next_multiple_of(HOST_ALIGN), HOST_ALIGN)
+            .expect("host allocation size overflows")
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the allocation holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Base pointer.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Reads the whole allocation.
+    ///
+    /// # Safety
+    /// No command may be writing these bytes concurrently.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: caller guarantees no concurrent writer; the allocation is live.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Mutable view of the whole allocation.
+    ///
+    /// # Safety
+    /// No command may be reading or writing these bytes concurrently, and no other
+    /// reference to them may be live.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: caller guarantees exclusivity; the allocation is live.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HostStorage {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with the same layout.
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+    }
+}
+
+impl std::fmt::Debug for HostStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostStorage").field("len", &self.len).finish()
+    }
+}
+
+/// Where a slice's bytes live.
+#[derive(Clone, Debug)]
+pub enum MemRef {
+    /// Host memory, kept alive by the operation that uses it.
+    Host(Arc<HostStorage>),
+    /// An allocation of the driver the operation is submitted to.
+    Device(AllocId),
+}
+
+/// A byte range of host or device memory.
+#[derive(Clone, Debug)]
+pub struct MemSlice {
+    /// The memory.
+    pub mem: MemRef,
+    /// First byte.
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl MemSlice {
+    /// The whole of a host allocation.
+    pub fn host(storage: Arc<HostStorage>) -> Self {
+        let len = storage.len();
+        Self { mem: MemRef::Host(storage), offset: 0, len }
+    }
+}
+
+/// A resolved pointer and length (bytes) for one accessor slot of one launch.
+#[derive(Clone, Copy, Debug)]
+pub struct Binding {
+    /// First byte of the accessor's range.
+    pub ptr: *mut u8,
+    /// Bytes available from `ptr`.
+    pub len: usize,
+}
+
+// SAFETY: a Binding is an address handed to the threads executing one launch; the
+// memory it names outlives the launch (the operation holds it) and element access
+// goes through the accessor types, which are data-race free.
+unsafe impl Send for Binding {}
+// SAFETY: see above.
+unsafe impl Sync for Binding {}
+
+impl Binding {
+    /// A binding for no memory (an unused slot).
+    pub const EMPTY: Binding = Binding { ptr: std::ptr::null_mut(), len: 0 };
+}

@@ -1,0 +1,180 @@
+//! Device operations: what the scheduler hands a driver, and what comes back.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::access::AccessMode;
+use crate::error::ExecError;
+use crate::item::HostCtx;
+use crate::kernel::ClosureKernel;
+use crate::memory::{Binding, MemSlice};
+use crate::range::Geometry;
+
+/// Identifies one submitted operation in completions (the scheduler's command id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId(pub u64);
+
+/// A driver's token for a submitted operation. Later submissions to the same driver
+/// name it in their wait-lists; it keeps whatever the driver needs to answer "is it
+/// done, and did it fail" alive for as long as the scheduler holds it.
+pub type OpHandle = Arc<dyn Any + Send + Sync>;
+
+/// A buffer range a kernel or host task uses, resolved to memory of the target device.
+#[derive(Clone, Debug)]
+pub struct MemArg {
+    /// The memory.
+    pub mem: MemSlice,
+    /// How it is used.
+    pub mode: AccessMode,
+}
+
+/// A kernel launch.
+#[derive(Clone, Debug)]
+pub struct KernelLaunch {
+    /// The kernel.
+    pub kernel: Arc<ClosureKernel>,
+    /// Its iteration space.
+    pub geometry: Geometry,
+    /// One argument per global accessor slot.
+    pub args: Vec<MemArg>,
+}
+
+/// A host task: a closure run once on a host thread with host access to its arguments.
+pub struct HostTask {
+    /// Name used in errors and traces.
+    pub name: Arc<str>,
+    /// Tag of the command group whose host accessors the closure uses.
+    pub tag: u64,
+    /// The task.
+    pub run: Box<dyn FnOnce(&HostCtx<'_>) + Send>,
+    /// One argument per host accessor slot, all in host memory.
+    pub args: Vec<MemArg>,
+}
+
+impl std::fmt::Debug for HostTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTask").field("name", &self.name).field("args", &self.args).finish()
+    }
+}
+
+/// One unit of device work.
+#[derive(Debug)]
+pub enum DeviceOp {
+    /// Run a kernel.
+    Kernel(KernelLaunch),
+    /// Copy `src` to `dst` (equal lengths; host or this device's memory on either side).
+    Copy {
+        /// Source bytes.
+        src: MemSlice,
+        /// Destination bytes.
+        dst: MemSlice,
+    },
+    /// Fill `dst` with repetitions of `pattern` (`dst.len` is a multiple of its length).
+    Fill {
+        /// Destination bytes.
+        dst: MemSlice,
+        /// One element's bytes.
+        pattern: SmallVec<[u8; 16]>,
+    },
+    /// Run a host task (drivers with [`Capabilities::host_tasks`](crate::Capabilities)).
+    HostTask(HostTask),
+    /// Nothing: completes when its wait-list has (barriers, empty command groups).
+    Marker,
+}
+
+impl DeviceOp {
+    /// Short name of the operation kind.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            DeviceOp::Kernel(_) => "kernel",
+            DeviceOp::Copy { .. } => "copy",
+            DeviceOp::Fill { .. } => "fill",
+            DeviceOp::HostTask(_) => "host task",
+            DeviceOp::Marker => "marker",
+        }
+    }
+}
+
+/// An operation handed to [`Driver::submit`](crate::Driver::submit).
+pub struct Submission<'a> {
+    /// Reported back in the completion.
+    pub id: OpId,
+    /// The work.
+    pub op: DeviceOp,
+    /// Operations previously submitted to the same driver that must finish first. If
+    /// one of them failed, this operation must not run and completes with
+    /// [`ExecError::DependencyFailed`].
+    pub waits: &'a [OpHandle],
+    /// Restore the previous contents of written ranges if the operation fails, so that
+    /// buffers keep their last valid contents.
+    pub preserve_on_failure: bool,
+}
+
+/// The outcome of an operation, sent to the runtime's completion channel.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// Which operation.
+    pub op: OpId,
+    /// Success, or why it failed.
+    pub result: Result<(), ExecError>,
+    /// When it started, in nanoseconds on the driver's clock.
+    pub started_ns: u64,
+    /// When it ended, in nanoseconds on the driver's clock.
+    pub ended_ns: u64,
+}
+
+/// Copies of the writable ranges of an operation, taken before it runs so that a
+/// failure can put them back.
+#[derive(Default)]
+pub struct Snapshot {
+    saved: Vec<(Binding, Vec<u8>)>,
+}
+
+impl Snapshot {
+    /// Saves every writable binding (`bindings[i]` belongs to `args[i]`).
+    ///
+    /// # Safety
+    /// The bindings must be valid and not written concurrently.
+    pub unsafe fn take(args: &[MemArg], bindings: &[Binding]) -> Self {
+        let saved = args
+            .iter()
+            .zip(bindings)
+            .filter(|(a, _)| a.mode.writes())
+            // SAFETY: the caller guarantees validity.
+            .map(|(_, b)| (*b, unsafe { std::slice::from_raw_parts(b.ptr, b.len) }.to_vec()))
+            .collect();
+        Self { saved }
+    }
+
+    /// Writes the saved bytes back.
+    ///
+    /// # Safety
+    /// The bindings must still be valid and not accessed concurrently.
+    pub unsafe fn restore(self) {
+        for (b, bytes) in self.saved {
+            // SAFETY: same binding as at `take`, caller guarantees exclusivity.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr, b.len) };
+        }
+    }
+}
+
+/// Fills `dst` with repetitions of `pattern`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes, `len` a multiple of the pattern.
+pub unsafe fn fill_bytes(dst: *mut u8, len: usize, pattern: &[u8]) {
+    if pattern.is_empty() {
+        return;
+    }
+    // SAFETY: caller guarantees validity for len bytes.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+    if pattern.iter().all(|&b| b == pattern[0]) {
+        out.fill(pattern[0]);
+    } else {
+        for chunk in out.chunks_exact_mut(pattern.len()) {
+            chunk.copy_from_slice(pattern);
+        }
+    }
+}

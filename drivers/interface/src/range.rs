@@ -1,0 +1,290 @@
+//! Iteration spaces: [`Range`] (1–3 dimensions), [`NdRange`] (global + local size)
+//! and the validated [`Geometry`] a driver executes.
+//!
+//! Linearization follows SYCL: the last dimension varies fastest, so the linear id of
+//! `(i0, i1, i2)` in a range `(r0, r1, r2)` is `(i0 * r1 + i1) * r2 + i2`.
+
+use crate::error::RangeError;
+
+/// Number of work-items a plain (non-ND) range kernel puts in one driver work-group,
+/// along its fastest dimension. Plain ranges carry no work-group semantics; this is
+/// only the unit of parallel scheduling.
+pub const RANGE_CHUNK: usize = 1024;
+
+/// A 1-, 2- or 3-dimensional extent. Unused trailing dimensions are 1.
+///
+/// ```
+/// use gantry_driver::Range;
+/// let r = Range::d2(4, 8);
+/// assert_eq!(r.dims(), 2);
+/// assert_eq!(r.size(), 32);
+/// assert_eq!(Range::from(10).size(), 10);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Range {
+    dims: u8,
+    extent: [usize; 3],
+}
+
+impl Range {
+    /// A one-dimensional range of `x` items.
+    pub const fn d1(x: usize) -> Self {
+        Self { dims: 1, extent: [x, 1, 1] }
+    }
+    /// A two-dimensional range; `y` varies fastest.
+    pub const fn d2(x: usize, y: usize) -> Self {
+        Self { dims: 2, extent: [x, y, 1] }
+    }
+    /// A three-dimensional range; `z` varies fastest.
+    pub const fn d3(x: usize, y: usize, z: usize) -> Self {
+        Self { dims: 3, extent: [x, y, z] }
+    }
+    /// Number of dimensions (1–3).
+    pub const fn dims(&self) -> usize {
+        self.dims as usize
+    }
+    /// Extent in dimension `d` (1 for `d >= dims`).
+    pub const fn get(&self, d: usize) -> usize {
+        if d < 3 {
+            self.extent[d]
+        } else {
+            1
+        }
+    }
+    /// All three extents, trailing ones padded with 1.
+    pub const fn extent(&self) -> [usize; 3] {
+        self.extent
+    }
+    /// Total number of items, or `None` on overflow.
+    pub fn checked_size(&self) -> Option<usize> {
+        self.extent[0].checked_mul(self.extent[1])?.checked_mul(self.extent[2])
+    }
+    /// Total number of items.
+    pub fn size(&self) -> usize {
+        self.extent[0] * self.extent[1] * self.extent[2]
+    }
+    /// Rejects empty extents and sizes that overflow `usize`.
+    pub fn validate(&self) -> Result<(), RangeError> {
+        for d in 0..self.dims() {
+            if self.extent[d] == 0 {
+                return Err(RangeError::ZeroExtent { dim: d });
+            }
+        }
+        self.checked_size().map(|_| ()).ok_or(RangeError::Overflow)
+    }
+}
+
+impl From<usize> for Range {
+    fn from(x: usize) -> Self {
+        Self::d1(x)
+    }
+}
+impl From<[usize; 1]> for Range {
+    fn from(v: [usize; 1]) -> Self {
+        Self::d1(v[0])
+    }
+}
+impl From<[usize; 2]> for Range {
+    fn from(v: [usize; 2]) -> Self {
+        Self::d2(v[0], v[1])
+    }
+}
+impl From<[usize; 3]> for Range {
+    fn from(v: [usize; 3]) -> Self {
+        Self::d3(v[0], v[1], v[2])
+    }
+}
+
+/// An ND-range: a global range split into work-groups of a local range.
+///
+/// ```
+/// use gantry_driver::{NdRange, Range};
+/// let nd = NdRange::new([64, 64], [8, 16]);
+/// let g = nd.geometry().unwrap();
+/// assert_eq!(g.group_range(), [8, 4, 1]);
+/// assert!(NdRange::new(10, 3).geometry().is_err()); // 3 does not divide 10
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NdRange {
+    /// Total work-items per dimension.
+    pub global: Range,
+    /// Work-items per work-group per dimension; must divide `global`.
+    pub local: Range,
+    /// Added to every global id (SYCL's global offset).
+    pub offset: [usize; 3],
+}
+
+impl NdRange {
+    /// An ND-range with zero offset.
+    pub fn new(global: impl Into<Range>, local: impl Into<Range>) -> Self {
+        Self { global: global.into(), local: local.into(), offset: [0; 3] }
+    }
+    /// Sets the global offset.
+    pub fn with_offset(mut self, offset: [usize; 3]) -> Self {
+        self.offset = offset;
+        self
+    }
+    /// Validates the range and returns the geometry drivers execute.
+    pub fn geometry(&self) -> Result<Geometry, RangeError> {
+        self.global.validate()?;
+        self.local.validate()?;
+        if self.global.dims() != self.local.dims() {
+            return Err(RangeError::DimensionMismatch {
+                global: self.global.dims(),
+                local: self.local.dims(),
+            });
+        }
+        let mut groups = [1; 3];
+        for (d, group) in groups.iter_mut().enumerate() {
+            let (g, l) = (self.global.get(d), self.local.get(d));
+            if g % l != 0 {
+                return Err(RangeError::LocalDoesNotDivide { dim: d, global: g, local: l });
+            }
+            *group = g / l;
+        }
+        Ok(Geometry {
+            dims: self.global.dims,
+            global: self.global.extent,
+            local: self.local.extent,
+            groups,
+            offset: self.offset,
+            nd: true,
+        })
+    }
+}
+
+/// The validated iteration space of one launch: global extent, work-group extent, group
+/// count and offset. Plain ranges get a driver-chosen local extent and may have a
+/// partial last group (`nd == false`); ND-ranges always divide evenly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    dims: u8,
+    global: [usize; 3],
+    local: [usize; 3],
+    groups: [usize; 3],
+    offset: [usize; 3],
+    nd: bool,
+}
+
+impl Geometry {
+    /// The geometry of a plain range kernel: groups of up to [`RANGE_CHUNK`] items along
+    /// the fastest dimension.
+    pub fn for_range(global: Range) -> Result<Self, RangeError> {
+        Self::for_range_with_offset(global, [0; 3])
+    }
+
+    /// Like [`Geometry::for_range`] with a global offset.
+    pub fn for_range_with_offset(global: Range, offset: [usize; 3]) -> Result<Self, RangeError> {
+        global.validate()?;
+        let dims = global.dims();
+        let mut local = [1; 3];
+        let last = dims - 1;
+        local[last] = global.get(last).min(RANGE_CHUNK);
+        let mut groups = [1; 3];
+        for d in 0..3 {
+            groups[d] = global.get(d).div_ceil(local[d]);
+        }
+        Ok(Self { dims: global.dims, global: global.extent, local, groups, offset, nd: false })
+    }
+
+    /// Number of dimensions.
+    pub fn dims(&self) -> usize {
+        self.dims as usize
+    }
+    /// Global extent.
+    pub fn global_range(&self) -> [usize; 3] {
+        self.global
+    }
+    /// Work-group extent.
+    pub fn local_range(&self) -> [usize; 3] {
+        self.local
+    }
+    /// Number of work-groups per dimension.
+    pub fn group_range(&self) -> [usize; 3] {
+        self.groups
+    }
+    /// Global offset.
+    pub fn offset(&self) -> [usize; 3] {
+        self.offset
+    }
+    /// Whether this came from an ND-range (user-chosen, evenly dividing local size).
+    pub fn is_nd(&self) -> bool {
+        self.nd
+    }
+    /// Total number of work-items.
+    pub fn global_size(&self) -> usize {
+        self.global[0] * self.global[1] * self.global[2]
+    }
+    /// Work-items in a full work-group.
+    pub fn local_size(&self) -> usize {
+        self.local[0] * self.local[1] * self.local[2]
+    }
+    /// Total number of work-groups.
+    pub fn group_count(&self) -> usize {
+        self.groups[0] * self.groups[1] * self.groups[2]
+    }
+    /// The 3-D group id of linear group `g`.
+    pub fn group_id(&self, g: usize) -> [usize; 3] {
+        delinearize(g, self.groups)
+    }
+}
+
+/// Linear id of `id` in `extent` (last dimension fastest).
+#[inline]
+pub fn linearize(id: [usize; 3], extent: [usize; 3]) -> usize {
+    (id[0] * extent[1] + id[1]) * extent[2] + id[2]
+}
+
+/// Inverse of [`linearize`].
+#[inline]
+pub fn delinearize(mut linear: usize, extent: [usize; 3]) -> [usize; 3] {
+    let z = linear % extent[2];
+    linear /= extent[2];
+    let y = linear % extent[1];
+    [linear / extent[1], y, z]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linearization_round_trips() {
+        let e = [3, 4, 5];
+        for l in 0..60 {
+            assert_eq!(linearize(delinearize(l, e), e), l);
+        }
+        assert_eq!(linearize([1, 2, 3], e), 20 + 10 + 3);
+    }
+
+    #[test]
+    fn nd_validation_names_the_problem() {
+        assert_eq!(
+            NdRange::new(0, 1).geometry(),
+            Err(RangeError::ZeroExtent { dim: 0 })
+        );
+        assert_eq!(
+            NdRange::new([8, 6], [4, 4]).geometry(),
+            Err(RangeError::LocalDoesNotDivide { dim: 1, global: 6, local: 4 })
+        );
+        assert_eq!(
+            NdRange::new([8, 8], 4).geometry(),
+            Err(RangeError::DimensionMismatch { global: 2, local: 1 })
+        );
+        assert_eq!(
+            Range::d2(usize::MAX, 2).validate(),
+            Err(RangeError::Overflow)
+        );
+    }
+
+    #[test]
+    fn plain_ranges_chunk_the_fastest_dimension() {
+        let g = Geometry::for_range(Range::d1(2500)).unwrap();
+        assert_eq!(g.local_range(), [RANGE_CHUNK, 1, 1]);
+        assert_eq!(g.group_range(), [3, 1, 1]);
+        let g = Geometry::for_range(Range::d2(7, 5)).unwrap();
+        assert_eq!(g.local_range(), [1, 5, 1]);
+        assert_eq!(g.group_count(), 7);
+        assert!(!g.is_nd());
+    }
+}

@@ -1,0 +1,1129 @@
+//! # gantry-sim
+//!
+//! The simulated device: a deterministic virtual device with memory of its own and a
+//! virtual clock, for testing the scheduler against a backend that behaves like a
+//! discrete GPU (separate memory, explicit host↔device copies, asynchronous
+//! completions that may arrive out of submission order) while staying reproducible.
+//!
+//! # Model
+//!
+//! * **Memory.** [`Driver::alloc`] creates a zeroed allocation in the driver's own
+//!   table; [`MemRef::Device`] names one. Copies may move bytes between host and
+//!   device memory in either direction (or within either); kernels and fills may only
+//!   bind device memory. The total of live allocations is capped by
+//!   [`SimConfig::memory_bytes`].
+//! * **Time.** Every operation takes [`SimConfig::latency_ns`] of virtual time. It
+//!   starts at the later of the virtual clock at submission and the end of everything
+//!   in its wait-list, so the device is infinitely parallel: independent operations
+//!   overlap, dependent ones queue behind each other.
+//! * **Execution.** [`Driver::submit`] only records an operation. [`Driver::poll`] runs
+//!   every recorded operation on the calling thread in order of (virtual end time,
+//!   submission order), advancing the virtual clock to each one's end and reporting
+//!   its completion with its virtual start and end. A waiter always ends strictly after
+//!   what it waits on, so this order respects every wait-list, and completion order
+//!   can differ from submission order.
+//!
+//! Nothing depends on wall-clock time or thread scheduling: the same submissions and
+//! polls produce the same completions, in the same order, with the same timestamps.
+
+#![warn(missing_docs)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use gantry_driver::{
+    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef,
+    MemSlice, OpHandle, OpId, ScratchKind, Snapshot, Submission,
+};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+/// Configuration of the simulated device.
+///
+/// ```
+/// let config = gantry_sim::SimConfig { latency_ns: 250, ..Default::default() };
+/// assert_eq!(config.name, "sim");
+/// assert_eq!(config.memory_bytes, 1 << 30);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Device name, reported in [`DeviceInfo::name`] and in errors.
+    pub name: String,
+    /// Virtual duration of every operation, in nanoseconds. Zero is treated as one, so
+    /// that a waiter always ends strictly after what it waits on.
+    pub latency_ns: u64,
+    /// Capacity of device memory: the most bytes live allocations may hold in total.
+    pub memory_bytes: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            name: "sim".into(),
+            latency_ns: 1_000,
+            memory_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Largest local (work-group) memory per group, in bytes.
+const MAX_LOCAL_MEMORY: usize = 64 << 10;
+
+/// Distinguishes driver instances, so a wait-list cannot name another driver's node.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
+
+/// The simulated device. See the crate docs.
+pub struct SimDriver {
+    info: DeviceInfo,
+    ctx: DriverContext,
+    instance: u64,
+    latency_ns: u64,
+    memory_bytes: usize,
+    state: Mutex<State>,
+    /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
+    /// is the scratch memory every kernel launch reuses.
+    poller: Mutex<Arena>,
+}
+
+/// Everything that changes on submission, allocation and execution.
+#[derive(Default)]
+struct State {
+    /// The virtual clock: the end of the last executed operation.
+    clock: u64,
+    /// Submission sequence number of the next operation.
+    next_seq: u64,
+    /// Next allocation id.
+    next_alloc: u64,
+    /// Bytes held by live allocations.
+    allocated: usize,
+    /// Device memory.
+    memory: HashMap<AllocId, Arc<HostStorage>>,
+    /// Recorded, not yet executed operations, keyed by (virtual end, sequence).
+    queue: BTreeMap<(u64, u64), Pending>,
+}
+
+/// One submitted operation, as the scheduler holds it (its [`OpHandle`]).
+struct Node {
+    /// The driver instance it was submitted to.
+    instance: u64,
+    id: OpId,
+    started_ns: u64,
+    ended_ns: u64,
+    /// Set once the operation has executed (or failed without running).
+    outcome: OnceLock<Result<(), ExecError>>,
+}
+
+/// A recorded operation waiting for [`Driver::poll`]. Dropped once executed, so nodes
+/// never keep their predecessors alive.
+struct Pending {
+    node: Arc<Node>,
+    work: Work,
+    preserve: bool,
+    waits: SmallVec<[Arc<Node>; 4]>,
+}
+
+/// A byte range of memory, bounds-checked when resolved. The `Arc` keeps it alive
+/// until the operation that uses it has executed, even if it is freed meanwhile.
+struct Region {
+    storage: Arc<HostStorage>,
+    offset: usize,
+    len: usize,
+}
+
+impl Region {
+    fn binding(&self) -> Binding {
+        // SAFETY: `offset + len <= storage.len()` was checked when the region was
+        // resolved, so the pointer stays within (or one past the end of) the allocation.
+        let ptr = unsafe { self.storage.as_ptr().add(self.offset) };
+        Binding { ptr, len: self.len }
+    }
+}
+
+/// A kernel launch and the resolved memory of its global slots.
+struct KernelWork {
+    launch: KernelLaunch,
+    regions: SmallVec<[Region; 8]>,
+}
+
+/// An operation with its memory resolved at submission.
+enum Work {
+    Marker,
+    Copy {
+        src: Region,
+        dst: Region,
+    },
+    Fill {
+        dst: Region,
+        pattern: SmallVec<[u8; 16]>,
+    },
+    Kernel(Box<KernelWork>),
+    /// An operation that cannot run; it fails with this error at its virtual time.
+    Invalid(ExecError),
+}
+
+impl SimDriver {
+    /// Creates a device with empty memory and its virtual clock at zero.
+    pub fn new(config: SimConfig, ctx: DriverContext) -> Self {
+        let info = DeviceInfo {
+            name: config.name.into(),
+            kind: DeviceKind::Sim,
+            caps: Capabilities {
+                shares_host_memory: false,
+                in_driver_waits: true,
+                closure_kernels: true,
+                host_tasks: false,
+                max_local_memory: MAX_LOCAL_MEMORY,
+            },
+        };
+        Self {
+            info,
+            ctx,
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            latency_ns: config.latency_ns.max(1),
+            memory_bytes: config.memory_bytes,
+            state: Mutex::new(State::default()),
+            poller: Mutex::new(Arena::default()),
+        }
+    }
+
+    /// The virtual clock, in nanoseconds: the end of the last executed operation.
+    pub fn now_ns(&self) -> u64 {
+        self.state.lock().clock
+    }
+
+    /// Bytes held by live (allocated and not freed) device allocations.
+    pub fn allocated_bytes(&self) -> usize {
+        self.state.lock().allocated
+    }
+
+    fn unsupported(&self, what: &'static str) -> ExecError {
+        ExecError::Unsupported {
+            device: self.info.name.clone(),
+            what,
+        }
+    }
+
+    fn driver_error(&self, message: String) -> ExecError {
+        ExecError::Driver {
+            device: self.info.name.clone(),
+            message,
+        }
+    }
+
+    /// Resolves a slice to a bounds-checked region. Host memory is accepted only when
+    /// `host` is `None`; otherwise it is refused as unsupported `host`.
+    fn resolve(
+        &self,
+        state: &State,
+        slice: &MemSlice,
+        host: Option<&'static str>,
+    ) -> Result<Region, ExecError> {
+        let storage = match &slice.mem {
+            MemRef::Host(storage) => match host {
+                None => storage.clone(),
+                Some(what) => return Err(self.unsupported(what)),
+            },
+            MemRef::Device(id) => state
+                .memory
+                .get(id)
+                .cloned()
+                .ok_or_else(|| self.driver_error(format!("unknown allocation {}", id.0)))?,
+        };
+        if slice
+            .offset
+            .checked_add(slice.len)
+            .is_none_or(|end| end > storage.len())
+        {
+            return Err(self.driver_error(format!(
+                "slice of {} bytes at offset {} is outside its {}-byte allocation",
+                slice.len,
+                slice.offset,
+                storage.len()
+            )));
+        }
+        Ok(Region {
+            storage,
+            offset: slice.offset,
+            len: slice.len,
+        })
+    }
+
+    /// Resolves an operation's memory against the allocation table.
+    fn prepare(&self, state: &State, op: DeviceOp) -> Result<Work, ExecError> {
+        match op {
+            DeviceOp::Marker => Ok(Work::Marker),
+            DeviceOp::Copy { src, dst } => {
+                if src.len != dst.len {
+                    return Err(self.driver_error(format!(
+                        "copy from {} bytes to {} bytes",
+                        src.len, dst.len
+                    )));
+                }
+                let src = self.resolve(state, &src, None)?;
+                let dst = self.resolve(state, &dst, None)?;
+                Ok(Work::Copy { src, dst })
+            }
+            DeviceOp::Fill { dst, pattern } => {
+                let whole = match pattern.len() {
+                    0 => dst.len == 0,
+                    p => dst.len % p == 0,
+                };
+                if !whole {
+                    return Err(self.driver_error(format!(
+                        "fill of {} bytes with a {}-byte pattern",
+                        dst.len,
+                        pattern.len()
+                    )));
+                }
+                let dst = self.resolve(state, &dst, Some("fills of host memory"))?;
+                Ok(Work::Fill { dst, pattern })
+            }
+            DeviceOp::Kernel(launch) => {
+                let kernel = &launch.kernel;
+                if launch.args.len() != kernel.global_slots {
+                    return Err(self.driver_error(format!(
+                        "kernel `{}` has {} global slots but {} arguments",
+                        kernel.name,
+                        kernel.global_slots,
+                        launch.args.len()
+                    )));
+                }
+                let local: usize = kernel
+                    .scratch
+                    .iter()
+                    .filter(|s| s.kind == ScratchKind::Local)
+                    .map(|s| s.bytes)
+                    .sum();
+                if local > MAX_LOCAL_MEMORY {
+                    return Err(self.driver_error(format!(
+                        "kernel `{}` needs {local} bytes of local memory, the device has {}",
+                        kernel.name, MAX_LOCAL_MEMORY
+                    )));
+                }
+                let regions = launch
+                    .args
+                    .iter()
+                    .map(|a| self.resolve(state, &a.mem, Some("kernel arguments in host memory")))
+                    .collect::<Result<_, _>>()?;
+                Ok(Work::Kernel(Box::new(KernelWork { launch, regions })))
+            }
+            DeviceOp::HostTask(_) => Err(self.unsupported("host tasks")),
+        }
+    }
+
+    /// Runs one operation on the calling thread.
+    fn execute(&self, work: Work, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
+        match work {
+            Work::Invalid(e) => Err(e),
+            Work::Marker => Ok(()),
+            Work::Copy { src, dst } => {
+                let (s, d) = (src.binding(), dst.binding());
+                // SAFETY: both regions are bounds-checked, of equal length, and kept
+                // alive by their `Arc`s; the scheduler orders conflicting commands and
+                // this is the only thread executing on the device. `copy` tolerates
+                // overlap (a copy within one allocation).
+                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
+                Ok(())
+            }
+            Work::Fill { dst, pattern } => {
+                let d = dst.binding();
+                // SAFETY: bounds-checked live region, its length a multiple of the
+                // pattern's (checked at submission); exclusive by scheduling.
+                unsafe { fill_bytes(d.ptr, d.len, &pattern) };
+                Ok(())
+            }
+            Work::Kernel(work) => {
+                let KernelWork { launch, regions } = *work;
+                let bindings: SmallVec<[Binding; 8]> =
+                    regions.iter().map(Region::binding).collect();
+                let (kernel, geometry) = (&launch.kernel, &launch.geometry);
+                // SAFETY: the bindings are live (held by `regions`) and nothing else
+                // runs on the device while this kernel does.
+                let snapshot = preserve.then(|| unsafe { Snapshot::take(&launch.args, &bindings) });
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    for g in 0..geometry.group_count() {
+                        kernel.run_group(geometry, g, &bindings, arena);
+                    }
+                }));
+                outcome.map_err(|p| {
+                    if let Some(s) = snapshot {
+                        // SAFETY: the kernel has stopped; the regions are still alive
+                        // and nothing else touches them.
+                        unsafe { s.restore() };
+                    }
+                    ExecError::KernelPanicked {
+                        kernel: kernel.name.clone(),
+                        message: panic_message(&*p),
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Driver for SimDriver {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<AllocId, ExecError> {
+        let mut state = self.state.lock();
+        let total = state.allocated.checked_add(bytes);
+        if total.is_none_or(|t| t > self.memory_bytes) {
+            return Err(ExecError::OutOfMemory {
+                device: self.info.name.clone(),
+                requested: bytes,
+            });
+        }
+        let id = AllocId(state.next_alloc);
+        state.next_alloc += 1;
+        state.allocated += bytes;
+        state
+            .memory
+            .insert(id, Arc::new(HostStorage::zeroed(bytes)));
+        Ok(id)
+    }
+
+    /// Releases `id` at once: it stops counting against the device's capacity and
+    /// later submissions cannot name it. Operations already submitted keep the bytes
+    /// alive until they have executed. Unknown ids are ignored.
+    fn free(&self, id: AllocId) {
+        let mut state = self.state.lock();
+        if let Some(storage) = state.memory.remove(&id) {
+            state.allocated -= storage.len();
+        }
+    }
+
+    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError> {
+        if matches!(sub.op, DeviceOp::HostTask(_)) {
+            return Err(self.unsupported("host tasks"));
+        }
+        let mut waits = SmallVec::<[Arc<Node>; 4]>::with_capacity(sub.waits.len());
+        for wait in sub.waits {
+            match wait.downcast_ref::<Node>() {
+                Some(node) if node.instance == self.instance => {
+                    waits.push(Arc::clone(wait).downcast::<Node>().expect("checked above"));
+                }
+                _ => {
+                    return Err(
+                        self.driver_error("wait-list names an operation of another driver".into())
+                    )
+                }
+            }
+        }
+        let mut state = self.state.lock();
+        let started_ns = waits.iter().map(|w| w.ended_ns).fold(state.clock, u64::max);
+        let ended_ns = started_ns.saturating_add(self.latency_ns);
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let work = self.prepare(&state, sub.op).unwrap_or_else(Work::Invalid);
+        let node = Arc::new(Node {
+            instance: self.instance,
+            id: sub.id,
+            started_ns,
+            ended_ns,
+            outcome: OnceLock::new(),
+        });
+        let pending = Pending {
+            node: node.clone(),
+            work,
+            preserve: sub.preserve_on_failure,
+            waits,
+        };
+        state.queue.insert((ended_ns, seq), pending);
+        Ok(node)
+    }
+
+    /// Executes every recorded operation, in order of (virtual end, submission), on
+    /// the calling thread, including any submitted while it runs.
+    fn poll(&self) {
+        let mut arena = self.poller.lock();
+        loop {
+            let Some(Pending {
+                node,
+                work,
+                preserve,
+                waits,
+            }) = ({
+                let mut state = self.state.lock();
+                let next = state.queue.pop_first().map(|(_, p)| p);
+                if let Some(p) = &next {
+                    state.clock = state.clock.max(p.node.ended_ns);
+                }
+                next
+            })
+            else {
+                break;
+            };
+            let failed = waits.iter().find_map(|w| match w.outcome.get() {
+                Some(Ok(())) => None,
+                Some(Err(e)) => Some(e.as_dependency_of(format!("op {}", w.id.0).into())),
+                None => unreachable!("a wait-list entry ends before its waiter"),
+            });
+            drop(waits);
+            let result = match failed {
+                Some(e) => Err(e),
+                None => self.execute(work, preserve, &mut arena),
+            };
+            let _ = node.outcome.set(result.clone());
+            self.ctx.complete(Completion {
+                op: node.id,
+                result,
+                started_ns: node.started_ns,
+                ended_ns: node.ended_ns,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::{unbounded, Receiver};
+    use gantry_driver::{
+        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite,
+        Scratch,
+    };
+    use std::time::Instant;
+
+    fn driver(config: SimConfig) -> (SimDriver, Receiver<Completion>) {
+        let (tx, rx) = unbounded();
+        let d = SimDriver::new(
+            config,
+            DriverContext {
+                completions: tx,
+                epoch: Instant::now(),
+            },
+        );
+        (d, rx)
+    }
+
+    fn sim() -> (SimDriver, Receiver<Completion>) {
+        driver(SimConfig::default())
+    }
+
+    fn host_u32(values: &[u32]) -> Arc<HostStorage> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        Arc::new(HostStorage::from_bytes(&bytes))
+    }
+
+    fn read_u32(storage: &HostStorage) -> Vec<u32> {
+        // SAFETY: every submitted operation has executed (or none touches it).
+        let bytes = unsafe { storage.bytes() };
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn dev(id: AllocId, offset: usize, len: usize) -> MemSlice {
+        MemSlice {
+            mem: MemRef::Device(id),
+            offset,
+            len,
+        }
+    }
+
+    fn host(storage: &Arc<HostStorage>, offset: usize, len: usize) -> MemSlice {
+        MemSlice {
+            mem: MemRef::Host(storage.clone()),
+            offset,
+            len,
+        }
+    }
+
+    fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
+        DeviceOp::Copy { src, dst }
+    }
+
+    /// A kernel over the `n` u32s of `mem` that sets each element to `f(old, index)`.
+    fn map_kernel(
+        name: &str,
+        n: usize,
+        mem: MemSlice,
+        f: impl Fn(u32, usize) -> u32 + Send + Sync + 'static,
+    ) -> DeviceOp {
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
+        DeviceOp::Kernel(KernelLaunch {
+            kernel: Arc::new(ClosureKernel {
+                name: name.into(),
+                tag: 1,
+                phases: vec![phase(move |it| {
+                    let i = it.global_linear_id();
+                    acc.set(it, i, f(acc.get(it, i), i))
+                })],
+                global_slots: 1,
+                scratch: vec![],
+            }),
+            geometry: Geometry::for_range(Range::d1(n)).unwrap(),
+            args: vec![MemArg {
+                mem,
+                mode: AccessMode::ReadWrite,
+            }],
+        })
+    }
+
+    fn add(n: usize, mem: MemSlice, k: u32) -> DeviceOp {
+        map_kernel("add", n, mem, move |x, _| x + k)
+    }
+
+    fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
+        d.submit(Submission {
+            id: OpId(id),
+            op,
+            waits,
+            preserve_on_failure: false,
+        })
+        .unwrap()
+    }
+
+    fn drain(rx: &Receiver<Completion>) -> Vec<Completion> {
+        rx.try_iter().collect()
+    }
+
+    fn order(done: &[Completion]) -> Vec<u64> {
+        done.iter().map(|c| c.op.0).collect()
+    }
+
+    #[test]
+    fn info_and_config() {
+        let (d, _rx) = driver(SimConfig {
+            name: "gpu0".into(),
+            ..Default::default()
+        });
+        let info = d.info();
+        assert_eq!(&*info.name, "gpu0");
+        assert_eq!(info.kind, DeviceKind::Sim);
+        assert!(!info.caps.shares_host_memory && !info.caps.host_tasks);
+        assert!(info.caps.in_driver_waits && info.caps.closure_kernels);
+        assert_eq!(info.caps.max_local_memory, 64 * 1024);
+        assert_eq!(d.now_ns(), 0);
+    }
+
+    /// Host → device, a kernel on device memory, device → host: the host output holds
+    /// the result, and nothing moves before `poll`.
+    #[test]
+    fn round_trip_through_device_memory() {
+        let (d, rx) = sim();
+        let n = 3000; // three work-groups
+        let input = host_u32(&(0..n as u32).collect::<Vec<_>>());
+        let output = Arc::new(HostStorage::zeroed(n * 4));
+        let buf = d.alloc(n * 4).unwrap();
+        let up = submit(&d, 0, copy(host(&input, 0, n * 4), dev(buf, 0, n * 4)), &[]);
+        let k = submit(
+            &d,
+            1,
+            map_kernel("square", n, dev(buf, 0, n * 4), |x, _| x * x),
+            &[up],
+        );
+        submit(
+            &d,
+            2,
+            copy(dev(buf, 0, n * 4), host(&output, 0, n * 4)),
+            &[k],
+        );
+
+        assert!(drain(&rx).is_empty(), "nothing runs before poll");
+        assert!(
+            read_u32(&output).iter().all(|&x| x == 0),
+            "host untouched before poll"
+        );
+
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), [0, 1, 2]);
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        let expect: Vec<u32> = (0..n as u32).map(|x| x * x).collect();
+        assert_eq!(read_u32(&output), expect);
+        assert_eq!(
+            read_u32(&input),
+            (0..n as u32).collect::<Vec<_>>(),
+            "input unchanged"
+        );
+        assert_eq!(d.now_ns(), 3_000);
+    }
+
+    /// A dependent chain handed over in one batch runs link by link, each starting
+    /// where the previous one ended.
+    #[test]
+    fn chain_in_one_batch_runs_in_order() {
+        let (d, rx) = sim();
+        let n = 64;
+        let buf = d.alloc(n * 4).unwrap();
+        let mut prev: Vec<OpHandle> = vec![];
+        for i in 0..10u64 {
+            // Each link multiplies by 2 and adds its index: order-sensitive.
+            let k = map_kernel("link", n, dev(buf, 0, n * 4), move |x, _| x * 2 + i as u32);
+            prev = vec![submit(&d, i, k, &prev)];
+        }
+        let out = Arc::new(HostStorage::zeroed(n * 4));
+        submit(
+            &d,
+            10,
+            copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)),
+            &prev,
+        );
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), (0..=10).collect::<Vec<_>>());
+        for (i, c) in done.iter().enumerate() {
+            assert_eq!(
+                (c.started_ns, c.ended_ns),
+                (i as u64 * 1000, (i as u64 + 1) * 1000)
+            );
+        }
+        let expect = (0..10u32).fold(0, |x, i| x * 2 + i);
+        assert!(read_u32(&out).iter().all(|&x| x == expect));
+    }
+
+    /// Independent operations of one batch complete in submission order; an operation
+    /// waiting on a long chain completes after an independent one submitted later.
+    #[test]
+    fn completion_order_differs_from_submission_order() {
+        let (d, rx) = sim();
+        let buf = d.alloc(16).unwrap();
+        let c1 = submit(&d, 1, add(4, dev(buf, 0, 16), 1), &[]);
+        let c2 = submit(&d, 2, add(4, dev(buf, 0, 16), 1), &[c1]);
+        let c3 = submit(&d, 3, add(4, dev(buf, 0, 16), 1), &[c2]);
+        submit(&d, 10, DeviceOp::Marker, &[c3]); // A
+        submit(&d, 11, DeviceOp::Marker, &[]); // B
+        submit(&d, 12, DeviceOp::Marker, &[]); // C
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), [1, 11, 12, 2, 3, 10]);
+        let a = done.iter().find(|c| c.op.0 == 10).unwrap();
+        assert_eq!((a.started_ns, a.ended_ns), (3000, 4000));
+        let b = done.iter().find(|c| c.op.0 == 11).unwrap();
+        assert_eq!((b.started_ns, b.ended_ns), (0, 1000));
+    }
+
+    /// Operations submitted after a poll start at the advanced clock; a wait on an
+    /// operation that already executed is honoured.
+    #[test]
+    fn later_batches_start_at_the_clock() {
+        let (d, rx) = driver(SimConfig {
+            latency_ns: 0,
+            ..Default::default()
+        });
+        let a = submit(&d, 0, DeviceOp::Marker, &[]);
+        d.poll();
+        assert_eq!(d.now_ns(), 1, "latency 0 counts as 1");
+        let b = submit(&d, 1, DeviceOp::Marker, std::slice::from_ref(&a));
+        let c = submit(&d, 2, DeviceOp::Marker, &[a]);
+        submit(&d, 3, DeviceOp::Marker, &[b, c]);
+        d.poll();
+        let ts: Vec<_> = drain(&rx)
+            .iter()
+            .map(|c| (c.op.0, c.started_ns, c.ended_ns))
+            .collect();
+        assert_eq!(ts, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)]);
+    }
+
+    /// What a run reports: (op, result, start, end) per completion, and the output data.
+    type Run = (Vec<(u64, Result<(), ExecError>, u64, u64)>, Vec<u32>);
+
+    fn scenario() -> Run {
+        let (d, rx) = driver(SimConfig {
+            latency_ns: 777,
+            ..Default::default()
+        });
+        let n = 100;
+        let input = host_u32(&(0..n as u32).collect::<Vec<_>>());
+        let out = Arc::new(HostStorage::zeroed(n * 4));
+        let buf = d.alloc(n * 4).unwrap();
+        let other = d.alloc(n * 4).unwrap();
+        let up = submit(&d, 0, copy(host(&input, 0, n * 4), dev(buf, 0, n * 4)), &[]);
+        let fill = submit(
+            &d,
+            1,
+            DeviceOp::Fill {
+                dst: dev(other, 0, n * 4),
+                pattern: 7u32.to_ne_bytes().into_iter().collect(),
+            },
+            &[],
+        );
+        let k1 = submit(
+            &d,
+            2,
+            add(n, dev(buf, 0, n * 4), 3),
+            std::slice::from_ref(&up),
+        );
+        let k2 = submit(&d, 3, add(n, dev(other, 0, n * 4), 1), &[fill, up]);
+        submit(&d, 4, DeviceOp::Marker, &[]);
+        d.poll();
+        let k3 = submit(&d, 5, copy(dev(other, 0, 40), dev(buf, 0, 40)), &[k1, k2]);
+        submit(&d, 6, DeviceOp::Marker, &[]);
+        submit(&d, 7, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[k3]);
+        d.poll();
+        let done = drain(&rx)
+            .into_iter()
+            .map(|c| (c.op.0, c.result, c.started_ns, c.ended_ns))
+            .collect();
+        (done, read_u32(&out))
+    }
+
+    /// Two identical runs give identical completions, timestamps and data.
+    #[test]
+    fn runs_are_deterministic() {
+        let first = scenario();
+        let second = scenario();
+        assert_eq!(first, second);
+        assert_eq!(first.0.len(), 8);
+        assert!(first.0.iter().all(|c| c.1.is_ok()), "{:?}", first.0);
+        let expect: Vec<u32> = (0..100).map(|i| if i < 10 { 8 } else { i + 3 }).collect();
+        assert_eq!(first.1, expect);
+    }
+
+    /// Allocations beyond the device's capacity fail; freeing makes room again.
+    #[test]
+    fn out_of_memory() {
+        let (d, _rx) = driver(SimConfig {
+            memory_bytes: 1000,
+            ..Default::default()
+        });
+        let a = d.alloc(600).unwrap();
+        assert_eq!(d.allocated_bytes(), 600);
+        match d.alloc(500) {
+            Err(ExecError::OutOfMemory { device, requested }) => {
+                assert_eq!(&*device, "sim");
+                assert_eq!(requested, 500);
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        assert!(matches!(
+            d.alloc(usize::MAX),
+            Err(ExecError::OutOfMemory { .. })
+        ));
+        let b = d.alloc(400).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(d.allocated_bytes(), 1000);
+        d.free(a);
+        assert_eq!(d.allocated_bytes(), 400);
+        d.alloc(600).unwrap();
+    }
+
+    #[test]
+    fn host_tasks_are_refused() {
+        let (d, rx) = sim();
+        let task = HostTask {
+            name: "t".into(),
+            tag: 0,
+            run: Box::new(|_| {}),
+            args: vec![],
+        };
+        let r = d.submit(Submission {
+            id: OpId(0),
+            op: DeviceOp::HostTask(task),
+            waits: &[],
+            preserve_on_failure: false,
+        });
+        assert!(matches!(
+            r,
+            Err(ExecError::Unsupported {
+                what: "host tasks",
+                ..
+            })
+        ));
+        d.poll();
+        assert!(
+            drain(&rx).is_empty(),
+            "a refused submission never completes"
+        );
+    }
+
+    /// Wait-lists must name this driver's operations.
+    #[test]
+    fn foreign_handles_are_refused() {
+        let (d, _rx) = sim();
+        let (other, _rx2) = sim();
+        let theirs = submit(&other, 0, DeviceOp::Marker, &[]);
+        let not_a_node: OpHandle = Arc::new(5u32);
+        for bad in [theirs, not_a_node] {
+            let r = d.submit(Submission {
+                id: OpId(1),
+                op: DeviceOp::Marker,
+                waits: &[bad],
+                preserve_on_failure: false,
+            });
+            assert!(matches!(r, Err(ExecError::Driver { .. })));
+        }
+    }
+
+    /// Kernels and fills may bind only device memory; the failure is the operation's
+    /// completion result and its dependents do not run.
+    #[test]
+    fn kernels_and_fills_refuse_host_memory() {
+        let (d, rx) = sim();
+        let storage = host_u32(&[1, 2, 3, 4]);
+        let k = submit(&d, 0, add(4, host(&storage, 0, 16), 1), &[]);
+        submit(
+            &d,
+            1,
+            DeviceOp::Fill {
+                dst: host(&storage, 0, 16),
+                pattern: [9].into_iter().collect(),
+            },
+            &[],
+        );
+        submit(&d, 2, DeviceOp::Marker, &[k]);
+        d.poll();
+        let done = drain(&rx);
+        assert!(matches!(
+            &done[0].result,
+            Err(ExecError::Unsupported {
+                what: "kernel arguments in host memory",
+                ..
+            })
+        ));
+        assert!(matches!(
+            &done[1].result,
+            Err(ExecError::Unsupported {
+                what: "fills of host memory",
+                ..
+            })
+        ));
+        assert!(matches!(
+            &done[2].result,
+            Err(ExecError::DependencyFailed { .. })
+        ));
+        assert_eq!(read_u32(&storage), [1, 2, 3, 4]);
+    }
+
+    /// Bad slices fail their operation at its virtual time instead of being refused.
+    #[test]
+    fn invalid_memory_fails_the_operation() {
+        let (d, rx) = sim();
+        let buf = d.alloc(16).unwrap();
+        let gone = d.alloc(16).unwrap();
+        d.free(gone);
+        submit(&d, 0, copy(dev(buf, 0, 16), dev(buf, 8, 16)), &[]); // out of bounds
+        submit(&d, 1, copy(dev(buf, 0, 8), dev(buf, 0, 16)), &[]); // lengths differ
+        submit(&d, 2, copy(dev(gone, 0, 16), dev(buf, 0, 16)), &[]); // freed
+        submit(
+            &d,
+            3,
+            DeviceOp::Fill {
+                dst: dev(buf, 0, 10),
+                pattern: [1, 2, 3, 4].into_iter().collect(),
+            },
+            &[],
+        );
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), [0, 1, 2, 3]);
+        assert!(
+            done.iter()
+                .all(|c| matches!(c.result, Err(ExecError::Driver { .. }))),
+            "{done:?}"
+        );
+    }
+
+    /// A panicking kernel reports `KernelPanicked`, restores the device range it wrote
+    /// (with `preserve_on_failure`), and fails its dependents, which do not run. The
+    /// failure is still seen by an operation that waits on it after it executed.
+    #[test]
+    fn kernel_panic_restores_and_propagates() {
+        let (d, rx) = sim();
+        let n = 2500;
+        let input = host_u32(&vec![5; n]);
+        let out = Arc::new(HostStorage::zeroed(n * 4));
+        let buf = d.alloc(n * 4).unwrap();
+        let up = submit(&d, 0, copy(host(&input, 0, n * 4), dev(buf, 0, n * 4)), &[]);
+        let bad = map_kernel("bad", n, dev(buf, 0, n * 4), move |_, i| {
+            if i == n - 1 {
+                panic!("boom");
+            }
+            99
+        });
+        let bad = d
+            .submit(Submission {
+                id: OpId(1),
+                op: bad,
+                waits: &[up],
+                preserve_on_failure: true,
+            })
+            .unwrap();
+        submit(
+            &d,
+            2,
+            add(n, dev(buf, 0, n * 4), 1),
+            std::slice::from_ref(&bad),
+        );
+        d.poll();
+        let done = drain(&rx);
+        assert!(done[0].result.is_ok());
+        match &done[1].result {
+            Err(ExecError::KernelPanicked { kernel, message }) => {
+                assert_eq!((&**kernel, message.as_str()), ("bad", "boom"));
+            }
+            other => panic!("expected KernelPanicked, got {other:?}"),
+        }
+        match &done[2].result {
+            Err(e @ ExecError::DependencyFailed { dependency, .. }) => {
+                assert_eq!(&**dependency, "op 1");
+                assert!(matches!(e.root_cause(), ExecError::KernelPanicked { .. }));
+            }
+            other => panic!("expected DependencyFailed, got {other:?}"),
+        }
+        // Waiting on the failed kernel after it executed also fails.
+        submit(
+            &d,
+            3,
+            copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)),
+            &[bad],
+        );
+        submit(&d, 4, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[]);
+        d.poll();
+        let done = drain(&rx);
+        assert!(matches!(
+            &done[0].result,
+            Err(ExecError::DependencyFailed { .. })
+        ));
+        assert!(done[1].result.is_ok());
+        assert!(
+            read_u32(&out).iter().all(|&x| x == 5),
+            "restored, dependent did not run"
+        );
+    }
+
+    /// Without `preserve_on_failure`, a panicking kernel leaves what it wrote.
+    #[test]
+    fn kernel_panic_without_preserve_keeps_partial_writes() {
+        let (d, rx) = sim();
+        let n = 8;
+        let out = Arc::new(HostStorage::zeroed(n * 4));
+        let buf = d.alloc(n * 4).unwrap();
+        let bad = map_kernel("bad", n, dev(buf, 0, n * 4), |_, i| {
+            if i == 4 {
+                panic!("half")
+            } else {
+                1
+            }
+        });
+        let k = submit(&d, 0, bad, &[]);
+        drop(k);
+        submit(&d, 1, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[]);
+        d.poll();
+        let done = drain(&rx);
+        assert!(matches!(
+            &done[0].result,
+            Err(ExecError::KernelPanicked { .. })
+        ));
+        assert_eq!(read_u32(&out), [1, 1, 1, 1, 0, 0, 0, 0]);
+    }
+
+    /// Copies of sub-ranges in every direction move exactly the bytes named.
+    #[test]
+    fn sub_range_copies() {
+        let (d, rx) = sim();
+        let input = host_u32(&(1..=8).collect::<Vec<_>>());
+        let out = host_u32(&[0xff; 8]);
+        let a = d.alloc(32).unwrap();
+        let b = d.alloc(32).unwrap();
+        // a[2..6] = input[1..5]
+        let h2d = submit(&d, 0, copy(host(&input, 4, 16), dev(a, 8, 16)), &[]);
+        // b[0..3] = a[3..6] = input[2..5]
+        let d2d = submit(
+            &d,
+            1,
+            copy(dev(a, 12, 12), dev(b, 0, 12)),
+            std::slice::from_ref(&h2d),
+        );
+        // within one allocation, overlapping: a[1..5] = a[2..6]
+        let inner = submit(
+            &d,
+            2,
+            copy(dev(a, 8, 16), dev(a, 4, 16)),
+            std::slice::from_ref(&d2d),
+        );
+        // out[4..8] = b[0..4]; out[0..2] = a[0..2]
+        submit(&d, 3, copy(dev(b, 0, 16), host(&out, 16, 16)), &[d2d]);
+        submit(&d, 4, copy(dev(a, 0, 8), host(&out, 0, 8)), &[inner]);
+        d.poll();
+        assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
+        assert_eq!(read_u32(&out), [0, 2, 0xff, 0xff, 3, 4, 5, 0]);
+        assert_eq!(read_u32(&input), (1..=8).collect::<Vec<_>>());
+    }
+
+    /// Fills write repetitions of the pattern to a device range.
+    #[test]
+    fn fill_device_range() {
+        let (d, rx) = sim();
+        let out = Arc::new(HostStorage::zeroed(32));
+        let buf = d.alloc(32).unwrap();
+        let pattern = 0xdead_beef_u32.to_ne_bytes().into_iter().collect();
+        let f = submit(
+            &d,
+            0,
+            DeviceOp::Fill {
+                dst: dev(buf, 8, 16),
+                pattern,
+            },
+            &[],
+        );
+        submit(&d, 1, copy(dev(buf, 0, 32), host(&out, 0, 32)), &[f]);
+        d.poll();
+        assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
+        assert_eq!(
+            read_u32(&out),
+            [
+                0,
+                0,
+                0xdead_beef,
+                0xdead_beef,
+                0xdead_beef,
+                0xdead_beef,
+                0,
+                0
+            ]
+        );
+    }
+
+    /// Memory freed while a submitted operation still uses it stays valid for that
+    /// operation.
+    #[test]
+    fn free_keeps_memory_of_submitted_work() {
+        let (d, rx) = sim();
+        let input = host_u32(&[1, 2, 3, 4]);
+        let out = Arc::new(HostStorage::zeroed(16));
+        let buf = d.alloc(16).unwrap();
+        let up = submit(&d, 0, copy(host(&input, 0, 16), dev(buf, 0, 16)), &[]);
+        let k = submit(&d, 1, add(4, dev(buf, 0, 16), 10), &[up]);
+        submit(&d, 2, copy(dev(buf, 0, 16), host(&out, 0, 16)), &[k]);
+        d.free(buf);
+        assert_eq!(d.allocated_bytes(), 0);
+        d.poll();
+        assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
+        assert_eq!(read_u32(&out), [11, 12, 13, 14]);
+    }
+
+    /// Kernels asking for more local memory than the device has fail.
+    #[test]
+    fn local_memory_limit() {
+        let (d, rx) = sim();
+        let buf = d.alloc(16).unwrap();
+        for (id, bytes) in [(0, 64 * 1024), (1, 64 * 1024 + 1)] {
+            let DeviceOp::Kernel(mut launch) = add(4, dev(buf, 0, 16), 1) else {
+                unreachable!()
+            };
+            launch.kernel = Arc::new(ClosureKernel {
+                name: "tiled".into(),
+                tag: 1,
+                phases: launch.kernel.phases.clone(),
+                global_slots: 1,
+                scratch: vec![Scratch {
+                    kind: ScratchKind::Local,
+                    bytes,
+                }],
+            });
+            submit(&d, id, DeviceOp::Kernel(launch), &[]);
+        }
+        d.poll();
+        let done = drain(&rx);
+        assert!(done[0].result.is_ok());
+        assert!(matches!(&done[1].result, Err(ExecError::Driver { .. })));
+    }
+}

@@ -1,0 +1,123 @@
+//! The **enqueue** stage: hands every ready command to its driver, with a wait-list of
+//! the predecessors that driver is still running. Markers and barriers finish here;
+//! host accesses start running (their user is woken).
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::world::World;
+use gantry_components::{
+    Command, CommandKind, Devices, Edges, Execution, Finished, Requirement, Requirements,
+    SchedulerConfig, Status, Work, WorkLists,
+};
+use gantry_driver::{
+    DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
+    Submission,
+};
+use smallvec::SmallVec;
+
+/// The enqueue stage system.
+pub fn enqueue(world: &mut World) {
+    loop {
+        let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
+        if ready.is_empty() {
+            break;
+        }
+        for e in ready {
+            enqueue_command(world, e);
+        }
+    }
+}
+
+/// The memory a placed requirement names.
+fn slice(r: &Requirement) -> MemSlice {
+    let mem = match r.space {
+        MemSpace::Host => MemRef::Host(r.buffer.storage.clone()),
+        MemSpace::Device(_) => MemRef::Device(r.alloc.expect("device requirement without allocation")),
+    };
+    MemSlice { mem, offset: r.range.start, len: r.range.len() }
+}
+
+fn args(reqs: &[Requirement]) -> Vec<MemArg> {
+    reqs.iter().map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
+}
+
+fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> DeviceOp {
+    match work {
+        Work::Kernel { kernel, geometry } => DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) }),
+        Work::HostTask { run, tag } => DeviceOp::HostTask(HostTask {
+            name: name.clone(),
+            tag,
+            run: run.into_inner(),
+            args: args(reqs),
+        }),
+        Work::Copy | Work::Move { .. } => DeviceOp::Copy { src: slice(&reqs[0]), dst: slice(&reqs[1]) },
+        Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
+        Work::CopyToHost(out) => DeviceOp::Copy { src: slice(&reqs[0]), dst: MemSlice::host(out) },
+        Work::Fill(pattern) => DeviceOp::Fill { dst: slice(&reqs[0]), pattern },
+        Work::Marker | Work::HostAccess => DeviceOp::Marker,
+    }
+}
+
+fn enqueue_command(world: &mut World, e: Entity) {
+    let Some(mut exec) = world.get_mut::<Execution>(e) else { return };
+    if exec.status != Status::Ready {
+        return;
+    }
+    exec.status = Status::Submitted;
+    let work = exec.work.take().expect("work enqueued twice");
+    let event = exec.event.clone();
+    let cmd = world.get::<Command>(e).expect("command");
+    let (kind, device, name) = (cmd.kind, cmd.device, cmd.name.clone());
+    let now = world.resource::<SchedulerConfig>().now_ns();
+    match kind {
+        CommandKind::Marker | CommandKind::Barrier => {
+            world.resource_mut::<WorkLists>().finished.push(Finished {
+                cmd: e,
+                result: Ok(()),
+                started_ns: now,
+                ended_ns: now,
+            });
+            return;
+        }
+        CommandKind::HostAccess => {
+            event.mark_running(now);
+            return;
+        }
+        _ => {}
+    }
+
+    // Wait on predecessors this driver is still running.
+    let preds = world.get::<Edges>(e).expect("edges").preds.clone();
+    let waits: SmallVec<[OpHandle; 4]> = preds
+        .iter()
+        .filter_map(|&p| {
+            let same_device = world.get::<Command>(p)?.device == device;
+            let exec = world.get::<Execution>(p)?;
+            (same_device && exec.status == Status::Submitted).then(|| exec.handle.clone()).flatten()
+        })
+        .collect();
+    let op = build_op(work, &world.get::<Requirements>(e).expect("requirements").0, &name);
+    let driver = world.resource::<Devices>().0[device as usize].driver.clone();
+    let preserve_on_failure = world.resource::<SchedulerConfig>().preserve_on_failure;
+    match driver.submit(Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure }) {
+        Ok(handle) => {
+            world.get_mut::<Execution>(e).expect("execution").handle = Some(handle);
+            world.resource_mut::<gantry_components::Stats>().in_driver += 1;
+            event.mark_submitted();
+            unblock_on_submit(world, e);
+        }
+        Err(err) => world.resource_mut::<WorkLists>().finished.push(Finished {
+            cmd: e,
+            result: Err(err),
+            started_ns: now,
+            ended_ns: now,
+        }),
+    }
+}
+
+/// Successors on the same driver stop being blocked once this command is submitted.
+fn unblock_on_submit(world: &mut World, e: Entity) {
+    let succs = world.get::<Edges>(e).expect("edges").succs.clone();
+    for s in succs.iter().filter(|s| s.on_submit) {
+        crate::retire::unblock(world, s.entity);
+    }
+}

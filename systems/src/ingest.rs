@@ -1,0 +1,66 @@
+//! The **ingest** stage: drains user messages into entities, in submission order.
+
+use bevy_ecs::world::World;
+use gantry_components::{
+    Command, Edges, Execution, Finished, Inbox, MemoryRecord, Message, QueueState, Requirements,
+    SchedulerConfig, Stats, Status, WorkLists,
+};
+
+/// The ingest stage system.
+pub fn ingest(world: &mut World) {
+    let rx = world.resource::<Inbox>().messages.clone();
+    let mut spawned = 0u64;
+    while let Ok(msg) = rx.try_recv() {
+        match msg {
+            Message::Submit(desc) => {
+                let desc = *desc;
+                let seq = world.resource::<Stats>().submitted + spawned;
+                let event = desc.event;
+                let e = world
+                    .spawn((
+                        Command { kind: desc.kind, name: desc.name, queue: Some(desc.queue), device: desc.device, seq },
+                        Requirements(desc.requirements),
+                        Edges::default(),
+                        Execution { status: Status::New, work: Some(desc.work), handle: None, event: event.clone(), waits: desc.waits },
+                    ))
+                    .id();
+                event.command.set(e);
+                world.resource_mut::<WorkLists>().resolve.push(e);
+                spawned += 1;
+            }
+            Message::DropBuffer(buffer) => {
+                if let Some(rec) = buffer.record.get() {
+                    if let Some(mut record) = world.get_mut::<MemoryRecord>(rec) {
+                        record.dropped = true;
+                        world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
+                    }
+                }
+            }
+            Message::DropQueue(queue) => {
+                if let Some(qe) = queue.entity.get() {
+                    if world.get::<QueueState>(qe).is_some() {
+                        world.despawn(qe);
+                    }
+                    queue.entity.clear();
+                }
+            }
+            Message::ReleaseHostAccess(e) => {
+                let now = world.resource::<SchedulerConfig>().now_ns();
+                let started = world.get::<Execution>(e).map(|x| x.event.timestamps().started_ns);
+                if let Some(started_ns) = started {
+                    world.resource_mut::<WorkLists>().finished.push(Finished {
+                        cmd: e,
+                        result: Ok(()),
+                        started_ns,
+                        ended_ns: now,
+                    });
+                }
+            }
+        }
+    }
+    if spawned > 0 {
+        let mut stats = world.resource_mut::<Stats>();
+        stats.submitted += spawned;
+        stats.live_commands += spawned;
+    }
+}

@@ -1,0 +1,61 @@
+//! # gantry-systems
+//!
+//! The systems of Gantry's scheduler, one module per stage of the flush schedule
+//! ([`Stage`](gantry_components::Stage)):
+//!
+//! | stage | module |
+//! | --- | --- |
+//! | ingest | [`ingest`] |
+//! | resolve | [`resolve`] — the dependency rules |
+//! | fusion-sync, fuse, partition | empty sets, filled by their features |
+//! | enqueue | [`enqueue`] |
+//! | retire | [`retire`] |
+//!
+//! Systems reach drivers only through [`gantry_driver::Driver`].
+
+#![warn(missing_docs)]
+
+pub mod enqueue;
+pub mod ingest;
+pub mod resolve;
+pub mod retire;
+
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::{Schedule, SingleThreadedExecutor};
+use gantry_components::{Devices, Flush, Inbox, SchedulerConfig, Stage, Stats, WorkLists};
+
+/// Builds the flush schedule: the stages chained in order, with the built-in systems.
+pub fn flush_schedule() -> Schedule {
+    let mut schedule = Schedule::new(Flush);
+    schedule.set_executor(SingleThreadedExecutor::new());
+    schedule.configure_sets(
+        (
+            Stage::Ingest,
+            Stage::Resolve,
+            Stage::FusionSync,
+            Stage::Fuse,
+            Stage::Partition,
+            Stage::Enqueue,
+            Stage::Retire,
+        )
+            .chain(),
+    );
+    schedule.add_systems((
+        ingest::ingest.in_set(Stage::Ingest),
+        resolve::resolve.in_set(Stage::Resolve),
+        enqueue::enqueue.in_set(Stage::Enqueue),
+        retire::retire.in_set(Stage::Retire),
+    ));
+    schedule
+}
+
+/// A world holding the scheduler's resources.
+pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) -> World {
+    let mut world = World::new();
+    world.insert_resource(devices);
+    world.insert_resource(inbox);
+    world.insert_resource(config);
+    world.insert_resource(WorkLists::default());
+    world.insert_resource(Stats::default());
+    world
+}

@@ -1,0 +1,352 @@
+//! The **resolve** stage: dependency resolution.
+//!
+//! For each new command, in submission order:
+//!
+//! * **Memory** — per requirement, against the buffer's [`MemoryRecord`] leaves:
+//!   a reader depends on every unfinished writer of an overlapping range
+//!   (read-after-write); a writer depends on every unfinished reader and writer of an
+//!   overlapping range (write-after-read, write-after-write). A writer then replaces
+//!   the leaves its range covers; a reader joins the read leaves. Non-overlapping
+//!   ranges of one buffer never conflict.
+//! * **Placement** — a command needs the buffer's contents in its device's memory
+//!   space. If that copy is not valid, a memory move is inserted (through host
+//!   memory when both sides are devices); a discard-write of the whole buffer needs
+//!   no move. After a write, only the writer's space holds valid contents.
+//! * **Events** — an explicit dependency on an unfinished event is an edge to its
+//!   command; on a failed event, the command fails without running.
+//! * **Queue order** — an in-order queue's command depends on the previous one; a
+//!   barrier depends on everything submitted to its queue since the last barrier.
+//!
+//! Commands with no conflict and no event or queue dependency get no edge.
+//!
+//! An edge between two commands on one driver that orders wait-lists itself stops
+//! blocking when the predecessor is *submitted* (the driver waits); other edges stop
+//! blocking when it completes.
+
+use std::sync::Arc;
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::world::World;
+use gantry_components::{
+    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished,
+    Location, MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats, Status,
+    Successor, Work, WorkLists,
+};
+use gantry_driver::{AccessMode, ExecError, MemSpace};
+use smallvec::SmallVec;
+
+type Preds = SmallVec<[Entity; 8]>;
+
+/// The resolve stage system.
+pub fn resolve(world: &mut World) {
+    let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
+    for &e in &list {
+        resolve_command(world, e);
+    }
+    // Hand the allocation back to keep the list's capacity.
+    let mut lists = world.resource_mut::<WorkLists>();
+    if lists.resolve.is_empty() {
+        lists.resolve = list;
+        lists.resolve.clear();
+    }
+}
+
+fn push_unique(preds: &mut Preds, e: Entity, this: Entity) {
+    if e != this && !preds.contains(&e) {
+        preds.push(e);
+    }
+}
+
+fn is_live(world: &World, e: Entity) -> bool {
+    world.get::<Execution>(e).is_some()
+}
+
+fn fail_now(world: &mut World, e: Entity, error: ExecError) {
+    let now = world.resource::<SchedulerConfig>().now_ns();
+    world
+        .resource_mut::<WorkLists>()
+        .finished
+        .push(Finished { cmd: e, result: Err(error), started_ns: now, ended_ns: now });
+}
+
+fn resolve_command(world: &mut World, e: Entity) {
+    let Some(cmd) = world.get::<Command>(e) else { return };
+    let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
+    let (space, lost, name) = {
+        let d = &world.resource::<Devices>().0[device as usize];
+        (d.space, d.lost, d.info.name.clone())
+    };
+    if lost {
+        return fail_now(world, e, ExecError::DeviceLost { device: name });
+    }
+    let mut reqs = std::mem::take(&mut world.get_mut::<Requirements>(e).expect("command").0);
+    let waits = std::mem::take(&mut world.get_mut::<Execution>(e).expect("command").waits);
+    let mut preds = Preds::new();
+
+    // Explicit event dependencies.
+    for ev in &waits {
+        match ev.status() {
+            EventStatus::Complete => {}
+            EventStatus::Failed => {
+                let cause = ev.error().cloned().unwrap_or(ExecError::RuntimeDropped);
+                world.get_mut::<Requirements>(e).expect("command").0 = reqs;
+                return fail_now(world, e, cause.as_dependency_of(ev.name.clone()));
+            }
+            _ => {
+                if let Some(p) = ev.command.get().filter(|&p| is_live(world, p)) {
+                    push_unique(&mut preds, p, e);
+                }
+            }
+        }
+    }
+
+    // Memory requirements.
+    for i in 0..reqs.len() {
+        if let Err(err) = resolve_requirement(world, e, &mut reqs[i], space, &mut preds) {
+            world.get_mut::<Requirements>(e).expect("command").0 = reqs;
+            return fail_now(world, e, err);
+        }
+    }
+    world.get_mut::<Requirements>(e).expect("command").0 = reqs;
+
+    // Queue order.
+    if let Some(q) = queue {
+        let qe = queue_entity(world, &q);
+        let mut state = world.get_mut::<QueueState>(qe).expect("queue state");
+        if q.in_order {
+            if let Some(last) = state.last {
+                push_unique(&mut preds, last, e);
+            }
+        }
+        state.last = Some(e);
+        if kind == CommandKind::Barrier {
+            let since = std::mem::replace(&mut state.since_barrier, vec![e]);
+            for p in since {
+                push_unique(&mut preds, p, e);
+            }
+        } else {
+            state.since_barrier.push(e);
+            if state.since_barrier.len() >= 256 && state.since_barrier.len().is_power_of_two() {
+                let mut since = std::mem::take(&mut state.since_barrier);
+                since.retain(|&p| is_live(world, p));
+                world.get_mut::<QueueState>(qe).expect("queue state").since_barrier = since;
+            }
+        }
+    }
+
+    connect(world, e, preds);
+}
+
+/// The queue-state entity of `q`, spawned at first use.
+fn queue_entity(world: &mut World, q: &Arc<gantry_components::QueueCore>) -> Entity {
+    if let Some(qe) = q.entity.get() {
+        return qe;
+    }
+    let qe = world.spawn(QueueState::new(q.clone())).id();
+    q.entity.set(qe);
+    qe
+}
+
+/// The memory record of a requirement's buffer, spawned at first use.
+fn record_entity(world: &mut World, req: &Requirement) -> Entity {
+    if let Some(r) = req.buffer.record.get() {
+        return r;
+    }
+    let r = world.spawn(MemoryRecord::new(req.buffer.clone())).id();
+    req.buffer.record.set(r);
+    world.resource_mut::<Stats>().live_records += 1;
+    r
+}
+
+/// Places one requirement, inserting memory moves, and collects its memory edges.
+fn resolve_requirement(
+    world: &mut World,
+    e: Entity,
+    req: &mut Requirement,
+    space: MemSpace,
+    preds: &mut Preds,
+) -> Result<(), ExecError> {
+    let rec = record_entity(world, req);
+    req.space = space;
+    req.alloc = ensure_location(world, rec, space)?;
+    let whole = ByteRange::new(0, req.buffer.bytes);
+    let needs_contents = req.mode.needs_contents() || !req.range.covers(&whole);
+    if needs_contents {
+        ensure_valid(world, rec, space)?;
+    }
+
+    let mut record = world.get_mut::<MemoryRecord>(rec).expect("memory record");
+    if needs_contents {
+        if let Some(p) = record.location(space).and_then(|l| l.producer) {
+            push_unique(preds, p, e);
+        }
+    }
+    // Read-after-write, write-after-write.
+    for leaf in record.writes.iter().filter(|l| l.range.overlaps(&req.range)) {
+        push_unique(preds, leaf.cmd, e);
+    }
+    if req.mode.writes() {
+        // Write-after-read.
+        for leaf in record.reads.iter().filter(|l| l.range.overlaps(&req.range)) {
+            push_unique(preds, leaf.cmd, e);
+        }
+        // Leaves this write covers are reachable through it from now on.
+        let range = req.range;
+        record.reads.retain(|l| l.cmd == e || !range.covers(&l.range));
+        record.writes.retain(|l| l.cmd == e || !range.covers(&l.range));
+        record.writes.push(gantry_components::Leaf { cmd: e, range });
+        for loc in record.locations.iter_mut() {
+            if loc.space == space {
+                loc.valid = true;
+                loc.producer = Some(e);
+            } else {
+                loc.valid = false;
+                loc.producer = None;
+            }
+        }
+    } else {
+        record.reads.push(gantry_components::Leaf { cmd: e, range: req.range });
+    }
+    Ok(())
+}
+
+/// Makes sure the buffer has a location (and allocation) in `space`.
+fn ensure_location(
+    world: &mut World,
+    rec: Entity,
+    space: MemSpace,
+) -> Result<Option<gantry_driver::AllocId>, ExecError> {
+    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+    if let Some(loc) = record.location(space) {
+        return Ok(loc.alloc);
+    }
+    let MemSpace::Device(d) = space else { return Ok(None) };
+    let bytes = record.buffer.bytes;
+    let alloc = world.resource::<Devices>().0[d as usize].driver.alloc(bytes)?;
+    world.get_mut::<MemoryRecord>(rec).expect("memory record").locations.push(Location {
+        space,
+        device: Some(d),
+        alloc: Some(alloc),
+        valid: false,
+        producer: None,
+    });
+    Ok(Some(alloc))
+}
+
+/// Makes the contents valid in `space`, inserting memory moves as needed.
+fn ensure_valid(world: &mut World, rec: Entity, space: MemSpace) -> Result<(), ExecError> {
+    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+    if record.location(space).is_some_and(|l| l.valid) {
+        return Ok(());
+    }
+    let host_valid = record.location(MemSpace::Host).is_some_and(|l| l.valid);
+    let source = if host_valid || space != MemSpace::Host {
+        // Device targets are fed from the host; make the host valid first if needed.
+        if !host_valid {
+            ensure_valid(world, rec, MemSpace::Host)?;
+        }
+        MemSpace::Host
+    } else {
+        // Host target: take any valid device copy.
+        record.locations.iter().find(|l| l.valid).map(|l| l.space).ok_or(ExecError::Driver {
+            device: "scheduler".into(),
+            message: "buffer has no valid copy".into(),
+        })?
+    };
+    insert_move(world, rec, source, space)
+}
+
+/// Spawns a memory move from `from` to `to` of a buffer's whole contents.
+fn insert_move(world: &mut World, rec: Entity, from: MemSpace, to: MemSpace) -> Result<(), ExecError> {
+    ensure_location(world, rec, to)?;
+    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+    let buffer = record.buffer.clone();
+    let whole = ByteRange::new(0, buffer.bytes);
+    let loc = |space: MemSpace| record.location(space).expect("location").clone();
+    let (src, dst) = (loc(from), loc(to));
+    let device = match (from, to) {
+        (_, MemSpace::Device(d)) | (MemSpace::Device(d), MemSpace::Host) => d,
+        (MemSpace::Host, MemSpace::Host) => unreachable!("host-to-host move"),
+    };
+    let name: Arc<str> = format!("move buffer {} {:?}->{:?}", buffer.id, from, to).into();
+    let config = world.resource::<SchedulerConfig>();
+    let event = Arc::new(EventShared::new(name.clone(), 0, config.now_ns()));
+    let mut src_req = Requirement::new(buffer.clone(), AccessMode::Read, whole);
+    (src_req.space, src_req.alloc) = (from, src.alloc);
+    let mut dst_req = Requirement::new(buffer, AccessMode::DiscardWrite, whole);
+    (dst_req.space, dst_req.alloc) = (to, dst.alloc);
+    let seq = world.resource::<Stats>().submitted;
+    let m = world
+        .spawn((
+            Command { kind: CommandKind::MemoryMove, name, queue: None, device, seq },
+            Requirements(SmallVec::from_iter([src_req, dst_req])),
+            Edges::default(),
+            Execution { status: Status::New, work: Some(Work::Move { from, to }), handle: None, event, waits: SmallVec::new() },
+        ))
+        .id();
+    event_slot(world, m);
+    {
+        let mut stats = world.resource_mut::<Stats>();
+        stats.moves += 1;
+        stats.live_commands += 1;
+    }
+    let mut preds = Preds::new();
+    let mut record = world.get_mut::<MemoryRecord>(rec).expect("memory record");
+    if let Some(p) = src.producer {
+        push_unique(&mut preds, p, m);
+    }
+    for leaf in record.writes.iter() {
+        push_unique(&mut preds, leaf.cmd, m);
+    }
+    record.reads.push(gantry_components::Leaf { cmd: m, range: whole });
+    let target = record.location_mut(to).expect("location");
+    target.valid = true;
+    target.producer = Some(m);
+    let _ = dst;
+    connect(world, m, preds);
+    Ok(())
+}
+
+fn event_slot(world: &mut World, e: Entity) {
+    let ev = world.get::<Execution>(e).expect("command").event.clone();
+    ev.command.set(e);
+}
+
+/// Adds edges from `preds` to `e` and decides whether `e` is ready.
+fn connect(world: &mut World, e: Entity, preds: Preds) {
+    let (device, kind) = {
+        let c = world.get::<Command>(e).expect("command");
+        (c.device, c.kind)
+    };
+    let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
+    let mut blockers = 0u32;
+    let mut live = SmallVec::<[Entity; 4]>::new();
+    for p in preds {
+        let Some((p_device, p_kind)) = world.get::<Command>(p).map(|c| (c.device, c.kind)) else {
+            continue;
+        };
+        let on_submit = in_driver_waits
+            && p_device == device
+            && p_kind.runs_on_driver()
+            && kind.runs_on_driver();
+        let mut p_exec_submitted = false;
+        if let Some(exec) = world.get::<Execution>(p) {
+            p_exec_submitted = exec.status == Status::Submitted;
+        }
+        world.get_mut::<Edges>(p).expect("edges").succs.push(Successor { entity: e, on_submit });
+        if !(on_submit && p_exec_submitted) {
+            blockers += 1;
+        }
+        live.push(p);
+    }
+    world.resource_mut::<Stats>().edges += live.len() as u64;
+    let mut edges = world.get_mut::<Edges>(e).expect("edges");
+    edges.preds = live;
+    edges.blockers = blockers;
+    let ready = blockers == 0;
+    world.get_mut::<Execution>(e).expect("execution").status =
+        if ready { Status::Ready } else { Status::Waiting };
+    if ready {
+        world.resource_mut::<WorkLists>().ready.push(e);
+    }
+}

@@ -1,0 +1,143 @@
+//! The **retire** stage: lets drivers make progress, applies their completions and the
+//! scheduler's own, completes events, releases memory-record leaves, propagates
+//! failures to dependents and despawns finished commands and idle records.
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::world::World;
+use gantry_components::{
+    Command, Devices, Edges, Execution, Finished, Inbox, MemoryRecord, Requirements, Stats, Status,
+    WorkLists,
+};
+use gantry_driver::ExecError;
+
+/// The retire stage system.
+pub fn retire(world: &mut World) {
+    for d in &world.resource::<Devices>().0 {
+        d.driver.poll();
+    }
+    let rx = world.resource::<Inbox>().completions.clone();
+    let mut finished = std::mem::take(&mut world.resource_mut::<WorkLists>().finished);
+    let before = finished.len();
+    finished.extend(rx.try_iter().map(|c| Finished {
+        cmd: Entity::from_bits(c.op.0),
+        result: c.result,
+        started_ns: c.started_ns,
+        ended_ns: c.ended_ns,
+    }));
+    world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
+    for f in finished {
+        finish(world, f);
+    }
+    release_idle_records(world);
+}
+
+/// One blocker of `e` is gone; it becomes ready when none remain.
+pub(crate) fn unblock(world: &mut World, e: Entity) {
+    let Some(mut edges) = world.get_mut::<Edges>(e) else { return };
+    edges.blockers = edges.blockers.saturating_sub(1);
+    if edges.blockers > 0 {
+        return;
+    }
+    let mut exec = world.get_mut::<Execution>(e).expect("execution");
+    if exec.status == Status::Waiting {
+        exec.status = Status::Ready;
+        world.resource_mut::<WorkLists>().ready.push(e);
+    }
+}
+
+/// Completes one command and despawns it; failures poison its dependents.
+fn finish(world: &mut World, f: Finished) {
+    let Some(name) = world_name(world, f.cmd) else { return };
+    let Some(succs) = retire_entity(world, f.cmd, f.result.clone(), f.started_ns, f.ended_ns) else {
+        return;
+    };
+    match f.result {
+        Ok(()) => {
+            for s in succs.iter().filter(|s| !s.on_submit) {
+                unblock(world, s.entity);
+            }
+        }
+        Err(error) => {
+            // Each dependent's error names the command it depended on.
+            let mut stack: Vec<(Entity, ExecError)> =
+                succs.iter().map(|s| (s.entity, error.as_dependency_of(name.clone()))).collect();
+            while let Some((e, err)) = stack.pop() {
+                let Some(name) = world_name(world, e) else { continue };
+                if let Some(next) = retire_entity(world, e, Err(err.clone()), f.ended_ns, f.ended_ns) {
+                    stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
+                }
+            }
+        }
+    }
+}
+
+fn world_name(world: &World, e: Entity) -> Option<std::sync::Arc<str>> {
+    world.get::<Command>(e).map(|c| c.name.clone())
+}
+
+/// Finishes the event, releases leaves and despawns; returns the successors, or
+/// `None` if the entity was already gone.
+fn retire_entity(
+    world: &mut World,
+    e: Entity,
+    result: Result<(), ExecError>,
+    started_ns: u64,
+    ended_ns: u64,
+) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
+    let exec = world.get::<Execution>(e)?;
+    let event = exec.event.clone();
+    let ok = result.is_ok();
+    let succs = std::mem::take(&mut world.get_mut::<Edges>(e).expect("edges").succs);
+    let reqs = std::mem::take(&mut world.get_mut::<Requirements>(e).expect("requirements").0);
+    for r in &reqs {
+        if let Some(rec) = r.buffer.record.get() {
+            if let Some(mut record) = world.get_mut::<MemoryRecord>(rec) {
+                record.release(e);
+                if record.dropped {
+                    world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
+                }
+            }
+        }
+    }
+    world.despawn(e);
+    event.command.clear();
+    event.finish(result, started_ns, ended_ns);
+    let mut stats = world.resource_mut::<Stats>();
+    stats.live_commands -= 1;
+    if ok {
+        stats.completed += 1;
+    } else {
+        stats.failed += 1;
+    }
+    Some(succs)
+}
+
+/// Despawns records of dropped buffers that no command uses, freeing device memory.
+fn release_idle_records(world: &mut World) {
+    let candidates = std::mem::take(&mut world.resource_mut::<WorkLists>().maybe_idle_records);
+    for rec in candidates {
+        let Some(record) = world.get::<MemoryRecord>(rec) else { continue };
+        if !(record.dropped && record.is_idle()) {
+            continue;
+        }
+        let allocs: Vec<_> = record.locations.iter().filter_map(|l| Some((l.device?, l.alloc?))).collect();
+        let buffer = record.buffer.clone();
+        for (d, a) in allocs {
+            world.resource::<Devices>().0[d as usize].driver.free(a);
+        }
+        buffer.record.clear();
+        world.despawn(rec);
+        world.resource_mut::<Stats>().live_records -= 1;
+    }
+}
+
+/// Fails every command still alive with [`ExecError::RuntimeDropped`]: used at
+/// shutdown, once drivers are idle, for commands that can never run (blocked behind a
+/// host access the user still holds).
+pub fn abandon_all(world: &mut World) {
+    let mut q = world.query::<(Entity, &Execution)>();
+    let live: Vec<Entity> = q.iter(world).map(|(e, _)| e).collect();
+    for e in live {
+        retire_entity(world, e, Err(ExecError::RuntimeDropped), 0, 0);
+    }
+}
