@@ -1,1 +1,72 @@
-//! placeholder-build
+//! # Gantry
+//!
+//! A data-oriented GPU/CPU command scheduler. Programs submit *command groups*
+//! (kernels, copies, fills, host tasks) to [`Queue`]s; Gantry derives their
+//! dependencies from the [`Buffer`] ranges they read and write and the [`Event`]s
+//! they name, and runs them on driver backends: the CPU (default) and a deterministic
+//! simulated device.
+//!
+//! ```
+//! use gantry::Runtime;
+//!
+//! let rt = Runtime::new();
+//! let q = rt.queue();
+//! let a = rt.buffer(&[1.0f32, 2.0, 3.0, 4.0]);
+//! let b = rt.buffer_zeroed::<f32>(4);
+//!
+//! // b = a * 2, then a host task reads b. The host task depends on the kernel
+//! // through `b`; nobody had to say so.
+//! q.submit(|cg| {
+//!     let a = cg.read(&a);
+//!     let b = cg.elements_out(&b);
+//!     cg.parallel_for(4, move |it| *b.elem(it) = a.get(it, it.global_linear_id()) * 2.0);
+//! })?;
+//! let sum = std::sync::Arc::new(std::sync::Mutex::new(0.0));
+//! let s = sum.clone();
+//! q.submit(|cg| {
+//!     let b = cg.host_read(&b);
+//!     cg.host_task(move |ctx| *s.lock().unwrap() = b.as_slice(ctx).iter().sum());
+//! })?.wait()?;
+//! assert_eq!(*sum.lock().unwrap(), 20.0);
+//! # Ok::<(), gantry::Error>(())
+//! ```
+//!
+//! ## Architecture
+//! Internally Gantry is an ECS (bevy_ecs): commands, memory records and queues are
+//! entities, and one flush runs the stages of [`Stage`] in order. See `ARCHITECTURE.md`
+//! in the repository.
+//!
+//! ## Closure kernels and soundness
+//! Kernel closures run many work-items at once over shared memory; the accessor types
+//! keep safe code free of data races. See [`gantry_driver::access`].
+
+#![warn(missing_docs)]
+
+mod buffer;
+mod error;
+mod event;
+mod handler;
+mod queue;
+mod runtime;
+
+pub use buffer::{Buffer, HostRead, HostWrite, Readback};
+pub use error::{Error, Result};
+pub use event::Event;
+pub use handler::{Handler, Phases};
+pub use queue::{Queue, QueueOptions};
+pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
+
+pub use gantry_components::{EventStatus, Stage, Stats, Timestamps};
+pub use gantry_cpu::CpuConfig;
+pub use gantry_driver::{
+    AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,
+    HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write,
+    Zeroable,
+};
+#[cfg(feature = "sim")]
+pub use gantry_sim::SimConfig;
+
+/// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
+pub use bevy_ecs as ecs;
+/// Gantry's ECS components and resources, for systems added to its stages.
+pub use gantry_components as components;

@@ -1,0 +1,112 @@
+//! The errors of Gantry's public API.
+
+use gantry_driver::{ExecError, RangeError};
+use thiserror::Error;
+
+/// Everything that can go wrong in Gantry's API.
+///
+/// Submission-time problems (bad ranges, conflicting accessors, out-of-bounds copies)
+/// are returned by `submit` before anything runs. Execution failures reach the event
+/// of the failed command and of every command that depended on it as
+/// [`Error::Exec`].
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum Error {
+    /// A range or ND-range is invalid (zero extent, local size not dividing, …).
+    #[error("invalid range: {0}")]
+    Range(#[from] RangeError),
+    /// A buffer range lies outside its buffer.
+    #[error("{what}: range {start}..{end} is out of bounds for buffer {buffer} of {len} elements")]
+    OutOfBounds {
+        /// What the range was for.
+        what: &'static str,
+        /// The buffer's id.
+        buffer: u64,
+        /// First element.
+        start: usize,
+        /// One past the last element.
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    /// An empty buffer range.
+    #[error("{what}: empty range of buffer {buffer}")]
+    EmptyRange {
+        /// What the range was for.
+        what: &'static str,
+        /// The buffer's id.
+        buffer: u64,
+    },
+    /// Two accessors in one command group overlap on a buffer and one of them writes.
+    #[error("accessors {first} and {second} overlap on buffer {buffer} and one of them writes")]
+    AccessorConflict {
+        /// The buffer's id.
+        buffer: u64,
+        /// Slot of the first accessor.
+        first: usize,
+        /// Slot of the second accessor.
+        second: usize,
+    },
+    /// A command group asked for more than one action (kernel, copy, fill, host task).
+    #[error("a command group holds one action, but `{second}` follows `{first}`")]
+    MultipleActions {
+        /// The first action.
+        first: &'static str,
+        /// The second action.
+        second: &'static str,
+    },
+    /// A copy between ranges of different lengths.
+    #[error("copy of {src} elements into a range of {dst}")]
+    LengthMismatch {
+        /// Source elements.
+        src: usize,
+        /// Destination elements.
+        dst: usize,
+    },
+    /// An exclusive element accessor whose range differs from the kernel's size.
+    #[error("element accessor on buffer {buffer} has {len} elements but the kernel has {global} work-items")]
+    ElementAccessorSize {
+        /// The buffer's id.
+        buffer: u64,
+        /// Elements in the accessor's range.
+        len: usize,
+        /// Work-items of the kernel.
+        global: usize,
+    },
+    /// Local memory in a kernel without an ND-range (work-groups are undefined there).
+    #[error("local memory needs an ND-range kernel")]
+    LocalMemoryNeedsNdRange,
+    /// More local memory than the device offers per work-group.
+    #[error("kernel asks for {requested} bytes of local memory; the device offers {max}")]
+    LocalMemoryTooLarge {
+        /// Bytes requested.
+        requested: usize,
+        /// Bytes available.
+        max: usize,
+    },
+    /// A work-group kernel with no phase.
+    #[error("work-group kernel `{0}` has no phase")]
+    NoPhases(String),
+    /// The device cannot run this kind of command.
+    #[error("device {device} does not support {what}")]
+    Unsupported {
+        /// Device name.
+        device: String,
+        /// What was asked for.
+        what: &'static str,
+    },
+    /// No device with this id.
+    #[error("no device {0}")]
+    UnknownDevice(u32),
+    /// A buffer or event of another runtime.
+    #[error("{0} belongs to another runtime")]
+    ForeignObject(&'static str),
+    /// The runtime was dropped.
+    #[error("the runtime was dropped")]
+    RuntimeDropped,
+    /// A command failed while executing (or a command it depended on did).
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// Gantry's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

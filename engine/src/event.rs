@@ -1,0 +1,93 @@
+//! Events: handles to a submitted command's completion.
+
+use std::sync::{Arc, Weak};
+
+use gantry_components::{EventShared, EventStatus, Timestamps};
+use gantry_driver::ExecError;
+
+use crate::error::{Error, Result};
+use crate::runtime::Shared;
+
+/// A submitted command's completion: wait for it, poll its status, read its error and
+/// profiling timestamps. Cheap to clone.
+///
+/// ```
+/// # use gantry::{Runtime, EventStatus};
+/// let rt = Runtime::new();
+/// let q = rt.queue();
+/// let buf = rt.buffer(&[1u32, 2, 3]);
+/// let ev = q.submit(|cg| {
+///     let b = cg.read_write(&buf);
+///     cg.parallel_for(3, move |it| b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * 10));
+/// })?;
+/// ev.wait()?;
+/// assert_eq!(ev.status(), EventStatus::Complete);
+/// let t = ev.timestamps();
+/// assert!(t.ended_ns >= t.started_ns);
+/// assert_eq!(buf.to_vec()?, vec![10, 20, 30]);
+/// # Ok::<(), gantry::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Event {
+    pub(crate) shared: Arc<EventShared>,
+    pub(crate) rt: Weak<Shared>,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").field("name", &self.shared.name).field("status", &self.status()).finish()
+    }
+}
+
+impl Event {
+    /// Blocks until the command has finished. Returns its error, or that of a command
+    /// it depended on, if it failed. In manual mode the calling thread runs the
+    /// scheduler until then.
+    pub fn wait(&self) -> Result<()> {
+        if !self.status().is_final() {
+            match self.rt.upgrade() {
+                Some(rt) => rt.wait_for(&self.shared, EventStatus::Complete)?,
+                None => return Err(Error::RuntimeDropped),
+            }
+        }
+        self.result()
+    }
+
+    /// The outcome if finished: `Ok` on success, the error on failure; `None` while
+    /// pending.
+    pub fn try_result(&self) -> Option<Result<()>> {
+        self.status().is_final().then(|| self.result())
+    }
+
+    fn result(&self) -> Result<()> {
+        match self.shared.error() {
+            Some(e) => Err(Error::Exec(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Current status, without blocking.
+    pub fn status(&self) -> EventStatus {
+        self.shared.status()
+    }
+
+    /// Whether it finished successfully.
+    pub fn is_complete(&self) -> bool {
+        self.status() == EventStatus::Complete
+    }
+
+    /// The execution error, once failed.
+    pub fn error(&self) -> Option<ExecError> {
+        self.shared.error().cloned()
+    }
+
+    /// Profiling timestamps in nanoseconds (zero until known).
+    pub fn timestamps(&self) -> Timestamps {
+        self.shared.timestamps()
+    }
+
+    /// The command's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+}

@@ -1,0 +1,454 @@
+//! The command-group builder: accessors, one action, dependencies. Everything is
+//! validated when the group is submitted; the first problem is returned as an
+//! [`Error`] and nothing is enqueued.
+
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
+use gantry_driver::{
+    phase, AccessMode, Accessor, ClosureKernel, DiscardWrite, ElemAccessor, Geometry, HostAccessor,
+    HostCtx, HostStorage, Item, LocalAccessor, Mode, NdRange, PhaseFn, PrivateAccessor, Range,
+    Read, ReadWrite, Scratch, ScratchKind, Write,
+};
+use smallvec::SmallVec;
+
+use crate::buffer::{Buffer, Readback, ReadbackSlot};
+use crate::error::{Error, Result};
+use crate::event::Event;
+
+/// The action a command group performs.
+enum Action {
+    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: Vec<PhaseFn> },
+    HostTask { name: Arc<str>, run: Box<dyn FnOnce(&HostCtx<'_>) + Send> },
+    Copy,
+    CopyFromHost(Arc<HostStorage>),
+    CopyToHost(Arc<HostStorage>),
+    Fill(SmallVec<[u8; 16]>),
+}
+
+impl Action {
+    fn label(&self) -> &'static str {
+        match self {
+            Action::Kernel { .. } => "kernel",
+            Action::HostTask { .. } => "host_task",
+            Action::Copy | Action::CopyFromHost(_) | Action::CopyToHost(_) => "copy",
+            Action::Fill(_) => "fill",
+        }
+    }
+}
+
+/// An exclusive element accessor's slot, checked against the kernel size at submit.
+struct ElemCheck {
+    slot: usize,
+    len: usize,
+}
+
+/// Builds one command group: declare the memory it uses (accessors), at most one
+/// action (a kernel, host task, copy or fill; none makes an empty command that
+/// completes after its dependencies), and extra event dependencies.
+///
+/// ```
+/// use gantry::{Runtime, NdRange};
+/// let rt = Runtime::new();
+/// let q = rt.queue();
+/// let input = rt.buffer(&(0..64).map(|i| i as f32).collect::<Vec<_>>());
+/// let sums = rt.buffer_zeroed::<f32>(4);
+/// // Work-group reduction: phase 1 loads a tile into local memory, phase 2 (after
+/// // the implicit group barrier) sums it.
+/// q.submit(|cg| {
+///     let x = cg.read(&input);
+///     let out = cg.write(&sums);
+///     let tile = cg.local::<f32>(16);
+///     cg.parallel_for_work_group(NdRange::new(64, 16))
+///         .phase(move |it| tile.set(it, it.local_id(0), x.get(it, it.global_id(0))))
+///         .phase(move |it| {
+///             if it.local_id(0) == 0 {
+///                 let s: f32 = (0..16).map(|i| tile.get(it, i)).sum();
+///                 out.set(it, it.group_id(0), s);
+///             }
+///         });
+/// })?;
+/// let expect: Vec<f32> = (0..4).map(|g| (g * 16..g * 16 + 16).map(|i| i as f32).sum()).collect();
+/// assert_eq!(sums.to_vec()?, expect);
+/// # Ok::<(), gantry::Error>(())
+/// ```
+pub struct Handler {
+    runtime: u64,
+    tag: u64,
+    pub(crate) requirements: SmallVec<[Requirement; 4]>,
+    scratch: Vec<Scratch>,
+    elems: SmallVec<[ElemCheck; 2]>,
+    pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
+    action: Option<Action>,
+    error: Option<Error>,
+    name: Option<Arc<str>>,
+    readback: Option<(ReadbackSlot, Arc<HostStorage>)>,
+}
+
+/// Resolves a range expression over `len` elements to `start..end`.
+fn bounds(r: impl RangeBounds<usize>, len: usize) -> (usize, usize) {
+    let start = match r.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match r.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    (start, end)
+}
+
+impl Handler {
+    pub(crate) fn new(runtime: u64, tag: u64) -> Self {
+        Self {
+            runtime,
+            tag,
+            requirements: SmallVec::new(),
+            scratch: Vec::new(),
+            elems: SmallVec::new(),
+            waits: SmallVec::new(),
+            action: None,
+            error: None,
+            name: None,
+            readback: None,
+        }
+    }
+
+    fn fail(&mut self, e: Error) {
+        self.error.get_or_insert(e);
+    }
+
+    fn set_action(&mut self, a: Action) {
+        match &self.action {
+            Some(prev) => self.fail(Error::MultipleActions { first: prev.label(), second: a.label() }),
+            None => self.action = Some(a),
+        }
+    }
+
+    /// Adds a requirement and returns its slot and element count (0 after an error).
+    fn require<T: Pod>(&mut self, buf: &Buffer<T>, mode: AccessMode, range: impl RangeBounds<usize>, what: &'static str) -> (u32, usize) {
+        if buf.runtime_id() != self.runtime {
+            self.fail(Error::ForeignObject("a buffer"));
+            return (0, 0);
+        }
+        let (start, end) = bounds(range, buf.len());
+        if start > end || end > buf.len() {
+            self.fail(Error::OutOfBounds { what, buffer: buf.id(), start, end, len: buf.len() });
+            return (0, 0);
+        }
+        if start == end {
+            self.fail(Error::EmptyRange { what, buffer: buf.id() });
+            return (0, 0);
+        }
+        let size = std::mem::size_of::<T>();
+        let range = ByteRange { start: start * size, end: end * size };
+        let slot = self.requirements.len();
+        self.requirements.push(Requirement::new(buf.core().clone(), mode, range));
+        (slot as u32, end - start)
+    }
+
+    /// Names the command (errors, traces and profiles use it).
+    pub fn name(&mut self, name: impl Into<Arc<str>>) -> &mut Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The command also waits for `event` (which may belong to any queue).
+    pub fn depends_on(&mut self, event: &Event) -> &mut Self {
+        if event.shared.runtime != self.runtime {
+            self.fail(Error::ForeignObject("an event"));
+        } else {
+            self.waits.push(event.shared.clone());
+        }
+        self
+    }
+
+    /// A kernel accessor in mode `M` over `range` of `buf`.
+    pub fn access<T: Pod, M: Mode>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> Accessor<T, M> {
+        let (slot, len) = self.require(buf, M::MODE, range, "accessor");
+        Accessor::new(slot, self.tag, len)
+    }
+    /// Reads all of `buf`.
+    pub fn read<T: Pod>(&mut self, buf: &Buffer<T>) -> Accessor<T, Read> {
+        self.access(buf, ..)
+    }
+    /// Writes (some of) `buf`; unwritten elements keep their values.
+    pub fn write<T: Pod>(&mut self, buf: &Buffer<T>) -> Accessor<T, Write> {
+        self.access(buf, ..)
+    }
+    /// Reads and writes `buf`.
+    pub fn read_write<T: Pod>(&mut self, buf: &Buffer<T>) -> Accessor<T, ReadWrite> {
+        self.access(buf, ..)
+    }
+    /// Overwrites `buf`; its previous contents are not made available.
+    pub fn discard_write<T: Pod>(&mut self, buf: &Buffer<T>) -> Accessor<T, DiscardWrite> {
+        self.access(buf, ..)
+    }
+
+    /// An exclusive per-work-item accessor over `range` of `buf`, one element per
+    /// work-item (work-item `i` gets element `i` of the range), in mode `M`.
+    pub fn elements<T: Pod, M: gantry_driver::Writable>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> ElemAccessor<T, M> {
+        let (slot, len) = self.require(buf, M::MODE, range, "element accessor");
+        self.elems.push(ElemCheck { slot: slot as usize, len });
+        ElemAccessor::new(slot, self.tag, len)
+    }
+    /// Exclusive read-write access to each work-item's own element of `buf`.
+    pub fn elements_mut<T: Pod>(&mut self, buf: &Buffer<T>) -> ElemAccessor<T, ReadWrite> {
+        self.elements(buf, ..)
+    }
+    /// Exclusive write-only access to each work-item's own element of `buf`, whose
+    /// previous contents are discarded.
+    pub fn elements_out<T: Pod>(&mut self, buf: &Buffer<T>) -> ElemAccessor<T, DiscardWrite> {
+        self.elements(buf, ..)
+    }
+
+    /// A host-task accessor in mode `M` over `range` of `buf`.
+    pub fn host_access<T: Pod, M: Mode>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> HostAccessor<T, M> {
+        let (slot, len) = self.require(buf, M::MODE, range, "host accessor");
+        HostAccessor::new(slot, self.tag, len)
+    }
+    /// A host task reads all of `buf`.
+    pub fn host_read<T: Pod>(&mut self, buf: &Buffer<T>) -> HostAccessor<T, Read> {
+        self.host_access(buf, ..)
+    }
+    /// A host task reads and writes all of `buf`.
+    pub fn host_read_write<T: Pod>(&mut self, buf: &Buffer<T>) -> HostAccessor<T, ReadWrite> {
+        self.host_access(buf, ..)
+    }
+    /// A host task overwrites all of `buf`.
+    pub fn host_discard_write<T: Pod>(&mut self, buf: &Buffer<T>) -> HostAccessor<T, DiscardWrite> {
+        self.host_access(buf, ..)
+    }
+
+    /// Work-group local memory of `len` elements (ND-range kernels only).
+    pub fn local<T: Pod>(&mut self, len: usize) -> LocalAccessor<T> {
+        let slot = self.scratch.len() as u32;
+        self.scratch.push(Scratch { kind: ScratchKind::Local, bytes: len * std::mem::size_of::<T>() });
+        LocalAccessor::new(slot, self.tag, len)
+    }
+
+    /// Private memory of `len` elements per work-item, kept across phases.
+    pub fn private<T: Pod>(&mut self, len: usize) -> PrivateAccessor<T> {
+        let slot = self.scratch.len() as u32;
+        self.scratch.push(Scratch { kind: ScratchKind::Private, bytes: len * std::mem::size_of::<T>() });
+        PrivateAccessor::new(slot, self.tag, len)
+    }
+
+    fn kernel_name(&self, default: &str) -> Arc<str> {
+        self.name.clone().unwrap_or_else(|| default.into())
+    }
+
+    /// Runs `f` once per work-item of `range` (1–3 dimensions).
+    pub fn parallel_for<F>(&mut self, range: impl Into<Range>, f: F)
+    where
+        F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    {
+        let geometry = Geometry::for_range(range.into()).map_err(Error::from);
+        self.set_action(Action::Kernel { name: self.kernel_name("parallel_for"), geometry, phases: vec![phase(f)] });
+    }
+
+    /// Runs `f` once per work-item of an ND-range (with work-group ids and sizes).
+    pub fn parallel_for_nd<F>(&mut self, nd: NdRange, f: F)
+    where
+        F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    {
+        let geometry = nd.geometry().map_err(Error::from);
+        self.set_action(Action::Kernel { name: self.kernel_name("parallel_for_nd"), geometry, phases: vec![phase(f)] });
+    }
+
+    /// A work-group kernel: add phases with [`Phases::phase`]; each phase runs for
+    /// every work-item of a group before the next starts (a group barrier between).
+    pub fn parallel_for_work_group(&mut self, nd: NdRange) -> Phases<'_> {
+        let geometry = nd.geometry().map_err(Error::from);
+        let active = self.action.is_none();
+        self.set_action(Action::Kernel { name: self.kernel_name("work_group_kernel"), geometry, phases: Vec::new() });
+        Phases { handler: self, active }
+    }
+
+    /// Runs `f` once, as a kernel of one work-item.
+    pub fn single_task<F>(&mut self, f: F)
+    where
+        F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    {
+        let geometry = Geometry::for_range(Range::d1(1)).map_err(Error::from);
+        self.set_action(Action::Kernel { name: self.kernel_name("single_task"), geometry, phases: vec![phase(f)] });
+    }
+
+    /// Runs `f` once on a host thread, after the command's dependencies, with host
+    /// access to its host accessors.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// let buf = rt.buffer(&[1i64, 2, 3]);
+    /// rt.queue().submit(|cg| {
+    ///     let mut b = cg.host_read_write(&buf);
+    ///     cg.host_task(move |ctx| b.as_mut_slice(ctx).reverse());
+    /// })?.wait()?;
+    /// assert_eq!(buf.to_vec()?, vec![3, 2, 1]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn host_task<F>(&mut self, f: F)
+    where
+        F: FnOnce(&HostCtx<'_>) + Send + 'static,
+    {
+        let name = self.kernel_name("host_task");
+        self.set_action(Action::HostTask { name, run: Box::new(f) });
+    }
+
+    /// Copies all of `src` into `dst` (equal lengths).
+    pub fn copy<T: Pod>(&mut self, src: &Buffer<T>, dst: &Buffer<T>) {
+        if src.len() != dst.len() {
+            return self.fail(Error::LengthMismatch { src: src.len(), dst: dst.len() });
+        }
+        self.copy_range(src, 0, dst, 0, src.len());
+    }
+
+    /// Copies `len` elements from `src[src_offset..]` to `dst[dst_offset..]`.
+    pub fn copy_range<T: Pod>(&mut self, src: &Buffer<T>, src_offset: usize, dst: &Buffer<T>, dst_offset: usize, len: usize) {
+        self.require(src, AccessMode::Read, src_offset..src_offset.saturating_add(len), "copy source");
+        let whole = dst_offset == 0 && len == dst.len();
+        let mode = if whole { AccessMode::DiscardWrite } else { AccessMode::Write };
+        self.require(dst, mode, dst_offset..dst_offset.saturating_add(len), "copy destination");
+        self.set_action(Action::Copy);
+    }
+
+    /// Copies `data` into `dst[dst_offset..]` (the data is copied at submission).
+    pub fn copy_from_host<T: Pod>(&mut self, data: &[T], dst: &Buffer<T>, dst_offset: usize) {
+        let whole = dst_offset == 0 && data.len() == dst.len();
+        let mode = if whole { AccessMode::DiscardWrite } else { AccessMode::Write };
+        self.require(dst, mode, dst_offset..dst_offset.saturating_add(data.len()), "copy destination");
+        let storage = Arc::new(HostStorage::from_bytes(bytemuck::cast_slice(data)));
+        self.set_action(Action::CopyFromHost(storage));
+    }
+
+    /// Copies `range` of `src` into `out`, readable once the event completes.
+    pub fn copy_to_host<T: Pod>(&mut self, src: &Buffer<T>, range: impl RangeBounds<usize>, out: &Readback<T>) {
+        let (_, len) = self.require(src, AccessMode::Read, range, "copy source");
+        let storage = Arc::new(HostStorage::zeroed(len * std::mem::size_of::<T>()));
+        self.readback = Some((out.slot.clone(), storage.clone()));
+        self.set_action(Action::CopyToHost(storage));
+    }
+
+    /// Sets every element of `dst` to `value`.
+    pub fn fill<T: Pod>(&mut self, dst: &Buffer<T>, value: T) {
+        self.fill_range(dst, .., value);
+    }
+
+    /// Sets every element of `range` of `dst` to `value`.
+    pub fn fill_range<T: Pod>(&mut self, dst: &Buffer<T>, range: impl RangeBounds<usize>, value: T) {
+        let (start, end) = bounds(range, dst.len());
+        let mode = if start == 0 && end == dst.len() { AccessMode::DiscardWrite } else { AccessMode::Write };
+        self.require(dst, mode, start..end, "fill");
+        self.set_action(Action::Fill(SmallVec::from_slice(bytemuck::bytes_of(&value))));
+    }
+
+    /// Rejects overlapping accessors of which one writes.
+    fn check_conflicts(&self) -> Result<()> {
+        let r = &self.requirements;
+        for i in 0..r.len() {
+            for j in i + 1..r.len() {
+                let (a, b) = (&r[i], &r[j]);
+                if Arc::ptr_eq(&a.buffer, &b.buffer)
+                    && a.range.overlaps(&b.range)
+                    && (a.mode.writes() || b.mode.writes())
+                {
+                    return Err(Error::AccessorConflict { buffer: a.buffer.id, first: i, second: j });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates the group and turns it into the command's kind and work.
+    pub(crate) fn finish(mut self, device: &gantry_driver::DeviceInfo) -> Result<Built> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.check_conflicts()?;
+        let unsupported = |what| Error::Unsupported { device: device.name.to_string(), what };
+        let (kind, work, name) = match self.action.take() {
+            None => (CommandKind::Marker, Work::Marker, self.kernel_name("empty")),
+            Some(Action::Kernel { name, geometry, phases }) => {
+                let geometry = geometry?;
+                if !device.caps.closure_kernels {
+                    return Err(unsupported("closure kernels"));
+                }
+                if phases.is_empty() {
+                    return Err(Error::NoPhases(name.to_string()));
+                }
+                let local_bytes: usize =
+                    self.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
+                if local_bytes > 0 && !geometry.is_nd() {
+                    return Err(Error::LocalMemoryNeedsNdRange);
+                }
+                if local_bytes > device.caps.max_local_memory {
+                    return Err(Error::LocalMemoryTooLarge { requested: local_bytes, max: device.caps.max_local_memory });
+                }
+                for e in &self.elems {
+                    if e.len != geometry.global_size() {
+                        let buffer = self.requirements[e.slot].buffer.id;
+                        return Err(Error::ElementAccessorSize { buffer, len: e.len, global: geometry.global_size() });
+                    }
+                }
+                let kernel = ClosureKernel {
+                    name: name.clone(),
+                    tag: self.tag,
+                    phases,
+                    global_slots: self.requirements.len(),
+                    scratch: std::mem::take(&mut self.scratch),
+                };
+                (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
+            }
+            Some(Action::HostTask { name, run }) => {
+                (CommandKind::HostTask, Work::HostTask { run: SyncCell::new(run), tag: self.tag }, name)
+            }
+            Some(Action::Copy) => {
+                let (s, d) = (&self.requirements[0], &self.requirements[1]);
+                if s.range.len() != d.range.len() {
+                    return Err(Error::LengthMismatch { src: s.range.len(), dst: d.range.len() });
+                }
+                (CommandKind::Copy, Work::Copy, self.kernel_name("copy"))
+            }
+            Some(Action::CopyFromHost(data)) => (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name("copy_from_host")),
+            Some(Action::CopyToHost(out)) => (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name("copy_to_host")),
+            Some(Action::Fill(pattern)) => (CommandKind::Fill, Work::Fill(pattern), self.kernel_name("fill")),
+        };
+        Ok(Built { kind, work, name, requirements: self.requirements, waits: self.waits, readback: self.readback })
+    }
+}
+
+/// A validated command group.
+pub(crate) struct Built {
+    pub(crate) kind: CommandKind,
+    pub(crate) work: Work,
+    pub(crate) name: Arc<str>,
+    pub(crate) requirements: SmallVec<[Requirement; 4]>,
+    pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
+    /// Where a copy to the host delivers, once its event exists.
+    pub(crate) readback: Option<(ReadbackSlot, Arc<HostStorage>)>,
+}
+
+/// Adds phases to a work-group kernel. See [`Handler::parallel_for_work_group`].
+pub struct Phases<'h> {
+    handler: &'h mut Handler,
+    /// False when the kernel was refused (a second action): phases go nowhere.
+    active: bool,
+}
+
+impl Phases<'_> {
+    /// Adds a phase: `f` runs for every work-item of the group, after every work-item
+    /// has finished the previous phase.
+    pub fn phase<F>(self, f: F) -> Self
+    where
+        F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    {
+        if let (true, Some(Action::Kernel { phases, .. })) = (self.active, &mut self.handler.action) {
+            phases.push(phase(f));
+        }
+        self
+    }
+}

@@ -1,0 +1,462 @@
+//! The runtime: devices, the scheduler's world and schedule, and the thread (or the
+//! caller, in manual mode) that runs it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bevy_ecs::schedule::{IntoScheduleConfigs, Schedule};
+use bevy_ecs::system::ScheduleSystem;
+use bevy_ecs::world::World;
+use bytemuck::Pod;
+use crossbeam_channel::{unbounded, Receiver, Select, Sender};
+use gantry_components::{
+    BufferCore, Device, Devices, EventShared, EventStatus, Inbox, Message, QueueCore,
+    SchedulerConfig, Stage, Stats, WorkLists,
+};
+use gantry_cpu::{CpuConfig, CpuDriver};
+use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
+use parking_lot::Mutex;
+
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crate::queue::{Queue, QueueOptions};
+
+/// Index of a device: 0 is the CPU (host), further devices follow in the order the
+/// builder added them.
+pub type DeviceId = u32;
+
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+
+/// Who runs the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A scheduler thread flushes whenever submissions or completions arrive.
+    Threaded,
+    /// The caller runs [`Runtime::flush`]; waits and host accesses drive the scheduler
+    /// on the waiting thread. Deterministic with a deterministic driver.
+    Manual,
+}
+
+/// Configures and builds a [`Runtime`].
+///
+/// ```
+/// use gantry::{Runtime, Mode};
+/// let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+/// assert_eq!(rt.devices().len(), 1);
+/// ```
+#[derive(Clone, Debug)]
+pub struct RuntimeBuilder {
+    mode: Mode,
+    cpu: CpuConfig,
+    #[cfg(feature = "sim")]
+    sims: Vec<gantry_sim::SimConfig>,
+    preserve_on_failure: bool,
+    default_device: DeviceId,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Threaded,
+            cpu: CpuConfig::default(),
+            #[cfg(feature = "sim")]
+            sims: Vec::new(),
+            preserve_on_failure: true,
+            default_device: 0,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Scheduler thread or manual flushing.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// Threads running kernel work-groups on the CPU device (0: inline, deterministic).
+    pub fn worker_threads(mut self, n: usize) -> Self {
+        self.cpu.worker_threads = n;
+        self
+    }
+    /// Threads running host tasks (0: inline).
+    pub fn host_threads(mut self, n: usize) -> Self {
+        self.cpu.host_threads = n;
+        self
+    }
+    /// The whole CPU driver configuration.
+    pub fn cpu(mut self, config: CpuConfig) -> Self {
+        self.cpu = config;
+        self
+    }
+    /// Adds a simulated device; it gets the next device id (the first one is 1).
+    #[cfg(feature = "sim")]
+    pub fn sim(mut self, config: gantry_sim::SimConfig) -> Self {
+        self.sims.push(config);
+        self
+    }
+    /// Whether a failed command's written ranges are restored, so buffers keep their
+    /// last valid contents (default: yes). Turning it off saves a copy of each
+    /// command's writable ranges; a failed command then leaves them unspecified.
+    pub fn preserve_on_failure(mut self, yes: bool) -> Self {
+        self.preserve_on_failure = yes;
+        self
+    }
+    /// The device [`Runtime::queue`] uses (default 0, the CPU).
+    pub fn default_device(mut self, device: DeviceId) -> Self {
+        self.default_device = device;
+        self
+    }
+
+    /// Starts the drivers (and the scheduler thread in threaded mode).
+    pub fn build(self) -> Runtime {
+        let epoch = Instant::now();
+        let (msg_tx, msg_rx) = unbounded::<Message>();
+        let (done_tx, done_rx) = unbounded::<Completion>();
+        let ctx = DriverContext { completions: done_tx, epoch };
+        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
+        #[cfg(feature = "sim")]
+        for config in &self.sims {
+            drivers.push(Arc::new(gantry_sim::SimDriver::new(config.clone(), ctx.clone())));
+        }
+        let devices: Vec<Device> = drivers
+            .into_iter()
+            .enumerate()
+            .map(|(i, driver)| {
+                let info = driver.info().clone();
+                let space = if info.caps.shares_host_memory { MemSpace::Host } else { MemSpace::Device(i as u32) };
+                Device { driver, info, space, lost: false }
+            })
+            .collect();
+        let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
+        let config = SchedulerConfig { preserve_on_failure: self.preserve_on_failure, epoch };
+        let world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
+        let (wake_tx, wake_rx) = unbounded::<()>();
+        let shared = Arc::new(Shared {
+            id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
+            mode: self.mode,
+            tx: msg_tx,
+            core: Mutex::new(Some(Core { world, schedule: gantry_systems::flush_schedule() })),
+            alive: AtomicBool::new(true),
+            epoch,
+            next_id: AtomicU64::new(1),
+            devices: infos,
+            msg_rx,
+            done_rx,
+            wake_tx,
+        });
+        let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
+        let host_queue = Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
+        let thread = (self.mode == Mode::Threaded).then(|| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name("gantry-scheduler".into())
+                .spawn(move || s.scheduler_loop(wake_rx))
+                .expect("failed to start the scheduler thread")
+        });
+        Runtime { shared, thread, default_device, host_queue }
+    }
+}
+
+/// The world and its schedule.
+pub(crate) struct Core {
+    pub(crate) world: World,
+    pub(crate) schedule: Schedule,
+}
+
+/// What user handles share with the runtime.
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) mode: Mode,
+    pub(crate) tx: Sender<Message>,
+    /// `None` once the runtime has shut down.
+    pub(crate) core: Mutex<Option<Core>>,
+    pub(crate) alive: AtomicBool,
+    pub(crate) epoch: Instant,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) devices: Vec<DeviceInfo>,
+    msg_rx: Receiver<Message>,
+    done_rx: Receiver<Completion>,
+    wake_tx: Sender<()>,
+}
+
+/// How one flush left things.
+#[derive(Clone, Copy)]
+struct Progress {
+    /// Another flush would make progress without new input.
+    has_work: bool,
+    /// Operations are running on drivers.
+    in_driver: u64,
+}
+
+impl Shared {
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a message to the scheduler.
+    pub(crate) fn send(&self, msg: Message) -> Result<()> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(Error::RuntimeDropped);
+        }
+        self.tx.send(msg).map_err(|_| Error::RuntimeDropped)
+    }
+
+    /// Runs the schedule once. `None` if the runtime has shut down.
+    fn flush_once(&self) -> Option<Progress> {
+        let mut guard = self.core.lock();
+        let core = guard.as_mut()?;
+        core.schedule.run(&mut core.world);
+        let has_work = core.world.resource::<WorkLists>().has_work();
+        let in_driver = core.world.resource::<Stats>().in_driver;
+        Some(Progress { has_work, in_driver })
+    }
+
+    /// Blocks until a message or completion arrives, or `timeout` passes.
+    fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Duration) {
+        let mut sel = Select::new();
+        sel.recv(&self.msg_rx);
+        sel.recv(&self.done_rx);
+        if let Some(w) = wake {
+            sel.recv(w);
+        }
+        let _ = sel.ready_timeout(timeout);
+    }
+
+    /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
+    pub(crate) fn wait_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
+        if self.mode == Mode::Threaded {
+            ev.block_until(status);
+            return Ok(());
+        }
+        while ev.status() < status {
+            let Some(progress) = self.flush_once() else {
+                return if ev.status() >= status { Ok(()) } else { Err(Error::RuntimeDropped) };
+            };
+            if ev.status() >= status {
+                break;
+            }
+            if !progress.has_work {
+                // Wait for a driver completion or another thread's message; the
+                // timeout re-checks in case another thread flushed our event.
+                self.block_for_input(None, Duration::from_millis(1));
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes until nothing is queued or running.
+    pub(crate) fn drive_until_idle(&self) -> Result<()> {
+        loop {
+            let progress = self.flush_once().ok_or(Error::RuntimeDropped)?;
+            if progress.has_work {
+                continue;
+            }
+            if progress.in_driver == 0 && self.msg_rx.is_empty() && self.done_rx.is_empty() {
+                return Ok(());
+            }
+            if self.mode == Mode::Manual {
+                self.block_for_input(None, Duration::from_millis(1));
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn scheduler_loop(self: Arc<Self>, wake: Receiver<()>) {
+        loop {
+            let Some(progress) = self.flush_once() else { return };
+            if progress.has_work {
+                continue;
+            }
+            if !self.alive.load(Ordering::Acquire)
+                && progress.in_driver == 0
+                && self.msg_rx.is_empty()
+                && self.done_rx.is_empty()
+            {
+                return;
+            }
+            self.block_for_input(Some(&wake), Duration::from_millis(100));
+            while wake.try_recv().is_ok() {}
+        }
+    }
+}
+
+/// A Gantry runtime: its devices, queues and buffers, and the scheduler that runs
+/// their commands.
+///
+/// Dropping it finishes all submitted work that can finish (anything blocked behind
+/// a host access the user still holds fails with [`Error::RuntimeDropped`]), then
+/// stops the drivers. Handles that outlive it report `RuntimeDropped`.
+///
+/// ```
+/// use gantry::Runtime;
+/// let rt = Runtime::new();
+/// let q = rt.queue();
+/// let data = rt.buffer(&vec![1.0f32; 1024]);
+/// q.submit(|cg| {
+///     let d = cg.read_write(&data);
+///     cg.parallel_for(1024, move |it| {
+///         let i = it.global_linear_id();
+///         d.set(it, i, d.get(it, i) * 2.0);
+///     });
+/// })?;
+/// assert!(data.to_vec()?.iter().all(|&x| x == 2.0));
+/// # Ok::<(), gantry::Error>(())
+/// ```
+pub struct Runtime {
+    pub(crate) shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    default_device: DeviceId,
+    pub(crate) host_queue: Arc<QueueCore>,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Runtime {
+    /// A threaded runtime with the CPU device.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The mode it runs in.
+    pub fn mode(&self) -> Mode {
+        self.shared.mode
+    }
+
+    /// The devices, indexed by [`DeviceId`].
+    pub fn devices(&self) -> &[DeviceInfo] {
+        &self.shared.devices
+    }
+
+    /// An out-of-order queue on the default device.
+    pub fn queue(&self) -> Queue {
+        self.queue_with(QueueOptions { device: self.default_device, in_order: false })
+            .expect("the default device exists")
+    }
+
+    /// An in-order queue on the default device: each command depends on the previous.
+    pub fn in_order_queue(&self) -> Queue {
+        self.queue_with(QueueOptions { device: self.default_device, in_order: true })
+            .expect("the default device exists")
+    }
+
+    /// A queue with explicit options.
+    pub fn queue_with(&self, options: QueueOptions) -> Result<Queue> {
+        if options.device as usize >= self.shared.devices.len() {
+            return Err(Error::UnknownDevice(options.device));
+        }
+        let core = Arc::new(QueueCore {
+            id: self.shared.next_id(),
+            device: options.device,
+            in_order: options.in_order,
+            entity: Default::default(),
+        });
+        Ok(Queue::new(core, self.shared.clone()))
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn buffer<T: Pod>(&self, data: &[T]) -> Buffer<T> {
+        let storage = HostStorage::from_bytes(bytemuck::cast_slice(data));
+        self.make_buffer(storage, data.len())
+    }
+
+    /// A zero-filled buffer of `len` elements.
+    pub fn buffer_zeroed<T: Pod>(&self, len: usize) -> Buffer<T> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("buffer size overflows usize");
+        self.make_buffer(HostStorage::zeroed(bytes), len)
+    }
+
+    fn make_buffer<T: Pod>(&self, storage: HostStorage, len: usize) -> Buffer<T> {
+        let core = Arc::new(BufferCore {
+            id: self.shared.next_id(),
+            bytes: storage.len(),
+            storage: Arc::new(storage),
+            record: Default::default(),
+        });
+        Buffer::new(core, len, self.shared.clone(), self.host_queue.clone())
+    }
+
+    /// Runs the scheduler's stages once (any mode). In manual mode this is how work
+    /// makes progress; waits also flush.
+    pub fn flush(&self) {
+        let _ = self.shared.flush_once();
+    }
+
+    /// Flushes until no submitted command is waiting or running.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.shared.drive_until_idle()
+    }
+
+    /// Scheduler counters.
+    pub fn stats(&self) -> Stats {
+        self.with_world(|w| *w.resource::<Stats>())
+    }
+
+    /// Runs `f` on the scheduler's world (between flushes), for inspection and research.
+    pub fn with_world<R>(&self, f: impl FnOnce(&mut World) -> R) -> R {
+        let mut guard = self.shared.core.lock();
+        f(&mut guard.as_mut().expect("runtime is alive while its handle exists").world)
+    }
+
+    /// Adds a system to a stage of the flush schedule: a custom policy, a tracing or
+    /// statistics system. It runs after the stage's built-in system, so it sees that
+    /// stage's results (a system in [`Stage::Resolve`] sees the new edges).
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
+    /// use gantry::{Runtime, Mode, Stage};
+    /// use gantry::ecs::prelude::*;
+    ///
+    /// let rt = Runtime::builder().mode(Mode::Manual).build();
+    /// let flushes = Arc::new(AtomicUsize::new(0));
+    /// let f = flushes.clone();
+    /// rt.add_system(Stage::Retire, move || { f.fetch_add(1, Ordering::Relaxed); });
+    /// rt.flush();
+    /// assert_eq!(flushes.load(Ordering::Relaxed), 1);
+    /// ```
+    pub fn add_system<M>(&self, stage: Stage, system: impl IntoScheduleConfigs<ScheduleSystem, M>) {
+        let mut guard = self.shared.core.lock();
+        let core = guard.as_mut().expect("runtime is alive while its handle exists");
+        core.schedule.add_systems(system.in_set(stage).after(gantry_systems::Builtin));
+    }
+
+    /// Nanoseconds since the runtime started (the clock of submission timestamps and
+    /// of the CPU device).
+    pub fn now_ns(&self) -> u64 {
+        self.shared.now_ns()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Finish what can finish, then refuse new work.
+        let _ = self.shared.drive_until_idle();
+        self.shared.alive.store(false, Ordering::Release);
+        let _ = self.shared.wake_tx.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let mut guard = self.shared.core.lock();
+        if let Some(mut core) = guard.take() {
+            // Apply anything that raced with shutdown, then fail what can never run.
+            core.schedule.run(&mut core.world);
+            gantry_systems::retire::abandon_all(&mut core.world);
+        }
+    }
+}
