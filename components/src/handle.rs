@@ -1,6 +1,6 @@
 //! The shared halves of user handles: what a user thread and the scheduler both see.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
@@ -47,6 +47,15 @@ pub struct BufferCore {
     pub bytes: usize,
     /// The memory record entity, created at first use.
     pub record: EntitySlot,
+    /// The user dropped the last handle: the record goes once no command uses it.
+    pub dropped: AtomicBool,
+}
+
+impl BufferCore {
+    /// Whether the user dropped the last handle.
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
 }
 
 /// The scheduler's view of a queue.

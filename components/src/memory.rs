@@ -66,7 +66,7 @@ pub struct Location {
     pub alloc: Option<AllocId>,
     /// Whether it holds the current contents (once `producer` has finished).
     pub valid: bool,
-    /// The unfinished command that makes it valid (a writer or a memory move).
+    /// The unfinished memory move that fills it, if any.
     pub producer: Option<Entity>,
 }
 
@@ -81,8 +81,6 @@ pub struct MemoryRecord {
     pub writes: SmallVec<[Leaf; 2]>,
     /// Copies of the contents; the host copy is always first.
     pub locations: SmallVec<[Location; 2]>,
-    /// The user dropped the last handle; despawn once no command uses it.
-    pub dropped: bool,
 }
 
 impl MemoryRecord {
@@ -99,7 +97,6 @@ impl MemoryRecord {
                 valid: true,
                 producer: None,
             }]),
-            dropped: false,
         }
     }
 

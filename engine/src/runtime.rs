@@ -388,6 +388,7 @@ impl Runtime {
             bytes: storage.len(),
             storage: Arc::new(storage),
             record: Default::default(),
+            dropped: Default::default(),
         });
         Buffer::new(core, len, self.shared.clone(), self.host_queue.clone())
     }
@@ -418,6 +419,9 @@ impl Runtime {
     /// statistics system. It runs after the stage's built-in system, so it sees that
     /// stage's results (a system in [`Stage::Resolve`] sees the new edges).
     ///
+    /// # Panics
+    /// If the system's own ordering constraints make the schedule invalid (a cycle).
+    ///
     /// ```
     /// use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
     /// use gantry::{Runtime, Mode, Stage};
@@ -433,7 +437,10 @@ impl Runtime {
     pub fn add_system<M>(&self, stage: Stage, system: impl IntoScheduleConfigs<ScheduleSystem, M>) {
         let mut guard = self.shared.core.lock();
         let core = guard.as_mut().expect("runtime is alive while its handle exists");
-        core.schedule.add_systems(system.in_set(stage).after(gantry_systems::Builtin));
+        core.schedule.add_systems(system.in_set(stage).after(gantry_systems::Builtin(stage)));
+        if let Err(e) = core.schedule.initialize(&mut core.world) {
+            panic!("system added to {stage:?} breaks the flush schedule: {e}");
+        }
     }
 
     /// Nanoseconds since the runtime started (the clock of submission timestamps and

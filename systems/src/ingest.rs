@@ -2,7 +2,7 @@
 
 use bevy_ecs::world::World;
 use gantry_components::{
-    Command, Edges, Execution, Finished, Inbox, MemoryRecord, Message, QueueState, Requirements,
+    Command, Edges, Execution, Finished, Inbox, Message, QueueState, Requirements,
     SchedulerConfig, Stats, Status, WorkLists,
 };
 
@@ -29,11 +29,10 @@ pub fn ingest(world: &mut World) {
                 spawned += 1;
             }
             Message::DropBuffer(buffer) => {
+                // The flag is already set; an idle record can go now, a busy one goes
+                // when its last command retires.
                 if let Some(rec) = buffer.record.get() {
-                    if let Some(mut record) = world.get_mut::<MemoryRecord>(rec) {
-                        record.dropped = true;
-                        world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
-                    }
+                    world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
                 }
             }
             Message::DropQueue(queue) => {

@@ -24,10 +24,10 @@ use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{Schedule, SingleThreadedExecutor};
 use gantry_components::{Devices, Flush, Inbox, SchedulerConfig, Stage, Stats, WorkLists};
 
-/// The built-in systems of every stage. Systems users add to a stage run after the
-/// stage's built-in system, so they see its results.
+/// The built-in system of a stage. Systems users add to a stage run after it, so
+/// they see its results.
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Builtin;
+pub struct Builtin(pub Stage);
 
 /// Builds the flush schedule: the stages chained in order, with the built-in systems.
 pub fn flush_schedule() -> Schedule {
@@ -45,15 +45,12 @@ pub fn flush_schedule() -> Schedule {
         )
             .chain(),
     );
-    schedule.add_systems(
-        (
-            ingest::ingest.in_set(Stage::Ingest),
-            resolve::resolve.in_set(Stage::Resolve),
-            enqueue::enqueue.in_set(Stage::Enqueue),
-            retire::retire.in_set(Stage::Retire),
-        )
-            .in_set(Builtin),
-    );
+    schedule.add_systems((
+        ingest::ingest.in_set(Stage::Ingest).in_set(Builtin(Stage::Ingest)),
+        resolve::resolve.in_set(Stage::Resolve).in_set(Builtin(Stage::Resolve)),
+        enqueue::enqueue.in_set(Stage::Enqueue).in_set(Builtin(Stage::Enqueue)),
+        retire::retire.in_set(Stage::Retire).in_set(Builtin(Stage::Retire)),
+    ));
     schedule
 }
 

@@ -195,10 +195,12 @@ fn resolve_requirement(
         record.reads.retain(|l| l.cmd == e || !range.covers(&l.range));
         record.writes.retain(|l| l.cmd == e || !range.covers(&l.range));
         record.writes.push(gantry_components::Leaf { cmd: e, range });
+        // Only this space now holds the current contents. Its producer (a move still
+        // filling it) stays: readers of other ranges must still wait for the move.
+        // The writer itself is found through the write leaves, per range.
         for loc in record.locations.iter_mut() {
             if loc.space == space {
                 loc.valid = true;
-                loc.producer = Some(e);
             } else {
                 loc.valid = false;
                 loc.producer = None;

@@ -93,7 +93,7 @@ fn retire_entity(
         if let Some(rec) = r.buffer.record.get() {
             if let Some(mut record) = world.get_mut::<MemoryRecord>(rec) {
                 record.release(e);
-                if record.dropped {
+                if record.buffer.is_dropped() {
                     world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
                 }
             }
@@ -117,7 +117,7 @@ fn release_idle_records(world: &mut World) {
     let candidates = std::mem::take(&mut world.resource_mut::<WorkLists>().maybe_idle_records);
     for rec in candidates {
         let Some(record) = world.get::<MemoryRecord>(rec) else { continue };
-        if !(record.dropped && record.is_idle()) {
+        if !(record.buffer.is_dropped() && record.is_idle()) {
             continue;
         }
         let allocs: Vec<_> = record.locations.iter().filter_map(|l| Some((l.device?, l.alloc?))).collect();

@@ -1,0 +1,165 @@
+//! Lifetimes: dropped buffers, queues and runtimes; host access guards; flat memory.
+
+use std::time::Duration;
+
+use gantry::{Error, EventStatus, ExecError, Mode, Runtime};
+
+/// Dropping a buffer while commands use it is safe; its record goes when they finish.
+#[test]
+fn dropping_a_buffer_in_use_is_safe() {
+    for mode in [Mode::Threaded, Mode::Manual] {
+        let rt = Runtime::builder().mode(mode).build();
+        let q = rt.queue();
+        let keep = rt.buffer_zeroed::<u32>(1024);
+        for _ in 0..10 {
+            let tmp = rt.buffer(&vec![3u32; 1024]);
+            q.submit(|cg| {
+                let t = cg.read(&tmp);
+                let k = cg.read_write(&keep);
+                cg.parallel_for(1024, move |it| {
+                    let i = it.global_linear_id();
+                    k.set(it, i, k.get(it, i) + t.get(it, i))
+                });
+            })
+            .unwrap();
+            drop(tmp);
+        }
+        assert_eq!(keep.to_vec().unwrap(), vec![30; 1024]);
+        rt.wait_idle().unwrap();
+        drop(keep);
+        rt.wait_idle().unwrap();
+        rt.flush();
+        let s = rt.stats();
+        assert_eq!((s.live_commands, s.live_records), (0, 0), "{mode:?}: {s:?}");
+    }
+}
+
+/// Finished commands are despawned: the world does not grow with the command count.
+#[test]
+fn memory_stays_flat_over_many_commands() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+    let q = rt.queue();
+    let bufs: Vec<_> = (0..8).map(|_| rt.buffer_zeroed::<u32>(16)).collect();
+    let mut peak_entities = 0;
+    for round in 0..200 {
+        for i in 0..100 {
+            let (r, w) = (&bufs[i % 8], &bufs[(i * 3 + 1) % 8]);
+            q.submit(|cg| {
+                let r = cg.read(r);
+                let w = cg.write(w);
+                cg.single_task(move |it| w.set(it, 0, r.get(it, 0) + 1));
+            })
+            .unwrap();
+        }
+        rt.wait_idle().unwrap();
+        let entities = rt.with_world(|w| w.entity_count());
+        if round == 0 {
+            peak_entities = entities;
+        }
+        assert!(entities <= peak_entities, "world grew from {peak_entities} to {entities}");
+    }
+    let s = rt.stats();
+    assert_eq!(s.submitted, 20_000);
+    assert_eq!(s.completed, 20_000);
+    assert_eq!(s.live_commands, 0);
+}
+
+/// A write guard holds off later commands on the buffer until it drops.
+#[test]
+fn host_write_guard_blocks_later_work() {
+    let rt = Runtime::new();
+    let q = rt.queue();
+    let buf = rt.buffer(&[1u32; 4]);
+    let mut guard = buf.write().unwrap();
+    let ev = q
+        .submit(|cg| {
+            let b = cg.read_write(&buf);
+            cg.parallel_for(4, move |it| b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * 10));
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(ev.status(), EventStatus::Pending, "kernel must wait for the guard");
+    guard[2] = 5;
+    drop(guard);
+    ev.wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![10, 10, 50, 10]);
+}
+
+/// A read guard waits for earlier writers.
+#[test]
+fn host_read_guard_sees_earlier_writes() {
+    let rt = Runtime::builder().mode(Mode::Manual).build();
+    let q = rt.queue();
+    let buf = rt.buffer_zeroed::<u16>(3);
+    q.submit(|cg| cg.fill(&buf, 9)).unwrap();
+    assert_eq!(&*buf.read().unwrap(), &[9, 9, 9]);
+}
+
+/// Waiting on an event whose runtime is gone is an error, not a hang; so is
+/// submitting to a queue of a dropped runtime.
+#[test]
+fn dropped_runtime() {
+    let rt = Runtime::new();
+    let q = rt.queue();
+    let buf = rt.buffer(&[1u32; 4]);
+    let guard = buf.write().unwrap();
+    // Blocked behind the guard: can never run once the runtime goes.
+    let blocked = q.submit(|cg| cg.fill(&buf, 2)).unwrap();
+    let done = {
+        let other = rt.buffer_zeroed::<u8>(2);
+        q.submit(|cg| cg.fill(&other, 1)).unwrap()
+    };
+    drop(rt);
+    assert!(done.is_complete(), "work that could finish did");
+    assert_eq!(blocked.wait(), Err(Error::Exec(ExecError::RuntimeDropped)));
+    assert_eq!(q.submit(|cg| cg.fill(&buf, 3)).unwrap_err(), Error::RuntimeDropped);
+    drop(guard);
+    assert_eq!(buf.read().err(), Some(Error::RuntimeDropped));
+}
+
+/// A pending event of a never-flushed manual runtime is finished when it drops.
+#[test]
+fn manual_runtime_drop_finishes_work() {
+    let rt = Runtime::builder().mode(Mode::Manual).build();
+    let buf = rt.buffer_zeroed::<u32>(4);
+    let ev = rt.queue().submit(|cg| cg.fill(&buf, 4)).unwrap();
+    assert_eq!(ev.status(), EventStatus::Pending);
+    drop(rt);
+    assert_eq!(ev.wait(), Ok(()));
+}
+
+/// Dropping a queue with work in flight is safe; the work completes.
+#[test]
+fn dropping_a_queue_keeps_its_work() {
+    let rt = Runtime::new();
+    let buf = rt.buffer_zeroed::<u32>(64);
+    let ev = {
+        let q = rt.in_order_queue();
+        q.submit(|cg| cg.fill(&buf, 1)).unwrap();
+        q.submit(|cg| {
+            let b = cg.elements_mut(&buf);
+            cg.parallel_for(64, move |it| *b.elem(it) += 1);
+        })
+        .unwrap()
+    };
+    ev.wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![2; 64]);
+}
+
+/// Profiling timestamps are ordered.
+#[test]
+fn timestamps_are_ordered() {
+    let rt = Runtime::new();
+    let buf = rt.buffer_zeroed::<u32>(1 << 16);
+    let ev = rt
+        .queue()
+        .submit(|cg| {
+            let b = cg.elements_out(&buf);
+            cg.parallel_for(1 << 16, move |it| *b.elem(it) = 1);
+        })
+        .unwrap();
+    ev.wait().unwrap();
+    let t = ev.timestamps();
+    assert!(t.submitted_ns <= t.started_ns && t.started_ns <= t.ended_ns, "{t:?}");
+    assert!(rt.now_ns() >= t.ended_ns);
+}
