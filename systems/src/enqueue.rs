@@ -121,3 +121,42 @@ fn unblock_on_submit(world: &mut World, e: Entity) {
         crate::retire::unblock(world, s.entity);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gantry_driver::AccessMode::ReadWrite;
+
+    use crate::testing::{entity, Harness};
+
+    /// With in-driver waits, a dependent chain is handed over in one flush, each link
+    /// naming its predecessor in the wait-list.
+    #[test]
+    fn same_driver_chain_is_submitted_at_once_with_waits() {
+        let mut h = Harness::new(true);
+        let b = h.buffer(8);
+        let evs: Vec<_> = (0..4).map(|_| h.submit(&[(&b, ReadWrite, 0..8)])).collect();
+        h.flush();
+        let order: Vec<_> = evs.iter().map(|e| entity(e)).collect();
+        assert_eq!(h.host.submitted_entities(), order);
+        for w in order.windows(2) {
+            assert_eq!(h.host.waits_of(w[1]), vec![w[0]]);
+        }
+    }
+
+    /// Without them, each link waits for its predecessor's completion.
+    #[test]
+    fn without_driver_waits_dependents_wait_for_completion() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(8);
+        let first = h.submit(&[(&b, ReadWrite, 0..8)]);
+        let second = h.submit(&[(&b, ReadWrite, 0..8)]);
+        h.flush();
+        let (first_e, second_e) = (entity(&first), entity(&second));
+        assert_eq!(h.host.submitted_entities(), vec![first_e]);
+        h.host.complete(first_e, Ok(()));
+        h.flush(); // retire unblocks
+        h.flush(); // enqueue submits
+        assert_eq!(h.host.submitted_entities(), vec![first_e, second_e]);
+        assert!(h.host.waits_of(second_e).is_empty());
+    }
+}

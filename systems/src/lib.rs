@@ -20,6 +20,9 @@ pub mod ingest;
 pub mod resolve;
 pub mod retire;
 
+#[cfg(test)]
+mod testing;
+
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{Schedule, SingleThreadedExecutor};
 use gantry_components::{Devices, Flush, Inbox, SchedulerConfig, Stage, Stats, WorkLists};

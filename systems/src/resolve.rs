@@ -352,3 +352,117 @@ fn connect(world: &mut World, e: Entity, preds: Preds) {
         world.resource_mut::<WorkLists>().ready.push(e);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gantry_components::{CommandKind, QueueCore};
+    use gantry_driver::AccessMode::{DiscardWrite, Read, ReadWrite, Write};
+
+    use crate::testing::{entity, Harness};
+
+    #[test]
+    fn read_after_write_write_after_read_write_after_write() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(64);
+        let w1 = h.submit(&[(&b, Write, 0..64)]);
+        let r1 = h.submit(&[(&b, Read, 0..32)]);
+        let r2 = h.submit(&[(&b, Read, 16..48)]);
+        let w2 = h.submit(&[(&b, Write, 8..24)]);
+        let w3 = h.submit(&[(&b, DiscardWrite, 0..64)]);
+        h.flush();
+        assert_eq!(h.preds(&r1), vec![entity(&w1)], "RAW");
+        assert_eq!(h.preds(&r2), vec![entity(&w1)], "RAW; readers are independent");
+        let mut war = vec![entity(&w1), entity(&r1), entity(&r2)];
+        war.sort();
+        assert_eq!(h.preds(&w2), war, "WAR on both readers, WAW on w1");
+        // w3 covers everything: it depends on the remaining leaves. r1 and r2 are
+        // covered by w2 only partly, so they stay leaves.
+        let mut all = vec![entity(&w1), entity(&r1), entity(&r2), entity(&w2)];
+        all.sort();
+        assert_eq!(h.preds(&w3), all);
+    }
+
+    #[test]
+    fn covered_leaves_are_replaced() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(64);
+        let r = h.submit(&[(&b, Read, 0..8)]);
+        let w = h.submit(&[(&b, Write, 0..64)]);
+        let after = h.submit(&[(&b, ReadWrite, 0..8)]);
+        h.flush();
+        assert_eq!(h.preds(&w), vec![entity(&r)]);
+        assert_eq!(h.preds(&after), vec![entity(&w)], "the reader is reachable through the writer");
+    }
+
+    #[test]
+    fn disjoint_ranges_and_readers_get_no_edges() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(64);
+        let c = h.buffer(64);
+        let w_lo = h.submit(&[(&b, Write, 0..32)]);
+        let w_hi = h.submit(&[(&b, Write, 32..64)]);
+        let other = h.submit(&[(&c, ReadWrite, 0..64)]);
+        h.flush();
+        assert!(h.preds(&w_lo).is_empty() && h.preds(&w_hi).is_empty() && h.preds(&other).is_empty());
+        assert_eq!(h.host.submitted_entities().len(), 3, "all three enqueued at once");
+    }
+
+    #[test]
+    fn in_order_queues_barriers_and_events() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(16);
+        let c = h.buffer(16);
+        let ordered = std::sync::Arc::new(QueueCore { id: 2, device: 0, in_order: true, entity: Default::default() });
+        let a1 = h.submit_on(&ordered, 0, CommandKind::Fill, &[(&b, Read, 0..16)], &[]);
+        let a2 = h.submit_on(&ordered, 0, CommandKind::Fill, &[(&c, Read, 0..16)], &[]);
+        let x = h.submit(&[(&c, Read, 0..4)]);
+        let y = h.submit(&[(&b, Read, 0..4)]);
+        let barrier = h.submit_on(&h.queue.clone(), 0, CommandKind::Barrier, &[], &[]);
+        let z = h.submit_on(&h.queue.clone(), 0, CommandKind::Fill, &[], &[&a2]);
+        h.flush();
+        assert_eq!(h.preds(&a2), vec![entity(&a1)], "in-order queue");
+        let mut xy = vec![entity(&x), entity(&y)];
+        xy.sort();
+        assert_eq!(h.preds(&barrier), xy, "barrier waits for its own queue only");
+        assert_eq!(h.preds(&z), vec![entity(&a2)], "explicit event");
+    }
+
+    #[test]
+    fn a_failed_event_fails_its_dependent() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(16);
+        let first = h.submit(&[(&b, Write, 0..16)]);
+        h.flush();
+        h.host.complete(entity(&first), Err(gantry_driver::ExecError::RuntimeDropped));
+        h.flush();
+        let later = h.submit_on(&h.queue.clone(), 0, CommandKind::Fill, &[], &[&first]);
+        h.flush();
+        assert!(matches!(
+            later.error(),
+            Some(gantry_driver::ExecError::DependencyFailed { .. })
+        ));
+        assert_eq!(h.host.submitted_entities().len(), 1, "the dependent never reached the driver");
+    }
+
+    #[test]
+    fn device_without_host_memory_gets_moves() {
+        let mut h = Harness::new(false);
+        let b = h.buffer(32);
+        let q1 = std::sync::Arc::new(QueueCore { id: 3, device: 1, in_order: false, entity: Default::default() });
+        let on_dev = h.submit_on(&q1, 1, CommandKind::Fill, &[(&b, ReadWrite, 0..16)], &[]);
+        h.flush();
+        let moves = h.dev.submitted_entities();
+        assert_eq!(moves.len(), 1, "host->device move submitted first");
+        assert_eq!(h.preds(&on_dev), vec![moves[0]]);
+        h.dev.complete(moves[0], Ok(()));
+        h.flush(); // retire: the move completes, the command becomes ready
+        h.flush(); // enqueue
+        assert_eq!(h.dev.submitted_entities().len(), 2);
+        // A host reader now needs the data back.
+        let on_host = h.submit(&[(&b, Read, 0..32)]);
+        h.flush();
+        let back = h.preds(&on_host);
+        assert_eq!(back.len(), 1, "depends on the move back");
+        assert_eq!(h.world.get::<gantry_components::Command>(back[0]).unwrap().kind, CommandKind::MemoryMove);
+    }
+}

@@ -141,3 +141,59 @@ pub fn abandon_all(world: &mut World) {
         retire_entity(world, e, Err(ExecError::RuntimeDropped), 0, 0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gantry_components::{EventStatus, MemoryRecord, Stats};
+    use gantry_driver::AccessMode::{Read, ReadWrite};
+    use gantry_driver::ExecError;
+
+    use crate::testing::{entity, Harness};
+
+    /// A failure reaches every transitive dependent, naming the chain; independent
+    /// work completes; the failed commands are despawned and their leaves released.
+    #[test]
+    fn failure_poisons_transitive_dependents_only() {
+        let mut h = Harness::new(false);
+        let (a, b, c) = (h.buffer(8), h.buffer(8), h.buffer(8));
+        let root = h.submit(&[(&a, ReadWrite, 0..8)]);
+        let child = h.submit(&[(&a, Read, 0..8), (&b, ReadWrite, 0..8)]);
+        let grandchild = h.submit(&[(&b, Read, 0..8)]);
+        let independent = h.submit(&[(&c, ReadWrite, 0..8)]);
+        h.flush();
+        h.host.complete(entity(&independent), Ok(()));
+        h.host.complete(entity(&root), Err(ExecError::RuntimeDropped));
+        h.flush();
+        assert_eq!(independent.status(), EventStatus::Complete);
+        assert_eq!(root.error(), Some(&ExecError::RuntimeDropped));
+        for ev in [&child, &grandchild] {
+            assert_eq!(ev.status(), EventStatus::Failed);
+            assert_eq!(ev.error().unwrap().root_cause(), &ExecError::RuntimeDropped);
+        }
+        assert!(matches!(
+            grandchild.error(),
+            Some(ExecError::DependencyFailed { cause, .. }) if matches!(**cause, ExecError::DependencyFailed { .. })
+        ));
+        assert_eq!(h.world.resource::<Stats>().live_commands, 0);
+        let rec = a.record.get().unwrap();
+        let record = h.world.get::<MemoryRecord>(rec).unwrap();
+        assert!(record.reads.is_empty() && record.writes.is_empty());
+    }
+
+    /// A dropped buffer's record goes once its last command retires.
+    #[test]
+    fn dropped_buffer_record_is_despawned_when_idle() {
+        let mut h = Harness::new(false);
+        let a = h.buffer(8);
+        let cmd = h.submit(&[(&a, ReadWrite, 0..8)]);
+        h.flush();
+        a.dropped.store(true, std::sync::atomic::Ordering::Release);
+        h.tx.send(gantry_components::Message::DropBuffer(a.clone())).unwrap();
+        h.flush();
+        assert!(a.record.get().is_some(), "still in use");
+        h.host.complete(entity(&cmd), Ok(()));
+        h.flush();
+        assert!(a.record.get().is_none());
+        assert_eq!(h.world.resource::<Stats>().live_records, 0);
+    }
+}

@@ -1,0 +1,161 @@
+//! A scripted driver and a world builder for the stage unit tests.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::schedule::Schedule;
+use bevy_ecs::world::World;
+use crossbeam_channel::{unbounded, Sender};
+use gantry_components::{
+    BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox,
+    Message, QueueCore, Requirement, SchedulerConfig, Work,
+};
+use gantry_driver::{
+    AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError,
+    HostStorage, MemSpace, OpHandle, OpId, Submission,
+};
+use parking_lot::Mutex;
+
+/// A driver that records submissions and completes them only when told to.
+pub struct Scripted {
+    pub info: DeviceInfo,
+    pub submitted: Mutex<Vec<(OpId, Vec<u64>)>>,
+    pub done: Sender<Completion>,
+    next_alloc: Mutex<u64>,
+}
+
+impl Driver for Scripted {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+    fn alloc(&self, _bytes: usize) -> Result<AllocId, ExecError> {
+        let mut n = self.next_alloc.lock();
+        *n += 1;
+        Ok(AllocId(*n))
+    }
+    fn free(&self, _id: AllocId) {}
+    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError> {
+        let waits = sub.waits.iter().map(|h| *h.downcast_ref::<u64>().unwrap()).collect();
+        self.submitted.lock().push((sub.id, waits));
+        Ok(Arc::new(sub.id.0))
+    }
+}
+
+impl Scripted {
+    pub fn complete(&self, e: Entity, result: Result<(), ExecError>) {
+        self.done.send(Completion { op: OpId(e.to_bits()), result, started_ns: 1, ended_ns: 2 }).unwrap();
+    }
+    pub fn submitted_entities(&self) -> Vec<Entity> {
+        self.submitted.lock().iter().map(|(id, _)| Entity::from_bits(id.0)).collect()
+    }
+    pub fn waits_of(&self, e: Entity) -> Vec<Entity> {
+        let s = self.submitted.lock();
+        let (_, w) = s.iter().find(|(id, _)| id.0 == e.to_bits()).expect("submitted");
+        w.iter().map(|&b| Entity::from_bits(b)).collect()
+    }
+}
+
+/// A scheduler world with device 0 = a host-memory scripted driver and device 1 = a
+/// scripted driver with its own memory.
+pub struct Harness {
+    pub world: World,
+    pub schedule: Schedule,
+    pub tx: Sender<Message>,
+    pub host: Arc<Scripted>,
+    pub dev: Arc<Scripted>,
+    pub queue: Arc<QueueCore>,
+}
+
+fn scripted(name: &str, shares_host_memory: bool, in_driver_waits: bool, done: Sender<Completion>) -> Arc<Scripted> {
+    Arc::new(Scripted {
+        info: DeviceInfo {
+            name: name.into(),
+            kind: DeviceKind::Sim,
+            caps: Capabilities {
+                shares_host_memory,
+                in_driver_waits,
+                closure_kernels: true,
+                host_tasks: true,
+                max_local_memory: 0,
+            },
+        },
+        submitted: Mutex::new(Vec::new()),
+        done,
+        next_alloc: Mutex::new(0),
+    })
+}
+
+impl Harness {
+    pub fn new(in_driver_waits: bool) -> Self {
+        let (tx, rx) = unbounded();
+        let (done_tx, done_rx) = unbounded();
+        let host = scripted("host", true, in_driver_waits, done_tx.clone());
+        let dev = scripted("dev", false, in_driver_waits, done_tx);
+        let device = |d: &Arc<Scripted>, space| Device { driver: d.clone(), info: d.info.clone(), space, lost: false };
+        let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
+        let config = SchedulerConfig { preserve_on_failure: false, epoch: Instant::now() };
+        let world = crate::scheduler_world(devices, Inbox { messages: rx, completions: done_rx }, config);
+        let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
+        Self { world, schedule: crate::flush_schedule(), tx, host, dev, queue }
+    }
+
+    pub fn flush(&mut self) {
+        self.schedule.run(&mut self.world);
+    }
+
+    pub fn buffer(&self, bytes: usize) -> Arc<BufferCore> {
+        Arc::new(BufferCore {
+            id: bytes as u64,
+            storage: Arc::new(HostStorage::zeroed(bytes)),
+            bytes,
+            record: Default::default(),
+            dropped: Default::default(),
+        })
+    }
+
+    /// Submits a command using `reqs` (buffer, mode, byte range) on `device` through
+    /// `queue`, waiting on `waits`; returns its event.
+    pub fn submit_on(
+        &self,
+        queue: &Arc<QueueCore>,
+        device: u32,
+        kind: CommandKind,
+        reqs: &[(&Arc<BufferCore>, AccessMode, std::ops::Range<usize>)],
+        waits: &[&Arc<EventShared>],
+    ) -> Arc<EventShared> {
+        let event = Arc::new(EventShared::new("cmd".into(), 0, 0));
+        let requirements = reqs
+            .iter()
+            .map(|(b, m, r)| Requirement::new((*b).clone(), *m, ByteRange { start: r.start, end: r.end }))
+            .collect();
+        let work = if kind == CommandKind::Barrier { Work::Marker } else { Work::Fill([0u8].into_iter().collect()) };
+        let desc = CommandDesc {
+            kind,
+            name: "cmd".into(),
+            queue: queue.clone(),
+            device,
+            requirements,
+            waits: waits.iter().map(|w| (*w).clone()).collect(),
+            work,
+            event: event.clone(),
+        };
+        self.tx.send(Message::Submit(Box::new(desc))).unwrap();
+        event
+    }
+
+    pub fn submit(&self, reqs: &[(&Arc<BufferCore>, AccessMode, std::ops::Range<usize>)]) -> Arc<EventShared> {
+        self.submit_on(&self.queue, 0, CommandKind::Fill, reqs, &[])
+    }
+
+    pub fn preds(&self, ev: &EventShared) -> Vec<Entity> {
+        let e = ev.command.get().expect("live command");
+        let mut p = self.world.get::<Edges>(e).expect("edges").preds.to_vec();
+        p.sort();
+        p
+    }
+}
+
+pub fn entity(ev: &EventShared) -> Entity {
+    ev.command.get().expect("live command")
+}
