@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
-use gantry_driver::{
-    AccessMode, AllocId, ClosureKernel, Geometry, HostCtx, HostStorage, MemSpace, OpHandle,
-};
+use gantry_driver::{AccessMode, AllocId, ClosureKernel, Geometry, HostCtx, HostStorage, MemSpace, OpHandle};
 use smallvec::SmallVec;
 
 use crate::event::EventShared;

@@ -25,14 +25,12 @@ pub mod resources;
 pub mod stage;
 
 pub use command::{
-    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status,
-    Successor, SyncCell, Work,
+    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status, Successor,
+    SyncCell, Work,
 };
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, Location, MemoryRecord};
 pub use queue::QueueState;
-pub use resources::{
-    Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,
-};
+pub use resources::{Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
 pub use stage::{Flush, Stage};

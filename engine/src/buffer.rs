@@ -63,7 +63,12 @@ impl<T> std::fmt::Debug for Buffer<T> {
 }
 
 impl<T> Buffer<T> {
-    pub(crate) fn new(core: Arc<BufferCore>, len: usize, rt: Arc<Shared>, host_queue: Arc<QueueCore>) -> Self {
+    pub(crate) fn new(
+        core: Arc<BufferCore>,
+        len: usize,
+        rt: Arc<Shared>,
+        host_queue: Arc<QueueCore>,
+    ) -> Self {
         Self { handle: Arc::new(BufferHandle { core, rt, host_queue }), len, _t: PhantomData }
     }
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
 use gantry_driver::{
-    phase, AccessMode, Accessor, ClosureKernel, DiscardWrite, ElemAccessor, Geometry, HostAccessor,
-    HostCtx, HostStorage, Item, LocalAccessor, Mode, NdRange, PhaseFn, PrivateAccessor, Range,
-    Read, ReadWrite, Scratch, ScratchKind, Write,
+    phase, AccessMode, Accessor, ClosureKernel, DiscardWrite, ElemAccessor, Geometry, HostAccessor, HostCtx,
+    HostStorage, Item, LocalAccessor, Mode, NdRange, PhaseFn, PrivateAccessor, Range, Read, ReadWrite,
+    Scratch, ScratchKind, Write,
 };
 use smallvec::SmallVec;
 
@@ -130,7 +130,13 @@ impl Handler {
     }
 
     /// Adds a requirement and returns its slot and element count (0 after an error).
-    fn require<T: Pod>(&mut self, buf: &Buffer<T>, mode: AccessMode, range: impl RangeBounds<usize>, what: &'static str) -> (u32, usize) {
+    fn require<T: Pod>(
+        &mut self,
+        buf: &Buffer<T>,
+        mode: AccessMode,
+        range: impl RangeBounds<usize>,
+        what: &'static str,
+    ) -> (u32, usize) {
         if buf.runtime_id() != self.runtime {
             self.fail(Error::ForeignObject("a buffer"));
             return (0, 0);
@@ -168,7 +174,11 @@ impl Handler {
     }
 
     /// A kernel accessor in mode `M` over `range` of `buf`.
-    pub fn access<T: Pod, M: Mode>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> Accessor<T, M> {
+    pub fn access<T: Pod, M: Mode>(
+        &mut self,
+        buf: &Buffer<T>,
+        range: impl RangeBounds<usize>,
+    ) -> Accessor<T, M> {
         let (slot, len) = self.require(buf, M::MODE, range, "accessor");
         Accessor::new(slot, self.tag, len)
     }
@@ -191,7 +201,11 @@ impl Handler {
 
     /// An exclusive per-work-item accessor over `range` of `buf`, one element per
     /// work-item (work-item `i` gets element `i` of the range), in mode `M`.
-    pub fn elements<T: Pod, M: gantry_driver::Writable>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> ElemAccessor<T, M> {
+    pub fn elements<T: Pod, M: gantry_driver::Writable>(
+        &mut self,
+        buf: &Buffer<T>,
+        range: impl RangeBounds<usize>,
+    ) -> ElemAccessor<T, M> {
         let (slot, len) = self.require(buf, M::MODE, range, "element accessor");
         self.elems.push(ElemCheck { slot: slot as usize, len });
         ElemAccessor::new(slot, self.tag, len)
@@ -207,7 +221,11 @@ impl Handler {
     }
 
     /// A host-task accessor in mode `M` over `range` of `buf`.
-    pub fn host_access<T: Pod, M: Mode>(&mut self, buf: &Buffer<T>, range: impl RangeBounds<usize>) -> HostAccessor<T, M> {
+    pub fn host_access<T: Pod, M: Mode>(
+        &mut self,
+        buf: &Buffer<T>,
+        range: impl RangeBounds<usize>,
+    ) -> HostAccessor<T, M> {
         let (slot, len) = self.require(buf, M::MODE, range, "host accessor");
         HostAccessor::new(slot, self.tag, len)
     }
@@ -248,7 +266,11 @@ impl Handler {
         F: Fn(&mut Item<'_>) + Send + Sync + 'static,
     {
         let geometry = Geometry::for_range(range.into()).map_err(Error::from);
-        self.set_action(Action::Kernel { name: self.kernel_name("parallel_for"), geometry, phases: vec![phase(f)] });
+        self.set_action(Action::Kernel {
+            name: self.kernel_name("parallel_for"),
+            geometry,
+            phases: vec![phase(f)],
+        });
     }
 
     /// Runs `f` once per work-item of an ND-range (with work-group ids and sizes).
@@ -257,7 +279,11 @@ impl Handler {
         F: Fn(&mut Item<'_>) + Send + Sync + 'static,
     {
         let geometry = nd.geometry().map_err(Error::from);
-        self.set_action(Action::Kernel { name: self.kernel_name("parallel_for_nd"), geometry, phases: vec![phase(f)] });
+        self.set_action(Action::Kernel {
+            name: self.kernel_name("parallel_for_nd"),
+            geometry,
+            phases: vec![phase(f)],
+        });
     }
 
     /// A work-group kernel: add phases with [`Phases::phase`]; each phase runs for
@@ -265,7 +291,11 @@ impl Handler {
     pub fn parallel_for_work_group(&mut self, nd: NdRange) -> Phases<'_> {
         let geometry = nd.geometry().map_err(Error::from);
         let active = self.action.is_none();
-        self.set_action(Action::Kernel { name: self.kernel_name("work_group_kernel"), geometry, phases: Vec::new() });
+        self.set_action(Action::Kernel {
+            name: self.kernel_name("work_group_kernel"),
+            geometry,
+            phases: Vec::new(),
+        });
         Phases { handler: self, active }
     }
 
@@ -275,7 +305,11 @@ impl Handler {
         F: Fn(&mut Item<'_>) + Send + Sync + 'static,
     {
         let geometry = Geometry::for_range(Range::d1(1)).map_err(Error::from);
-        self.set_action(Action::Kernel { name: self.kernel_name("single_task"), geometry, phases: vec![phase(f)] });
+        self.set_action(Action::Kernel {
+            name: self.kernel_name("single_task"),
+            geometry,
+            phases: vec![phase(f)],
+        });
     }
 
     /// Runs `f` once on a host thread, after the command's dependencies, with host
@@ -308,7 +342,14 @@ impl Handler {
     }
 
     /// Copies `len` elements from `src[src_offset..]` to `dst[dst_offset..]`.
-    pub fn copy_range<T: Pod>(&mut self, src: &Buffer<T>, src_offset: usize, dst: &Buffer<T>, dst_offset: usize, len: usize) {
+    pub fn copy_range<T: Pod>(
+        &mut self,
+        src: &Buffer<T>,
+        src_offset: usize,
+        dst: &Buffer<T>,
+        dst_offset: usize,
+        len: usize,
+    ) {
         self.require(src, AccessMode::Read, src_offset..src_offset.saturating_add(len), "copy source");
         let whole = dst_offset == 0 && len == dst.len();
         let mode = if whole { AccessMode::DiscardWrite } else { AccessMode::Write };
@@ -326,7 +367,12 @@ impl Handler {
     }
 
     /// Copies `range` of `src` into `out`, readable once the event completes.
-    pub fn copy_to_host<T: Pod>(&mut self, src: &Buffer<T>, range: impl RangeBounds<usize>, out: &Readback<T>) {
+    pub fn copy_to_host<T: Pod>(
+        &mut self,
+        src: &Buffer<T>,
+        range: impl RangeBounds<usize>,
+        out: &Readback<T>,
+    ) {
         let (_, len) = self.require(src, AccessMode::Read, range, "copy source");
         let storage = Arc::new(HostStorage::zeroed(len * std::mem::size_of::<T>()));
         self.readback = Some((out.slot.clone(), storage.clone()));
@@ -386,12 +432,19 @@ impl Handler {
                     return Err(Error::LocalMemoryNeedsNdRange);
                 }
                 if local_bytes > device.caps.max_local_memory {
-                    return Err(Error::LocalMemoryTooLarge { requested: local_bytes, max: device.caps.max_local_memory });
+                    return Err(Error::LocalMemoryTooLarge {
+                        requested: local_bytes,
+                        max: device.caps.max_local_memory,
+                    });
                 }
                 for e in &self.elems {
                     if e.len != geometry.global_size() {
                         let buffer = self.requirements[e.slot].buffer.id;
-                        return Err(Error::ElementAccessorSize { buffer, len: e.len, global: geometry.global_size() });
+                        return Err(Error::ElementAccessorSize {
+                            buffer,
+                            len: e.len,
+                            global: geometry.global_size(),
+                        });
                     }
                 }
                 let kernel = ClosureKernel {
@@ -413,11 +466,22 @@ impl Handler {
                 }
                 (CommandKind::Copy, Work::Copy, self.kernel_name("copy"))
             }
-            Some(Action::CopyFromHost(data)) => (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name("copy_from_host")),
-            Some(Action::CopyToHost(out)) => (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name("copy_to_host")),
+            Some(Action::CopyFromHost(data)) => {
+                (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name("copy_from_host"))
+            }
+            Some(Action::CopyToHost(out)) => {
+                (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name("copy_to_host"))
+            }
             Some(Action::Fill(pattern)) => (CommandKind::Fill, Work::Fill(pattern), self.kernel_name("fill")),
         };
-        Ok(Built { kind, work, name, requirements: self.requirements, waits: self.waits, readback: self.readback })
+        Ok(Built {
+            kind,
+            work,
+            name,
+            requirements: self.requirements,
+            waits: self.waits,
+            readback: self.readback,
+        })
     }
 }
 

@@ -60,8 +60,7 @@ pub use gantry_components::{EventStatus, Stage, Stats, Timestamps};
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::{
     AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,
-    HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write,
-    Zeroable,
+    HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write, Zeroable,
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::SimConfig;
@@ -70,3 +69,8 @@ pub use gantry_sim::SimConfig;
 pub use bevy_ecs as ecs;
 /// Gantry's ECS components and resources, for systems added to its stages.
 pub use gantry_components as components;
+
+/// The README's example, compiled and run as a doc test.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

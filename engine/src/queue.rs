@@ -86,7 +86,15 @@ impl Queue {
     /// Submits a barrier: an event that completes when everything submitted to this
     /// queue before it has (and fails if one of those failed).
     pub fn barrier(&self) -> Result<Event> {
-        self.send(CommandKind::Barrier, "barrier".into(), Work::Marker, SmallVec::new(), SmallVec::new(), false, |_| {})
+        self.send(
+            CommandKind::Barrier,
+            "barrier".into(),
+            Work::Marker,
+            SmallVec::new(),
+            SmallVec::new(),
+            false,
+            |_| {},
+        )
     }
 
     /// Blocks until everything submitted to this queue so far has finished; returns

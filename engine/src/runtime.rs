@@ -12,8 +12,8 @@ use bevy_ecs::world::World;
 use bytemuck::Pod;
 use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
-    BufferCore, Device, Devices, EventShared, EventStatus, Inbox, Message, QueueCore,
-    SchedulerConfig, Stage, Stats, WorkLists,
+    BufferCore, Device, Devices, EventShared, EventStatus, Inbox, Message, QueueCore, SchedulerConfig, Stage,
+    Stats, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
@@ -125,7 +125,8 @@ impl RuntimeBuilder {
             .enumerate()
             .map(|(i, driver)| {
                 let info = driver.info().clone();
-                let space = if info.caps.shares_host_memory { MemSpace::Host } else { MemSpace::Device(i as u32) };
+                let space =
+                    if info.caps.shares_host_memory { MemSpace::Host } else { MemSpace::Device(i as u32) };
                 Device { driver, info, space, lost: false }
             })
             .collect();
@@ -148,7 +149,8 @@ impl RuntimeBuilder {
             wake_tx,
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
-        let host_queue = Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
+        let host_queue =
+            Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
         let thread = (self.mode == Mode::Threaded).then(|| {
             let s = shared.clone();
             std::thread::Builder::new()
@@ -271,7 +273,9 @@ impl Shared {
 
     fn scheduler_loop(self: Arc<Self>, wake: Receiver<()>) {
         loop {
-            let Some(progress) = self.flush_once() else { return };
+            let Some(progress) = self.flush_once() else {
+                return;
+            };
             if progress.has_work {
                 continue;
             }

@@ -190,10 +190,11 @@ fn empty_command_group_completes_after_dependencies() {
     let q = rt.queue();
     let buf = rt.buffer_zeroed::<u32>(4);
     let fill = q.submit(|cg| cg.fill(&buf, 3)).unwrap();
-    let empty = q.submit(|cg| {
-        cg.depends_on(&fill);
-    })
-    .unwrap();
+    let empty = q
+        .submit(|cg| {
+            cg.depends_on(&fill);
+        })
+        .unwrap();
     assert!(!empty.is_complete(), "nothing runs before a flush in manual mode");
     empty.wait().unwrap();
     assert!(fill.is_complete());

@@ -56,7 +56,9 @@ fn moves_only_when_needed() {
     sim.submit(|cg| {
         let a = cg.read(&a);
         let b = cg.read_write(&b);
-        cg.parallel_for(64, move |it| b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * a.get(it, 0)));
+        cg.parallel_for(64, move |it| {
+            b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * a.get(it, 0))
+        });
     })
     .unwrap();
     assert_eq!(b.to_vec().unwrap(), vec![6; 64]);
@@ -106,7 +108,10 @@ fn host_task_after_sim_kernel() {
 #[test]
 fn sim_timestamps_are_deterministic() {
     let run = || {
-        let rt = Runtime::builder().mode(Mode::Manual).sim(SimConfig { latency_ns: 500, ..Default::default() }).build();
+        let rt = Runtime::builder()
+            .mode(Mode::Manual)
+            .sim(SimConfig { latency_ns: 500, ..Default::default() })
+            .build();
         let sim = rt.queue_with(QueueOptions { device: 1, in_order: true }).unwrap();
         let buf = rt.buffer_zeroed::<u32>(8);
         let evs: Vec<_> = (0..4).map(|v| sim.submit(|cg| cg.fill(&buf, v)).unwrap()).collect();

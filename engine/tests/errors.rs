@@ -43,6 +43,7 @@ fn out_of_bounds_accessors_and_copies() {
     assert_eq!(e, Error::LengthMismatch { src: 8, dst: 4 });
     let e = q.submit(|cg| cg.copy_from_host(&[1u32; 5], &b, 0)).unwrap_err();
     assert!(matches!(e, Error::OutOfBounds { what: "copy destination", .. }));
+    #[allow(clippy::reversed_empty_ranges)] // on purpose: bad input
     let e = q.submit(|cg| cg.fill_range(&b, 3..2, 1)).unwrap_err();
     assert!(matches!(e, Error::OutOfBounds { what: "fill", .. }));
     let e = q.submit(|cg| cg.fill_range(&b, 2..2, 1)).unwrap_err();
@@ -132,7 +133,10 @@ fn foreign_objects_and_devices() {
         cg.depends_on(&ev);
     });
     assert_eq!(e.unwrap_err(), Error::ForeignObject("an event"));
-    assert_eq!(rt1.queue_with(QueueOptions { device: 7, in_order: false }).err(), Some(Error::UnknownDevice(7)));
+    assert_eq!(
+        rt1.queue_with(QueueOptions { device: 7, in_order: false }).err(),
+        Some(Error::UnknownDevice(7))
+    );
 }
 
 #[test]

@@ -138,7 +138,9 @@ fn out_of_bounds_index_in_kernel_fails_the_command() {
         })
         .unwrap();
     match ev.wait() {
-        Err(Error::Exec(ExecError::KernelPanicked { message, .. })) => assert!(message.contains("out of bounds")),
+        Err(Error::Exec(ExecError::KernelPanicked { message, .. })) => {
+            assert!(message.contains("out of bounds"))
+        }
         r => panic!("unexpected {r:?}"),
     }
     assert_eq!(buf.to_vec().unwrap(), vec![0; 4]);

@@ -60,7 +60,9 @@ fn global_offset_shifts_ids() {
     rt.queue()
         .submit(|cg| {
             let o = cg.elements_out(&out);
-            cg.parallel_for_nd(NdRange::new(8, 4).with_offset([100, 0, 0]), move |it| *o.elem(it) = it.global_id(0) as u32);
+            cg.parallel_for_nd(NdRange::new(8, 4).with_offset([100, 0, 0]), move |it| {
+                *o.elem(it) = it.global_id(0) as u32
+            });
         })
         .unwrap();
     assert_eq!(out.to_vec().unwrap(), (100..108).collect::<Vec<u32>>());
@@ -137,7 +139,8 @@ fn struct_elements() {
     }
     let rt = Runtime::new();
     let n = 5000;
-    let init: Vec<Particle> = (0..n).map(|i| Particle { pos: [i as f32, 0.0, 0.0], vel: [1.0, 2.0, 3.0] }).collect();
+    let init: Vec<Particle> =
+        (0..n).map(|i| Particle { pos: [i as f32, 0.0, 0.0], vel: [1.0, 2.0, 3.0] }).collect();
     let ps = rt.buffer(&init);
     for _ in 0..3 {
         rt.queue()

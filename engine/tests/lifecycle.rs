@@ -74,7 +74,9 @@ fn host_write_guard_blocks_later_work() {
     let ev = q
         .submit(|cg| {
             let b = cg.read_write(&buf);
-            cg.parallel_for(4, move |it| b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * 10));
+            cg.parallel_for(4, move |it| {
+                b.set(it, it.global_linear_id(), b.get(it, it.global_linear_id()) * 10)
+            });
         })
         .unwrap();
     std::thread::sleep(Duration::from_millis(20));

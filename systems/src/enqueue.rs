@@ -5,12 +5,11 @@
 use bevy_ecs::entity::Entity;
 use bevy_ecs::world::World;
 use gantry_components::{
-    Command, CommandKind, Devices, Edges, Execution, Finished, Requirement, Requirements,
-    SchedulerConfig, Status, Work, WorkLists,
+    Command, CommandKind, Devices, Edges, Execution, Finished, Requirement, Requirements, SchedulerConfig,
+    Status, Work, WorkLists,
 };
 use gantry_driver::{
-    DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
-    Submission,
+    DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId, Submission,
 };
 use smallvec::SmallVec;
 
@@ -42,13 +41,12 @@ fn args(reqs: &[Requirement]) -> Vec<MemArg> {
 
 fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> DeviceOp {
     match work {
-        Work::Kernel { kernel, geometry } => DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) }),
-        Work::HostTask { run, tag } => DeviceOp::HostTask(HostTask {
-            name: name.clone(),
-            tag,
-            run: run.into_inner(),
-            args: args(reqs),
-        }),
+        Work::Kernel { kernel, geometry } => {
+            DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) })
+        }
+        Work::HostTask { run, tag } => {
+            DeviceOp::HostTask(HostTask { name: name.clone(), tag, run: run.into_inner(), args: args(reqs) })
+        }
         Work::Copy | Work::Move { .. } => DeviceOp::Copy { src: slice(&reqs[0]), dst: slice(&reqs[1]) },
         Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
         Work::CopyToHost(out) => DeviceOp::Copy { src: slice(&reqs[0]), dst: MemSlice::host(out) },
@@ -58,7 +56,9 @@ fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> Dev
 }
 
 fn enqueue_command(world: &mut World, e: Entity) {
-    let Some(mut exec) = world.get_mut::<Execution>(e) else { return };
+    let Some(mut exec) = world.get_mut::<Execution>(e) else {
+        return;
+    };
     if exec.status != Status::Ready {
         return;
     }

@@ -2,8 +2,8 @@
 
 use bevy_ecs::world::World;
 use gantry_components::{
-    Command, Edges, Execution, Finished, Inbox, Message, QueueState, Requirements,
-    SchedulerConfig, Stats, Status, WorkLists,
+    Command, Edges, Execution, Finished, Inbox, Message, QueueState, Requirements, SchedulerConfig, Stats,
+    Status, WorkLists,
 };
 
 /// The ingest stage system.
@@ -18,10 +18,22 @@ pub fn ingest(world: &mut World) {
                 let event = desc.event;
                 let e = world
                     .spawn((
-                        Command { kind: desc.kind, name: desc.name, queue: Some(desc.queue), device: desc.device, seq },
+                        Command {
+                            kind: desc.kind,
+                            name: desc.name,
+                            queue: Some(desc.queue),
+                            device: desc.device,
+                            seq,
+                        },
                         Requirements(desc.requirements),
                         Edges::default(),
-                        Execution { status: Status::New, work: Some(desc.work), handle: None, event: event.clone(), waits: desc.waits },
+                        Execution {
+                            status: Status::New,
+                            work: Some(desc.work),
+                            handle: None,
+                            event: event.clone(),
+                            waits: desc.waits,
+                        },
                     ))
                     .id();
                 event.command.set(e);

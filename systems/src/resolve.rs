@@ -28,9 +28,9 @@ use std::sync::Arc;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::world::World;
 use gantry_components::{
-    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished,
-    Location, MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats, Status,
-    Successor, Work, WorkLists,
+    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished, Location,
+    MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats, Status, Successor, Work,
+    WorkLists,
 };
 use gantry_driver::{AccessMode, ExecError, MemSpace};
 use smallvec::SmallVec;
@@ -63,14 +63,18 @@ fn is_live(world: &World, e: Entity) -> bool {
 
 fn fail_now(world: &mut World, e: Entity, error: ExecError) {
     let now = world.resource::<SchedulerConfig>().now_ns();
-    world
-        .resource_mut::<WorkLists>()
-        .finished
-        .push(Finished { cmd: e, result: Err(error), started_ns: now, ended_ns: now });
+    world.resource_mut::<WorkLists>().finished.push(Finished {
+        cmd: e,
+        result: Err(error),
+        started_ns: now,
+        ended_ns: now,
+    });
 }
 
 fn resolve_command(world: &mut World, e: Entity) {
-    let Some(cmd) = world.get::<Command>(e) else { return };
+    let Some(cmd) = world.get::<Command>(e) else {
+        return;
+    };
     let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
     let (space, lost, name) = {
         let d = &world.resource::<Devices>().0[device as usize];
@@ -222,7 +226,9 @@ fn ensure_location(
     if let Some(loc) = record.location(space) {
         return Ok(loc.alloc);
     }
-    let MemSpace::Device(d) = space else { return Ok(None) };
+    let MemSpace::Device(d) = space else {
+        return Ok(None);
+    };
     let bytes = record.buffer.bytes;
     let alloc = world.resource::<Devices>().0[d as usize].driver.alloc(bytes)?;
     world.get_mut::<MemoryRecord>(rec).expect("memory record").locations.push(Location {
@@ -283,7 +289,13 @@ fn insert_move(world: &mut World, rec: Entity, from: MemSpace, to: MemSpace) -> 
             Command { kind: CommandKind::MemoryMove, name, queue: None, device, seq },
             Requirements(SmallVec::from_iter([src_req, dst_req])),
             Edges::default(),
-            Execution { status: Status::New, work: Some(Work::Move { from, to }), handle: None, event, waits: SmallVec::new() },
+            Execution {
+                status: Status::New,
+                work: Some(Work::Move { from, to }),
+                handle: None,
+                event,
+                waits: SmallVec::new(),
+            },
         ))
         .id();
     event_slot(world, m);
@@ -327,10 +339,8 @@ fn connect(world: &mut World, e: Entity, preds: Preds) {
         let Some((p_device, p_kind)) = world.get::<Command>(p).map(|c| (c.device, c.kind)) else {
             continue;
         };
-        let on_submit = in_driver_waits
-            && p_device == device
-            && p_kind.runs_on_driver()
-            && kind.runs_on_driver();
+        let on_submit =
+            in_driver_waits && p_device == device && p_kind.runs_on_driver() && kind.runs_on_driver();
         let mut p_exec_submitted = false;
         if let Some(exec) = world.get::<Execution>(p) {
             p_exec_submitted = exec.status == Status::Submitted;
@@ -412,7 +422,8 @@ mod tests {
         let mut h = Harness::new(false);
         let b = h.buffer(16);
         let c = h.buffer(16);
-        let ordered = std::sync::Arc::new(QueueCore { id: 2, device: 0, in_order: true, entity: Default::default() });
+        let ordered =
+            std::sync::Arc::new(QueueCore { id: 2, device: 0, in_order: true, entity: Default::default() });
         let a1 = h.submit_on(&ordered, 0, CommandKind::Fill, &[(&b, Read, 0..16)], &[]);
         let a2 = h.submit_on(&ordered, 0, CommandKind::Fill, &[(&c, Read, 0..16)], &[]);
         let x = h.submit(&[(&c, Read, 0..4)]);
@@ -437,10 +448,7 @@ mod tests {
         h.flush();
         let later = h.submit_on(&h.queue.clone(), 0, CommandKind::Fill, &[], &[&first]);
         h.flush();
-        assert!(matches!(
-            later.error(),
-            Some(gantry_driver::ExecError::DependencyFailed { .. })
-        ));
+        assert!(matches!(later.error(), Some(gantry_driver::ExecError::DependencyFailed { .. })));
         assert_eq!(h.host.submitted_entities().len(), 1, "the dependent never reached the driver");
     }
 
@@ -448,7 +456,8 @@ mod tests {
     fn device_without_host_memory_gets_moves() {
         let mut h = Harness::new(false);
         let b = h.buffer(32);
-        let q1 = std::sync::Arc::new(QueueCore { id: 3, device: 1, in_order: false, entity: Default::default() });
+        let q1 =
+            std::sync::Arc::new(QueueCore { id: 3, device: 1, in_order: false, entity: Default::default() });
         let on_dev = h.submit_on(&q1, 1, CommandKind::Fill, &[(&b, ReadWrite, 0..16)], &[]);
         h.flush();
         let moves = h.dev.submitted_entities();

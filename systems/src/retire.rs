@@ -5,8 +5,7 @@
 use bevy_ecs::entity::Entity;
 use bevy_ecs::world::World;
 use gantry_components::{
-    Command, Devices, Edges, Execution, Finished, Inbox, MemoryRecord, Requirements, Stats, Status,
-    WorkLists,
+    Command, Devices, Edges, Execution, Finished, Inbox, MemoryRecord, Requirements, Stats, Status, WorkLists,
 };
 use gantry_driver::ExecError;
 
@@ -33,7 +32,9 @@ pub fn retire(world: &mut World) {
 
 /// One blocker of `e` is gone; it becomes ready when none remain.
 pub(crate) fn unblock(world: &mut World, e: Entity) {
-    let Some(mut edges) = world.get_mut::<Edges>(e) else { return };
+    let Some(mut edges) = world.get_mut::<Edges>(e) else {
+        return;
+    };
     edges.blockers = edges.blockers.saturating_sub(1);
     if edges.blockers > 0 {
         return;
@@ -47,7 +48,9 @@ pub(crate) fn unblock(world: &mut World, e: Entity) {
 
 /// Completes one command and despawns it; failures poison its dependents.
 fn finish(world: &mut World, f: Finished) {
-    let Some(name) = world_name(world, f.cmd) else { return };
+    let Some(name) = world_name(world, f.cmd) else {
+        return;
+    };
     let Some(succs) = retire_entity(world, f.cmd, f.result.clone(), f.started_ns, f.ended_ns) else {
         return;
     };
@@ -62,7 +65,9 @@ fn finish(world: &mut World, f: Finished) {
             let mut stack: Vec<(Entity, ExecError)> =
                 succs.iter().map(|s| (s.entity, error.as_dependency_of(name.clone()))).collect();
             while let Some((e, err)) = stack.pop() {
-                let Some(name) = world_name(world, e) else { continue };
+                let Some(name) = world_name(world, e) else {
+                    continue;
+                };
                 if let Some(next) = retire_entity(world, e, Err(err.clone()), f.ended_ns, f.ended_ns) {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
@@ -116,7 +121,9 @@ fn retire_entity(
 fn release_idle_records(world: &mut World) {
     let candidates = std::mem::take(&mut world.resource_mut::<WorkLists>().maybe_idle_records);
     for rec in candidates {
-        let Some(record) = world.get::<MemoryRecord>(rec) else { continue };
+        let Some(record) = world.get::<MemoryRecord>(rec) else {
+            continue;
+        };
         if !(record.buffer.is_dropped() && record.is_idle()) {
             continue;
         }

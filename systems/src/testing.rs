@@ -8,12 +8,12 @@ use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use crossbeam_channel::{unbounded, Sender};
 use gantry_components::{
-    BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox,
-    Message, QueueCore, Requirement, SchedulerConfig, Work,
+    BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Message,
+    QueueCore, Requirement, SchedulerConfig, Work,
 };
 use gantry_driver::{
-    AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError,
-    HostStorage, MemSpace, OpHandle, OpId, Submission,
+    AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError, HostStorage,
+    MemSpace, OpHandle, OpId, Submission,
 };
 use parking_lot::Mutex;
 
@@ -67,7 +67,12 @@ pub struct Harness {
     pub queue: Arc<QueueCore>,
 }
 
-fn scripted(name: &str, shares_host_memory: bool, in_driver_waits: bool, done: Sender<Completion>) -> Arc<Scripted> {
+fn scripted(
+    name: &str,
+    shares_host_memory: bool,
+    in_driver_waits: bool,
+    done: Sender<Completion>,
+) -> Arc<Scripted> {
     Arc::new(Scripted {
         info: DeviceInfo {
             name: name.into(),
@@ -92,7 +97,8 @@ impl Harness {
         let (done_tx, done_rx) = unbounded();
         let host = scripted("host", true, in_driver_waits, done_tx.clone());
         let dev = scripted("dev", false, in_driver_waits, done_tx);
-        let device = |d: &Arc<Scripted>, space| Device { driver: d.clone(), info: d.info.clone(), space, lost: false };
+        let device =
+            |d: &Arc<Scripted>, space| Device { driver: d.clone(), info: d.info.clone(), space, lost: false };
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config = SchedulerConfig { preserve_on_failure: false, epoch: Instant::now() };
         let world = crate::scheduler_world(devices, Inbox { messages: rx, completions: done_rx }, config);
@@ -129,7 +135,8 @@ impl Harness {
             .iter()
             .map(|(b, m, r)| Requirement::new((*b).clone(), *m, ByteRange { start: r.start, end: r.end }))
             .collect();
-        let work = if kind == CommandKind::Barrier { Work::Marker } else { Work::Fill([0u8].into_iter().collect()) };
+        let work =
+            if kind == CommandKind::Barrier { Work::Marker } else { Work::Fill([0u8].into_iter().collect()) };
         let desc = CommandDesc {
             kind,
             name: "cmd".into(),
@@ -144,7 +151,10 @@ impl Harness {
         event
     }
 
-    pub fn submit(&self, reqs: &[(&Arc<BufferCore>, AccessMode, std::ops::Range<usize>)]) -> Arc<EventShared> {
+    pub fn submit(
+        &self,
+        reqs: &[(&Arc<BufferCore>, AccessMode, std::ops::Range<usize>)],
+    ) -> Arc<EventShared> {
         self.submit_on(&self.queue, 0, CommandKind::Fill, reqs, &[])
     }
 

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef,
-    MemSlice, OpHandle, OpId, Snapshot, Submission,
+    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice, OpHandle,
+    OpId, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -219,7 +219,14 @@ impl Inner {
     }
 
     /// Records the result, reports it and collects successors that became ready.
-    fn finish(&self, node: &Node, result: Result<(), ExecError>, t0: u64, t1: u64, ready: &mut Vec<Arc<Node>>) {
+    fn finish(
+        &self,
+        node: &Node,
+        result: Result<(), ExecError>,
+        t0: u64,
+        t1: u64,
+        ready: &mut Vec<Arc<Node>>,
+    ) {
         let successors = {
             let mut s = node.state.lock();
             s.done = Some(result.clone());
@@ -253,10 +260,18 @@ impl Inner {
             DeviceOp::HostTask(_) => this.hosts.as_ref(),
             DeviceOp::Kernel(k) => {
                 let small = k.geometry.group_count() == 1 && k.geometry.global_size() <= this.inline_items;
-                if small { None } else { this.workers.as_ref() }
+                if small {
+                    None
+                } else {
+                    this.workers.as_ref()
+                }
             }
             DeviceOp::Copy { dst, .. } | DeviceOp::Fill { dst, .. } => {
-                if dst.len <= this.inline_items * 4 { None } else { this.workers.as_ref() }
+                if dst.len <= this.inline_items * 4 {
+                    None
+                } else {
+                    this.workers.as_ref()
+                }
             }
         };
         match spawn_on {
@@ -297,7 +312,11 @@ impl Inner {
             DeviceOp::Fill { dst, pattern } => {
                 let d = bind(self, &dst)?;
                 if pattern.is_empty() || !d.len.is_multiple_of(pattern.len()) {
-                    return Err(self.invalid(format!("fill of {} bytes with a {}-byte pattern", d.len, pattern.len())));
+                    return Err(self.invalid(format!(
+                        "fill of {} bytes with a {}-byte pattern",
+                        d.len,
+                        pattern.len()
+                    )));
                 }
                 // SAFETY: live host memory, exclusive by scheduling.
                 unsafe { fill_bytes(d.ptr, d.len, &pattern) };
@@ -366,8 +385,10 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gantry_driver::{phase, Accessor, ClosureKernel, HostStorage, Range, ReadWrite, Geometry, AccessMode};
     use crossbeam_channel::unbounded;
+    use gantry_driver::{
+        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, Range, ReadWrite,
+    };
     use std::time::Instant;
 
     fn driver(workers: usize) -> (CpuDriver, crossbeam_channel::Receiver<Completion>) {
@@ -409,7 +430,12 @@ mod tests {
             for i in 0..20 {
                 let waits: Vec<OpHandle> = prev.iter().cloned().collect();
                 let h = d
-                    .submit(Submission { id: OpId(i), op: add_one(n, &storage, "inc"), waits: &waits, preserve_on_failure: false })
+                    .submit(Submission {
+                        id: OpId(i),
+                        op: add_one(n, &storage, "inc"),
+                        waits: &waits,
+                        preserve_on_failure: false,
+                    })
                     .unwrap();
                 prev = Some(h);
             }
@@ -450,11 +476,18 @@ mod tests {
             args: vec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
         });
         let h = d.submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true }).unwrap();
-        d.submit(Submission { id: OpId(2), op: add_one(n, &storage, "after"), waits: &[h], preserve_on_failure: true })
-            .unwrap();
+        d.submit(Submission {
+            id: OpId(2),
+            op: add_one(n, &storage, "after"),
+            waits: &[h],
+            preserve_on_failure: true,
+        })
+        .unwrap();
         let mut results: Vec<Completion> = (0..2).map(|_| rx.recv().unwrap()).collect();
         results.sort_by_key(|c| c.op.0);
-        assert!(matches!(&results[0].result, Err(ExecError::KernelPanicked { message, .. }) if message == "boom"));
+        assert!(
+            matches!(&results[0].result, Err(ExecError::KernelPanicked { message, .. }) if message == "boom")
+        );
         assert!(matches!(&results[1].result, Err(ExecError::DependencyFailed { .. })));
         let v = bytemuck_cast(unsafe { storage.bytes() });
         assert!(v.iter().all(|&x| x == 0), "contents restored, dependent did not run");

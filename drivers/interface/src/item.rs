@@ -145,20 +145,14 @@ impl<'a> Item<'a> {
     /// launch's command group.
     #[inline]
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(
-            tag == self.tag,
-            "accessor used in a kernel of a different command group"
-        );
+        assert!(tag == self.tag, "accessor used in a kernel of a different command group");
         self.bindings[slot as usize]
     }
 
     /// The binding of scratch slot `slot`.
     #[inline]
     pub(crate) fn scratch_binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(
-            tag == self.tag,
-            "accessor used in a kernel of a different command group"
-        );
+        assert!(tag == self.tag, "accessor used in a kernel of a different command group");
         self.scratch[slot as usize]
     }
 }
@@ -177,10 +171,7 @@ impl<'a> HostCtx<'a> {
 
     #[inline]
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(
-            tag == self.tag,
-            "host accessor used in a host task of a different command group"
-        );
+        assert!(tag == self.tag, "host accessor used in a host task of a different command group");
         self.bindings[slot as usize]
     }
 }

@@ -26,8 +26,8 @@ pub mod op;
 pub mod range;
 
 pub use access::{
-    AccessMode, Accessor, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode,
-    PrivateAccessor, Read, ReadWrite, Readable, Writable, Write,
+    AccessMode, Accessor, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode, PrivateAccessor,
+    Read, ReadWrite, Readable, Writable, Write,
 };
 pub use bytemuck::{Pod, Zeroable};
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
@@ -36,7 +36,6 @@ pub use item::{GroupCtx, HostCtx, Item};
 pub use kernel::{phase, Arena, ClosureKernel, PhaseFn, Scratch, ScratchKind};
 pub use memory::{AllocId, Binding, HostStorage, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
-    fill_bytes, Completion, DeviceOp, HostTask, KernelLaunch, MemArg, OpHandle, OpId, Snapshot,
-    Submission,
+    fill_bytes, Completion, DeviceOp, HostTask, KernelLaunch, MemArg, OpHandle, OpId, Snapshot, Submission,
 };
 pub use range::{delinearize, linearize, Geometry, NdRange, Range, RANGE_CHUNK};

@@ -259,10 +259,7 @@ mod tests {
 
     #[test]
     fn nd_validation_names_the_problem() {
-        assert_eq!(
-            NdRange::new(0, 1).geometry(),
-            Err(RangeError::ZeroExtent { dim: 0 })
-        );
+        assert_eq!(NdRange::new(0, 1).geometry(), Err(RangeError::ZeroExtent { dim: 0 }));
         assert_eq!(
             NdRange::new([8, 6], [4, 4]).geometry(),
             Err(RangeError::LocalDoesNotDivide { dim: 1, global: 6, local: 4 })
@@ -271,10 +268,7 @@ mod tests {
             NdRange::new([8, 8], 4).geometry(),
             Err(RangeError::DimensionMismatch { global: 2, local: 1 })
         );
-        assert_eq!(
-            Range::d2(usize::MAX, 2).validate(),
-            Err(RangeError::Overflow)
-        );
+        assert_eq!(Range::d2(usize::MAX, 2).validate(), Err(RangeError::Overflow));
     }
 
     #[test]

@@ -34,9 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef,
-    MemSlice, OpHandle, OpId, ScratchKind, Snapshot, Submission,
+    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice, OpHandle, OpId,
+    ScratchKind, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -61,11 +61,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self {
-            name: "sim".into(),
-            latency_ns: 1_000,
-            memory_bytes: 1 << 30,
-        }
+        Self { name: "sim".into(), latency_ns: 1_000, memory_bytes: 1 << 30 }
     }
 }
 
@@ -200,17 +196,11 @@ impl SimDriver {
     }
 
     fn unsupported(&self, what: &'static str) -> ExecError {
-        ExecError::Unsupported {
-            device: self.info.name.clone(),
-            what,
-        }
+        ExecError::Unsupported { device: self.info.name.clone(), what }
     }
 
     fn driver_error(&self, message: String) -> ExecError {
-        ExecError::Driver {
-            device: self.info.name.clone(),
-            message,
-        }
+        ExecError::Driver { device: self.info.name.clone(), message }
     }
 
     /// Resolves a slice to a bounds-checked region. Host memory is accepted only when
@@ -232,11 +222,7 @@ impl SimDriver {
                 .cloned()
                 .ok_or_else(|| self.driver_error(format!("unknown allocation {}", id.0)))?,
         };
-        if slice
-            .offset
-            .checked_add(slice.len)
-            .is_none_or(|end| end > storage.len())
-        {
+        if slice.offset.checked_add(slice.len).is_none_or(|end| end > storage.len()) {
             return Err(self.driver_error(format!(
                 "slice of {} bytes at offset {} is outside its {}-byte allocation",
                 slice.len,
@@ -244,11 +230,7 @@ impl SimDriver {
                 storage.len()
             )));
         }
-        Ok(Region {
-            storage,
-            offset: slice.offset,
-            len: slice.len,
-        })
+        Ok(Region { storage, offset: slice.offset, len: slice.len })
     }
 
     /// Resolves an operation's memory against the allocation table.
@@ -257,10 +239,9 @@ impl SimDriver {
             DeviceOp::Marker => Ok(Work::Marker),
             DeviceOp::Copy { src, dst } => {
                 if src.len != dst.len {
-                    return Err(self.driver_error(format!(
-                        "copy from {} bytes to {} bytes",
-                        src.len, dst.len
-                    )));
+                    return Err(
+                        self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
+                    );
                 }
                 let src = self.resolve(state, &src, None)?;
                 let dst = self.resolve(state, &dst, None)?;
@@ -291,12 +272,8 @@ impl SimDriver {
                         launch.args.len()
                     )));
                 }
-                let local: usize = kernel
-                    .scratch
-                    .iter()
-                    .filter(|s| s.kind == ScratchKind::Local)
-                    .map(|s| s.bytes)
-                    .sum();
+                let local: usize =
+                    kernel.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
                 if local > MAX_LOCAL_MEMORY {
                     return Err(self.driver_error(format!(
                         "kernel `{}` needs {local} bytes of local memory, the device has {}",
@@ -337,8 +314,7 @@ impl SimDriver {
             }
             Work::Kernel(work) => {
                 let KernelWork { launch, regions } = *work;
-                let bindings: SmallVec<[Binding; 8]> =
-                    regions.iter().map(Region::binding).collect();
+                let bindings: SmallVec<[Binding; 8]> = regions.iter().map(Region::binding).collect();
                 let (kernel, geometry) = (&launch.kernel, &launch.geometry);
                 // SAFETY: the bindings are live (held by `regions`) and nothing else
                 // runs on the device while this kernel does.
@@ -354,10 +330,7 @@ impl SimDriver {
                         // and nothing else touches them.
                         unsafe { s.restore() };
                     }
-                    ExecError::KernelPanicked {
-                        kernel: kernel.name.clone(),
-                        message: panic_message(&*p),
-                    }
+                    ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
                 })
             }
         }
@@ -373,17 +346,12 @@ impl Driver for SimDriver {
         let mut state = self.state.lock();
         let total = state.allocated.checked_add(bytes);
         if total.is_none_or(|t| t > self.memory_bytes) {
-            return Err(ExecError::OutOfMemory {
-                device: self.info.name.clone(),
-                requested: bytes,
-            });
+            return Err(ExecError::OutOfMemory { device: self.info.name.clone(), requested: bytes });
         }
         let id = AllocId(state.next_alloc);
         state.next_alloc += 1;
         state.allocated += bytes;
-        state
-            .memory
-            .insert(id, Arc::new(HostStorage::zeroed(bytes)));
+        state.memory.insert(id, Arc::new(HostStorage::zeroed(bytes)));
         Ok(id)
     }
 
@@ -407,11 +375,7 @@ impl Driver for SimDriver {
                 Some(node) if node.instance == self.instance => {
                     waits.push(Arc::clone(wait).downcast::<Node>().expect("checked above"));
                 }
-                _ => {
-                    return Err(
-                        self.driver_error("wait-list names an operation of another driver".into())
-                    )
-                }
+                _ => return Err(self.driver_error("wait-list names an operation of another driver".into())),
             }
         }
         let mut state = self.state.lock();
@@ -427,12 +391,7 @@ impl Driver for SimDriver {
             ended_ns,
             outcome: OnceLock::new(),
         });
-        let pending = Pending {
-            node: node.clone(),
-            work,
-            preserve: sub.preserve_on_failure,
-            waits,
-        };
+        let pending = Pending { node: node.clone(), work, preserve: sub.preserve_on_failure, waits };
         state.queue.insert((ended_ns, seq), pending);
         Ok(node)
     }
@@ -442,20 +401,14 @@ impl Driver for SimDriver {
     fn poll(&self) {
         let mut arena = self.poller.lock();
         loop {
-            let Some(Pending {
-                node,
-                work,
-                preserve,
-                waits,
-            }) = ({
+            let Some(Pending { node, work, preserve, waits }) = ({
                 let mut state = self.state.lock();
                 let next = state.queue.pop_first().map(|(_, p)| p);
                 if let Some(p) = &next {
                     state.clock = state.clock.max(p.node.ended_ns);
                 }
                 next
-            })
-            else {
+            }) else {
                 break;
             };
             let failed = waits.iter().find_map(|w| match w.outcome.get() {
@@ -484,20 +437,13 @@ mod tests {
     use super::*;
     use crossbeam_channel::{unbounded, Receiver};
     use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite,
-        Scratch,
+        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite, Scratch,
     };
     use std::time::Instant;
 
     fn driver(config: SimConfig) -> (SimDriver, Receiver<Completion>) {
         let (tx, rx) = unbounded();
-        let d = SimDriver::new(
-            config,
-            DriverContext {
-                completions: tx,
-                epoch: Instant::now(),
-            },
-        );
+        let d = SimDriver::new(config, DriverContext { completions: tx, epoch: Instant::now() });
         (d, rx)
     }
 
@@ -513,26 +459,15 @@ mod tests {
     fn read_u32(storage: &HostStorage) -> Vec<u32> {
         // SAFETY: every submitted operation has executed (or none touches it).
         let bytes = unsafe { storage.bytes() };
-        bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
-            .collect()
+        bytes.chunks_exact(4).map(|c| u32::from_ne_bytes(c.try_into().unwrap())).collect()
     }
 
     fn dev(id: AllocId, offset: usize, len: usize) -> MemSlice {
-        MemSlice {
-            mem: MemRef::Device(id),
-            offset,
-            len,
-        }
+        MemSlice { mem: MemRef::Device(id), offset, len }
     }
 
     fn host(storage: &Arc<HostStorage>, offset: usize, len: usize) -> MemSlice {
-        MemSlice {
-            mem: MemRef::Host(storage.clone()),
-            offset,
-            len,
-        }
+        MemSlice { mem: MemRef::Host(storage.clone()), offset, len }
     }
 
     fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
@@ -559,10 +494,7 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: vec![MemArg {
-                mem,
-                mode: AccessMode::ReadWrite,
-            }],
+            args: vec![MemArg { mem, mode: AccessMode::ReadWrite }],
         })
     }
 
@@ -571,13 +503,7 @@ mod tests {
     }
 
     fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
-        d.submit(Submission {
-            id: OpId(id),
-            op,
-            waits,
-            preserve_on_failure: false,
-        })
-        .unwrap()
+        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false }).unwrap()
     }
 
     fn drain(rx: &Receiver<Completion>) -> Vec<Completion> {
@@ -590,10 +516,7 @@ mod tests {
 
     #[test]
     fn info_and_config() {
-        let (d, _rx) = driver(SimConfig {
-            name: "gpu0".into(),
-            ..Default::default()
-        });
+        let (d, _rx) = driver(SimConfig { name: "gpu0".into(), ..Default::default() });
         let info = d.info();
         assert_eq!(&*info.name, "gpu0");
         assert_eq!(info.kind, DeviceKind::Sim);
@@ -613,24 +536,11 @@ mod tests {
         let output = Arc::new(HostStorage::zeroed(n * 4));
         let buf = d.alloc(n * 4).unwrap();
         let up = submit(&d, 0, copy(host(&input, 0, n * 4), dev(buf, 0, n * 4)), &[]);
-        let k = submit(
-            &d,
-            1,
-            map_kernel("square", n, dev(buf, 0, n * 4), |x, _| x * x),
-            &[up],
-        );
-        submit(
-            &d,
-            2,
-            copy(dev(buf, 0, n * 4), host(&output, 0, n * 4)),
-            &[k],
-        );
+        let k = submit(&d, 1, map_kernel("square", n, dev(buf, 0, n * 4), |x, _| x * x), &[up]);
+        submit(&d, 2, copy(dev(buf, 0, n * 4), host(&output, 0, n * 4)), &[k]);
 
         assert!(drain(&rx).is_empty(), "nothing runs before poll");
-        assert!(
-            read_u32(&output).iter().all(|&x| x == 0),
-            "host untouched before poll"
-        );
+        assert!(read_u32(&output).iter().all(|&x| x == 0), "host untouched before poll");
 
         d.poll();
         let done = drain(&rx);
@@ -638,11 +548,7 @@ mod tests {
         assert!(done.iter().all(|c| c.result.is_ok()));
         let expect: Vec<u32> = (0..n as u32).map(|x| x * x).collect();
         assert_eq!(read_u32(&output), expect);
-        assert_eq!(
-            read_u32(&input),
-            (0..n as u32).collect::<Vec<_>>(),
-            "input unchanged"
-        );
+        assert_eq!(read_u32(&input), (0..n as u32).collect::<Vec<_>>(), "input unchanged");
         assert_eq!(d.now_ns(), 3_000);
     }
 
@@ -660,20 +566,12 @@ mod tests {
             prev = vec![submit(&d, i, k, &prev)];
         }
         let out = Arc::new(HostStorage::zeroed(n * 4));
-        submit(
-            &d,
-            10,
-            copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)),
-            &prev,
-        );
+        submit(&d, 10, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &prev);
         d.poll();
         let done = drain(&rx);
         assert_eq!(order(&done), (0..=10).collect::<Vec<_>>());
         for (i, c) in done.iter().enumerate() {
-            assert_eq!(
-                (c.started_ns, c.ended_ns),
-                (i as u64 * 1000, (i as u64 + 1) * 1000)
-            );
+            assert_eq!((c.started_ns, c.ended_ns), (i as u64 * 1000, (i as u64 + 1) * 1000));
         }
         let expect = (0..10u32).fold(0, |x, i| x * 2 + i);
         assert!(read_u32(&out).iter().all(|&x| x == expect));
@@ -704,10 +602,7 @@ mod tests {
     /// operation that already executed is honoured.
     #[test]
     fn later_batches_start_at_the_clock() {
-        let (d, rx) = driver(SimConfig {
-            latency_ns: 0,
-            ..Default::default()
-        });
+        let (d, rx) = driver(SimConfig { latency_ns: 0, ..Default::default() });
         let a = submit(&d, 0, DeviceOp::Marker, &[]);
         d.poll();
         assert_eq!(d.now_ns(), 1, "latency 0 counts as 1");
@@ -715,10 +610,7 @@ mod tests {
         let c = submit(&d, 2, DeviceOp::Marker, &[a]);
         submit(&d, 3, DeviceOp::Marker, &[b, c]);
         d.poll();
-        let ts: Vec<_> = drain(&rx)
-            .iter()
-            .map(|c| (c.op.0, c.started_ns, c.ended_ns))
-            .collect();
+        let ts: Vec<_> = drain(&rx).iter().map(|c| (c.op.0, c.started_ns, c.ended_ns)).collect();
         assert_eq!(ts, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)]);
     }
 
@@ -726,10 +618,7 @@ mod tests {
     type Run = (Vec<(u64, Result<(), ExecError>, u64, u64)>, Vec<u32>);
 
     fn scenario() -> Run {
-        let (d, rx) = driver(SimConfig {
-            latency_ns: 777,
-            ..Default::default()
-        });
+        let (d, rx) = driver(SimConfig { latency_ns: 777, ..Default::default() });
         let n = 100;
         let input = host_u32(&(0..n as u32).collect::<Vec<_>>());
         let out = Arc::new(HostStorage::zeroed(n * 4));
@@ -739,18 +628,10 @@ mod tests {
         let fill = submit(
             &d,
             1,
-            DeviceOp::Fill {
-                dst: dev(other, 0, n * 4),
-                pattern: 7u32.to_ne_bytes().into_iter().collect(),
-            },
+            DeviceOp::Fill { dst: dev(other, 0, n * 4), pattern: 7u32.to_ne_bytes().into_iter().collect() },
             &[],
         );
-        let k1 = submit(
-            &d,
-            2,
-            add(n, dev(buf, 0, n * 4), 3),
-            std::slice::from_ref(&up),
-        );
+        let k1 = submit(&d, 2, add(n, dev(buf, 0, n * 4), 3), std::slice::from_ref(&up));
         let k2 = submit(&d, 3, add(n, dev(other, 0, n * 4), 1), &[fill, up]);
         submit(&d, 4, DeviceOp::Marker, &[]);
         d.poll();
@@ -758,10 +639,7 @@ mod tests {
         submit(&d, 6, DeviceOp::Marker, &[]);
         submit(&d, 7, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[k3]);
         d.poll();
-        let done = drain(&rx)
-            .into_iter()
-            .map(|c| (c.op.0, c.result, c.started_ns, c.ended_ns))
-            .collect();
+        let done = drain(&rx).into_iter().map(|c| (c.op.0, c.result, c.started_ns, c.ended_ns)).collect();
         (done, read_u32(&out))
     }
 
@@ -780,10 +658,7 @@ mod tests {
     /// Allocations beyond the device's capacity fail; freeing makes room again.
     #[test]
     fn out_of_memory() {
-        let (d, _rx) = driver(SimConfig {
-            memory_bytes: 1000,
-            ..Default::default()
-        });
+        let (d, _rx) = driver(SimConfig { memory_bytes: 1000, ..Default::default() });
         let a = d.alloc(600).unwrap();
         assert_eq!(d.allocated_bytes(), 600);
         match d.alloc(500) {
@@ -793,10 +668,7 @@ mod tests {
             }
             other => panic!("expected OutOfMemory, got {other:?}"),
         }
-        assert!(matches!(
-            d.alloc(usize::MAX),
-            Err(ExecError::OutOfMemory { .. })
-        ));
+        assert!(matches!(d.alloc(usize::MAX), Err(ExecError::OutOfMemory { .. })));
         let b = d.alloc(400).unwrap();
         assert_ne!(a, b);
         assert_eq!(d.allocated_bytes(), 1000);
@@ -808,30 +680,16 @@ mod tests {
     #[test]
     fn host_tasks_are_refused() {
         let (d, rx) = sim();
-        let task = HostTask {
-            name: "t".into(),
-            tag: 0,
-            run: Box::new(|_| {}),
-            args: vec![],
-        };
+        let task = HostTask { name: "t".into(), tag: 0, run: Box::new(|_| {}), args: vec![] };
         let r = d.submit(Submission {
             id: OpId(0),
             op: DeviceOp::HostTask(task),
             waits: &[],
             preserve_on_failure: false,
         });
-        assert!(matches!(
-            r,
-            Err(ExecError::Unsupported {
-                what: "host tasks",
-                ..
-            })
-        ));
+        assert!(matches!(r, Err(ExecError::Unsupported { what: "host tasks", .. })));
         d.poll();
-        assert!(
-            drain(&rx).is_empty(),
-            "a refused submission never completes"
-        );
+        assert!(drain(&rx).is_empty(), "a refused submission never completes");
     }
 
     /// Wait-lists must name this driver's operations.
@@ -859,36 +717,16 @@ mod tests {
         let (d, rx) = sim();
         let storage = host_u32(&[1, 2, 3, 4]);
         let k = submit(&d, 0, add(4, host(&storage, 0, 16), 1), &[]);
-        submit(
-            &d,
-            1,
-            DeviceOp::Fill {
-                dst: host(&storage, 0, 16),
-                pattern: [9].into_iter().collect(),
-            },
-            &[],
-        );
+        submit(&d, 1, DeviceOp::Fill { dst: host(&storage, 0, 16), pattern: [9].into_iter().collect() }, &[]);
         submit(&d, 2, DeviceOp::Marker, &[k]);
         d.poll();
         let done = drain(&rx);
         assert!(matches!(
             &done[0].result,
-            Err(ExecError::Unsupported {
-                what: "kernel arguments in host memory",
-                ..
-            })
+            Err(ExecError::Unsupported { what: "kernel arguments in host memory", .. })
         ));
-        assert!(matches!(
-            &done[1].result,
-            Err(ExecError::Unsupported {
-                what: "fills of host memory",
-                ..
-            })
-        ));
-        assert!(matches!(
-            &done[2].result,
-            Err(ExecError::DependencyFailed { .. })
-        ));
+        assert!(matches!(&done[1].result, Err(ExecError::Unsupported { what: "fills of host memory", .. })));
+        assert!(matches!(&done[2].result, Err(ExecError::DependencyFailed { .. })));
         assert_eq!(read_u32(&storage), [1, 2, 3, 4]);
     }
 
@@ -905,20 +743,13 @@ mod tests {
         submit(
             &d,
             3,
-            DeviceOp::Fill {
-                dst: dev(buf, 0, 10),
-                pattern: [1, 2, 3, 4].into_iter().collect(),
-            },
+            DeviceOp::Fill { dst: dev(buf, 0, 10), pattern: [1, 2, 3, 4].into_iter().collect() },
             &[],
         );
         d.poll();
         let done = drain(&rx);
         assert_eq!(order(&done), [0, 1, 2, 3]);
-        assert!(
-            done.iter()
-                .all(|c| matches!(c.result, Err(ExecError::Driver { .. }))),
-            "{done:?}"
-        );
+        assert!(done.iter().all(|c| matches!(c.result, Err(ExecError::Driver { .. }))), "{done:?}");
     }
 
     /// A panicking kernel reports `KernelPanicked`, restores the device range it wrote
@@ -938,20 +769,9 @@ mod tests {
             }
             99
         });
-        let bad = d
-            .submit(Submission {
-                id: OpId(1),
-                op: bad,
-                waits: &[up],
-                preserve_on_failure: true,
-            })
-            .unwrap();
-        submit(
-            &d,
-            2,
-            add(n, dev(buf, 0, n * 4), 1),
-            std::slice::from_ref(&bad),
-        );
+        let bad =
+            d.submit(Submission { id: OpId(1), op: bad, waits: &[up], preserve_on_failure: true }).unwrap();
+        submit(&d, 2, add(n, dev(buf, 0, n * 4), 1), std::slice::from_ref(&bad));
         d.poll();
         let done = drain(&rx);
         assert!(done[0].result.is_ok());
@@ -969,24 +789,13 @@ mod tests {
             other => panic!("expected DependencyFailed, got {other:?}"),
         }
         // Waiting on the failed kernel after it executed also fails.
-        submit(
-            &d,
-            3,
-            copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)),
-            &[bad],
-        );
+        submit(&d, 3, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[bad]);
         submit(&d, 4, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[]);
         d.poll();
         let done = drain(&rx);
-        assert!(matches!(
-            &done[0].result,
-            Err(ExecError::DependencyFailed { .. })
-        ));
+        assert!(matches!(&done[0].result, Err(ExecError::DependencyFailed { .. })));
         assert!(done[1].result.is_ok());
-        assert!(
-            read_u32(&out).iter().all(|&x| x == 5),
-            "restored, dependent did not run"
-        );
+        assert!(read_u32(&out).iter().all(|&x| x == 5), "restored, dependent did not run");
     }
 
     /// Without `preserve_on_failure`, a panicking kernel leaves what it wrote.
@@ -996,22 +805,13 @@ mod tests {
         let n = 8;
         let out = Arc::new(HostStorage::zeroed(n * 4));
         let buf = d.alloc(n * 4).unwrap();
-        let bad = map_kernel("bad", n, dev(buf, 0, n * 4), |_, i| {
-            if i == 4 {
-                panic!("half")
-            } else {
-                1
-            }
-        });
+        let bad = map_kernel("bad", n, dev(buf, 0, n * 4), |_, i| if i == 4 { panic!("half") } else { 1 });
         let k = submit(&d, 0, bad, &[]);
         drop(k);
         submit(&d, 1, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[]);
         d.poll();
         let done = drain(&rx);
-        assert!(matches!(
-            &done[0].result,
-            Err(ExecError::KernelPanicked { .. })
-        ));
+        assert!(matches!(&done[0].result, Err(ExecError::KernelPanicked { .. })));
         assert_eq!(read_u32(&out), [1, 1, 1, 1, 0, 0, 0, 0]);
     }
 
@@ -1026,19 +826,9 @@ mod tests {
         // a[2..6] = input[1..5]
         let h2d = submit(&d, 0, copy(host(&input, 4, 16), dev(a, 8, 16)), &[]);
         // b[0..3] = a[3..6] = input[2..5]
-        let d2d = submit(
-            &d,
-            1,
-            copy(dev(a, 12, 12), dev(b, 0, 12)),
-            std::slice::from_ref(&h2d),
-        );
+        let d2d = submit(&d, 1, copy(dev(a, 12, 12), dev(b, 0, 12)), std::slice::from_ref(&h2d));
         // within one allocation, overlapping: a[1..5] = a[2..6]
-        let inner = submit(
-            &d,
-            2,
-            copy(dev(a, 8, 16), dev(a, 4, 16)),
-            std::slice::from_ref(&d2d),
-        );
+        let inner = submit(&d, 2, copy(dev(a, 8, 16), dev(a, 4, 16)), std::slice::from_ref(&d2d));
         // out[4..8] = b[0..4]; out[0..2] = a[0..2]
         submit(&d, 3, copy(dev(b, 0, 16), host(&out, 16, 16)), &[d2d]);
         submit(&d, 4, copy(dev(a, 0, 8), host(&out, 0, 8)), &[inner]);
@@ -1055,31 +845,11 @@ mod tests {
         let out = Arc::new(HostStorage::zeroed(32));
         let buf = d.alloc(32).unwrap();
         let pattern = 0xdead_beef_u32.to_ne_bytes().into_iter().collect();
-        let f = submit(
-            &d,
-            0,
-            DeviceOp::Fill {
-                dst: dev(buf, 8, 16),
-                pattern,
-            },
-            &[],
-        );
+        let f = submit(&d, 0, DeviceOp::Fill { dst: dev(buf, 8, 16), pattern }, &[]);
         submit(&d, 1, copy(dev(buf, 0, 32), host(&out, 0, 32)), &[f]);
         d.poll();
         assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
-        assert_eq!(
-            read_u32(&out),
-            [
-                0,
-                0,
-                0xdead_beef,
-                0xdead_beef,
-                0xdead_beef,
-                0xdead_beef,
-                0,
-                0
-            ]
-        );
+        assert_eq!(read_u32(&out), [0, 0, 0xdead_beef, 0xdead_beef, 0xdead_beef, 0xdead_beef, 0, 0]);
     }
 
     /// Memory freed while a submitted operation still uses it stays valid for that
@@ -1106,18 +876,13 @@ mod tests {
         let (d, rx) = sim();
         let buf = d.alloc(16).unwrap();
         for (id, bytes) in [(0, 64 * 1024), (1, 64 * 1024 + 1)] {
-            let DeviceOp::Kernel(mut launch) = add(4, dev(buf, 0, 16), 1) else {
-                unreachable!()
-            };
+            let DeviceOp::Kernel(mut launch) = add(4, dev(buf, 0, 16), 1) else { unreachable!() };
             launch.kernel = Arc::new(ClosureKernel {
                 name: "tiled".into(),
                 tag: 1,
                 phases: launch.kernel.phases.clone(),
                 global_slots: 1,
-                scratch: vec![Scratch {
-                    kind: ScratchKind::Local,
-                    bytes,
-                }],
+                scratch: vec![Scratch { kind: ScratchKind::Local, bytes }],
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
