@@ -315,6 +315,9 @@ impl Handler {
     /// Runs `f` once on a host thread, after the command's dependencies, with host
     /// access to its host accessors.
     ///
+    /// A host task must not wait on its own runtime (events, queues, buffer guards):
+    /// with inline host execution the scheduler itself is running it.
+    ///
     /// ```
     /// let rt = gantry::Runtime::new();
     /// let buf = rt.buffer(&[1i64, 2, 3]);

@@ -184,13 +184,13 @@ pub(crate) struct Shared {
     wake_tx: Sender<()>,
 }
 
-/// How one flush left things.
+/// How one flush left things (read while holding the world).
 #[derive(Clone, Copy)]
 struct Progress {
     /// Another flush would make progress without new input.
     has_work: bool,
-    /// Operations are running on drivers.
-    in_driver: u64,
+    /// Nothing queued, running on a driver, or waiting in a channel.
+    idle: bool,
 }
 
 impl Shared {
@@ -217,7 +217,8 @@ impl Shared {
         core.schedule.run(&mut core.world);
         let has_work = core.world.resource::<WorkLists>().has_work();
         let in_driver = core.world.resource::<Stats>().in_driver;
-        Some(Progress { has_work, in_driver })
+        let idle = !has_work && in_driver == 0 && self.msg_rx.is_empty() && self.done_rx.is_empty();
+        Some(Progress { has_work, idle })
     }
 
     /// Blocks until a message or completion arrives, or `timeout` passes.
@@ -257,11 +258,11 @@ impl Shared {
     pub(crate) fn drive_until_idle(&self) -> Result<()> {
         loop {
             let progress = self.flush_once().ok_or(Error::RuntimeDropped)?;
+            if progress.idle {
+                return Ok(());
+            }
             if progress.has_work {
                 continue;
-            }
-            if progress.in_driver == 0 && self.msg_rx.is_empty() && self.done_rx.is_empty() {
-                return Ok(());
             }
             if self.mode == Mode::Manual {
                 self.block_for_input(None, Duration::from_millis(1));
@@ -279,11 +280,7 @@ impl Shared {
             if progress.has_work {
                 continue;
             }
-            if !self.alive.load(Ordering::Acquire)
-                && progress.in_driver == 0
-                && self.msg_rx.is_empty()
-                && self.done_rx.is_empty()
-            {
+            if !self.alive.load(Ordering::Acquire) && progress.idle {
                 return;
             }
             self.block_for_input(Some(&wake), Duration::from_millis(100));
