@@ -14,9 +14,10 @@ use crate::handle::{BufferCore, QueueCore};
 pub type DeviceId = u32;
 
 /// A message from user threads to the scheduler.
+#[allow(clippy::large_enum_variant)]
 pub enum Message {
-    /// A command group.
-    Submit(Box<CommandDesc>),
+    /// A command group (sent by value: a box would cost an allocation per command).
+    Submit(CommandDesc),
     /// The user dropped the last handle to a buffer.
     DropBuffer(Arc<BufferCore>),
     /// The user dropped a queue.

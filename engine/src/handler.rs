@@ -18,9 +18,18 @@ use crate::buffer::{Buffer, Readback, ReadbackSlot};
 use crate::error::{Error, Result};
 use crate::event::Event;
 
+/// A shared `Arc<str>` for a fixed name, allocated once per process, so default
+/// command names cost a reference count, not an allocation.
+macro_rules! static_name {
+    ($s:literal) => {{
+        static NAME: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        NAME.get_or_init(|| Arc::from($s)).clone()
+    }};
+}
+
 /// The action a command group performs.
 enum Action {
-    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: Vec<PhaseFn> },
+    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[PhaseFn; 2]> },
     HostTask { name: Arc<str>, run: Box<dyn FnOnce(&HostCtx<'_>) + Send> },
     Copy,
     CopyFromHost(Arc<HostStorage>),
@@ -256,8 +265,8 @@ impl Handler {
         PrivateAccessor::new(slot, self.tag, len)
     }
 
-    fn kernel_name(&self, default: &str) -> Arc<str> {
-        self.name.clone().unwrap_or_else(|| default.into())
+    fn kernel_name(&self, default: Arc<str>) -> Arc<str> {
+        self.name.clone().unwrap_or(default)
     }
 
     /// Runs `f` once per work-item of `range` (1–3 dimensions).
@@ -267,9 +276,9 @@ impl Handler {
     {
         let geometry = Geometry::for_range(range.into()).map_err(Error::from);
         self.set_action(Action::Kernel {
-            name: self.kernel_name("parallel_for"),
+            name: self.kernel_name(static_name!("parallel_for")),
             geometry,
-            phases: vec![phase(f)],
+            phases: smallvec::smallvec![phase(f)],
         });
     }
 
@@ -280,9 +289,9 @@ impl Handler {
     {
         let geometry = nd.geometry().map_err(Error::from);
         self.set_action(Action::Kernel {
-            name: self.kernel_name("parallel_for_nd"),
+            name: self.kernel_name(static_name!("parallel_for_nd")),
             geometry,
-            phases: vec![phase(f)],
+            phases: smallvec::smallvec![phase(f)],
         });
     }
 
@@ -292,9 +301,9 @@ impl Handler {
         let geometry = nd.geometry().map_err(Error::from);
         let active = self.action.is_none();
         self.set_action(Action::Kernel {
-            name: self.kernel_name("work_group_kernel"),
+            name: self.kernel_name(static_name!("work_group_kernel")),
             geometry,
-            phases: Vec::new(),
+            phases: SmallVec::new(),
         });
         Phases { handler: self, active }
     }
@@ -306,9 +315,9 @@ impl Handler {
     {
         let geometry = Geometry::for_range(Range::d1(1)).map_err(Error::from);
         self.set_action(Action::Kernel {
-            name: self.kernel_name("single_task"),
+            name: self.kernel_name(static_name!("single_task")),
             geometry,
-            phases: vec![phase(f)],
+            phases: smallvec::smallvec![phase(f)],
         });
     }
 
@@ -332,7 +341,7 @@ impl Handler {
     where
         F: FnOnce(&HostCtx<'_>) + Send + 'static,
     {
-        let name = self.kernel_name("host_task");
+        let name = self.kernel_name(static_name!("host_task"));
         self.set_action(Action::HostTask { name, run: Box::new(f) });
     }
 
@@ -420,7 +429,7 @@ impl Handler {
         self.check_conflicts()?;
         let unsupported = |what| Error::Unsupported { device: device.name.to_string(), what };
         let (kind, work, name) = match self.action.take() {
-            None => (CommandKind::Marker, Work::Marker, self.kernel_name("empty")),
+            None => (CommandKind::Marker, Work::Marker, self.kernel_name(static_name!("empty"))),
             Some(Action::Kernel { name, geometry, phases }) => {
                 let geometry = geometry?;
                 if !device.caps.closure_kernels {
@@ -467,15 +476,15 @@ impl Handler {
                 if s.range.len() != d.range.len() {
                     return Err(Error::LengthMismatch { src: s.range.len(), dst: d.range.len() });
                 }
-                (CommandKind::Copy, Work::Copy, self.kernel_name("copy"))
+                (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy")))
             }
             Some(Action::CopyFromHost(data)) => {
-                (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name("copy_from_host"))
+                (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name(static_name!("copy_from_host")))
             }
             Some(Action::CopyToHost(out)) => {
-                (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name("copy_to_host"))
+                (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name(static_name!("copy_to_host")))
             }
-            Some(Action::Fill(pattern)) => (CommandKind::Fill, Work::Fill(pattern), self.kernel_name("fill")),
+            Some(Action::Fill(pattern)) => (CommandKind::Fill, Work::Fill(pattern), self.kernel_name(static_name!("fill"))),
         };
         Ok(Built {
             kind,

@@ -119,7 +119,7 @@ impl Queue {
         with_event(&event);
         // Host tasks run on the host device whatever the queue's device.
         let device = if on_host { 0 } else { self.device() };
-        rt.send(Message::Submit(Box::new(CommandDesc {
+        rt.send(Message::Submit(CommandDesc {
             kind,
             name,
             queue: self.handle.core.clone(),
@@ -128,7 +128,7 @@ impl Queue {
             waits,
             work,
             event: event.clone(),
-        })))
+        }))
         .map_err(|_| Error::RuntimeDropped)?;
         Ok(Event { shared: event, rt: Arc::downgrade(rt) })
     }

@@ -35,7 +35,7 @@ fn slice(r: &Requirement) -> MemSlice {
     MemSlice { mem, offset: r.range.start, len: r.range.len() }
 }
 
-fn args(reqs: &[Requirement]) -> Vec<MemArg> {
+fn args(reqs: &[Requirement]) -> SmallVec<[MemArg; 4]> {
     reqs.iter().map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
 }
 
@@ -67,9 +67,9 @@ fn enqueue_command(world: &mut World, e: Entity) {
     let event = exec.event.clone();
     let cmd = world.get::<Command>(e).expect("command");
     let (kind, device, name) = (cmd.kind, cmd.device, cmd.name.clone());
-    let now = world.resource::<SchedulerConfig>().now_ns();
     match kind {
         CommandKind::Marker | CommandKind::Barrier => {
+            let now = world.resource::<SchedulerConfig>().now_ns();
             world.resource_mut::<WorkLists>().finished.push(Finished {
                 cmd: e,
                 result: Ok(()),
@@ -79,7 +79,7 @@ fn enqueue_command(world: &mut World, e: Entity) {
             return;
         }
         CommandKind::HostAccess => {
-            event.mark_running(now);
+            event.mark_running(world.resource::<SchedulerConfig>().now_ns());
             return;
         }
         _ => {}
@@ -105,12 +105,11 @@ fn enqueue_command(world: &mut World, e: Entity) {
             event.mark_submitted();
             unblock_on_submit(world, e);
         }
-        Err(err) => world.resource_mut::<WorkLists>().finished.push(Finished {
-            cmd: e,
-            result: Err(err),
-            started_ns: now,
-            ended_ns: now,
-        }),
+        Err(err) => {
+            let now = world.resource::<SchedulerConfig>().now_ns();
+            let failed = Finished { cmd: e, result: Err(err), started_ns: now, ended_ns: now };
+            world.resource_mut::<WorkLists>().finished.push(failed);
+        }
     }
 }
 

@@ -13,7 +13,6 @@ pub fn ingest(world: &mut World) {
     while let Ok(msg) = rx.try_recv() {
         match msg {
             Message::Submit(desc) => {
-                let desc = *desc;
                 let seq = world.resource::<Stats>().submitted + spawned;
                 let event = desc.event;
                 let e = world

@@ -147,7 +147,7 @@ impl Harness {
             work,
             event: event.clone(),
         };
-        self.tx.send(Message::Submit(Box::new(desc))).unwrap();
+        self.tx.send(Message::Submit(desc)).unwrap();
         event
     }
 

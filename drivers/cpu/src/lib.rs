@@ -210,7 +210,8 @@ impl Inner {
 
     /// Starts `first` and, iteratively, everything its inline completion makes ready.
     fn run_ready(this: &Arc<Inner>, first: Arc<Node>) {
-        let mut ready = vec![first];
+        let mut ready: SmallVec<[Arc<Node>; 8]> = SmallVec::new();
+        ready.push(first);
         while let Some(node) = ready.pop() {
             if let Started::Finished(result, t0, t1) = Inner::start(this, &node) {
                 this.finish(&node, result, t0, t1, &mut ready);
@@ -225,7 +226,7 @@ impl Inner {
         result: Result<(), ExecError>,
         t0: u64,
         t1: u64,
-        ready: &mut Vec<Arc<Node>>,
+        ready: &mut SmallVec<[Arc<Node>; 8]>,
     ) {
         let successors = {
             let mut s = node.state.lock();
@@ -284,7 +285,7 @@ impl Inner {
                 pool.spawn(move || {
                     let t0 = this2.ctx.now_ns();
                     let result = this2.execute(op, preserve);
-                    let mut ready = Vec::new();
+                    let mut ready = SmallVec::new();
                     this2.finish(&node2, result, t0, this2.ctx.now_ns(), &mut ready);
                     for r in ready {
                         Inner::run_ready(&this2, r);
@@ -406,7 +407,7 @@ mod tests {
             kernel: Arc::new(ClosureKernel {
                 name: name.into(),
                 tag: 1,
-                phases: vec![phase(move |it| {
+                phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
                     acc.set(it, i, acc.get(it, i) + 1)
                 })],
@@ -414,7 +415,7 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: vec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+            args: smallvec::smallvec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
         })
     }
 
@@ -462,7 +463,7 @@ mod tests {
             kernel: Arc::new(ClosureKernel {
                 name: "bad".into(),
                 tag: 1,
-                phases: vec![phase(move |it| {
+                phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
                     acc.set(it, i, 99);
                     if i == n - 1 {
@@ -473,7 +474,7 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: vec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+            args: smallvec::smallvec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
         });
         let h = d.submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true }).unwrap();
         d.submit(Submission {

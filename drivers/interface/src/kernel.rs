@@ -48,7 +48,7 @@ pub struct ClosureKernel {
     /// Tag of the command group whose accessors the phases use.
     pub tag: u64,
     /// The phases, in order.
-    pub phases: Vec<PhaseFn>,
+    pub phases: SmallVec<[PhaseFn; 2]>,
     /// Number of accessor slots bound to buffer memory (slots `0..global_slots`).
     pub global_slots: usize,
     /// Scratch slots (local and private accessors number these from 0).
@@ -147,7 +147,7 @@ mod tests {
         let kernel = ClosureKernel {
             name: "reverse".into(),
             tag: 7,
-            phases: vec![
+            phases: smallvec::smallvec![
                 phase(move |it| tile.set(it, it.local_id(0), acc.get(it, it.global_linear_id()))),
                 phase(move |it| {
                     let l = it.local_range(0);

@@ -38,7 +38,7 @@ pub struct KernelLaunch {
     /// Its iteration space.
     pub geometry: Geometry,
     /// One argument per global accessor slot.
-    pub args: Vec<MemArg>,
+    pub args: SmallVec<[MemArg; 4]>,
 }
 
 /// A host task: a closure run once on a host thread with host access to its arguments.
@@ -50,7 +50,7 @@ pub struct HostTask {
     /// The task.
     pub run: Box<dyn FnOnce(&HostCtx<'_>) + Send>,
     /// One argument per host accessor slot, all in host memory.
-    pub args: Vec<MemArg>,
+    pub args: SmallVec<[MemArg; 4]>,
 }
 
 impl std::fmt::Debug for HostTask {

@@ -486,7 +486,7 @@ mod tests {
             kernel: Arc::new(ClosureKernel {
                 name: name.into(),
                 tag: 1,
-                phases: vec![phase(move |it| {
+                phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
                     acc.set(it, i, f(acc.get(it, i), i))
                 })],
@@ -494,7 +494,7 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: vec![MemArg { mem, mode: AccessMode::ReadWrite }],
+            args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
         })
     }
 
@@ -680,7 +680,7 @@ mod tests {
     #[test]
     fn host_tasks_are_refused() {
         let (d, rx) = sim();
-        let task = HostTask { name: "t".into(), tag: 0, run: Box::new(|_| {}), args: vec![] };
+        let task = HostTask { name: "t".into(), tag: 0, run: Box::new(|_| {}), args: smallvec::smallvec![] };
         let r = d.submit(Submission {
             id: OpId(0),
             op: DeviceOp::HostTask(task),
