@@ -3,9 +3,12 @@
 //! host accesses start running (their user is woken).
 
 use bevy_ecs::entity::Entity;
+use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
+
+use crate::queries::Queries;
 use gantry_components::{
-    Command, CommandKind, Devices, Edges, Execution, Finished, Requirement, Requirements, SchedulerConfig,
+    CommandKind, Devices, Finished, Requirement, SchedulerConfig,
     Status, Work, WorkLists,
 };
 use gantry_driver::{
@@ -14,14 +17,16 @@ use gantry_driver::{
 use smallvec::SmallVec;
 
 /// The enqueue stage system.
-pub fn enqueue(world: &mut World) {
+pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
     loop {
         let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
         if ready.is_empty() {
             break;
         }
         for e in ready {
-            enqueue_command(world, e);
+            enqueue_command(world, q, e);
         }
     }
 }
@@ -55,8 +60,8 @@ fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> Dev
     }
 }
 
-fn enqueue_command(world: &mut World, e: Entity) {
-    let Some(mut exec) = world.get_mut::<Execution>(e) else {
+fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
+    let Some(mut exec) = q.execution_mut(world, e) else {
         return;
     };
     if exec.status != Status::Ready {
@@ -65,7 +70,7 @@ fn enqueue_command(world: &mut World, e: Entity) {
     exec.status = Status::Submitted;
     let work = exec.work.take().expect("work enqueued twice");
     let event = exec.event.clone();
-    let cmd = world.get::<Command>(e).expect("command");
+    let cmd = q.command(world, e).expect("command");
     let (kind, device, name) = (cmd.kind, cmd.device, cmd.name.clone());
     match kind {
         CommandKind::Marker | CommandKind::Barrier => {
@@ -86,24 +91,24 @@ fn enqueue_command(world: &mut World, e: Entity) {
     }
 
     // Wait on predecessors this driver is still running.
-    let preds = world.get::<Edges>(e).expect("edges").preds.clone();
+    let preds = q.edges(world, e).expect("edges").preds.clone();
     let waits: SmallVec<[OpHandle; 4]> = preds
         .iter()
         .filter_map(|&p| {
-            let same_device = world.get::<Command>(p)?.device == device;
-            let exec = world.get::<Execution>(p)?;
+            let same_device = q.command(world, p)?.device == device;
+            let exec = q.execution(world, p)?;
             (same_device && exec.status == Status::Submitted).then(|| exec.handle.clone()).flatten()
         })
         .collect();
-    let op = build_op(work, &world.get::<Requirements>(e).expect("requirements").0, &name);
+    let op = build_op(work, &q.requirements(world, e).expect("requirements").0, &name);
     let driver = world.resource::<Devices>().0[device as usize].driver.clone();
     let preserve_on_failure = world.resource::<SchedulerConfig>().preserve_on_failure;
     match driver.submit(Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure }) {
         Ok(handle) => {
-            world.get_mut::<Execution>(e).expect("execution").handle = Some(handle);
+            q.execution_mut(world, e).expect("execution").handle = Some(handle);
             world.resource_mut::<gantry_components::Stats>().in_driver += 1;
             event.mark_submitted();
-            unblock_on_submit(world, e);
+            unblock_on_submit(world, q, e);
         }
         Err(err) => {
             let now = world.resource::<SchedulerConfig>().now_ns();
@@ -114,10 +119,10 @@ fn enqueue_command(world: &mut World, e: Entity) {
 }
 
 /// Successors on the same driver stop being blocked once this command is submitted.
-fn unblock_on_submit(world: &mut World, e: Entity) {
-    let succs = world.get::<Edges>(e).expect("edges").succs.clone();
+fn unblock_on_submit(world: &mut World, q: &mut Queries, e: Entity) {
+    let succs = q.edges(world, e).expect("edges").succs.clone();
     for s in succs.iter().filter(|s| s.on_submit) {
-        crate::retire::unblock(world, s.entity);
+        crate::retire::unblock(world, q, s.entity);
     }
 }
 

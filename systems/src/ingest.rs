@@ -1,13 +1,18 @@
 //! The **ingest** stage: drains user messages into entities, in submission order.
 
+use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
+
+use crate::queries::Queries;
 use gantry_components::{
-    Command, Edges, Execution, Finished, Inbox, Message, QueueState, Requirements, SchedulerConfig, Stats,
+    Command, Edges, Execution, Finished, Inbox, Message, Requirements, SchedulerConfig, Stats,
     Status, WorkLists,
 };
 
 /// The ingest stage system.
-pub fn ingest(world: &mut World) {
+pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
     let rx = world.resource::<Inbox>().messages.clone();
     let mut spawned = 0u64;
     while let Ok(msg) = rx.try_recv() {
@@ -35,6 +40,7 @@ pub fn ingest(world: &mut World) {
                         },
                     ))
                     .id();
+                q.refresh(world);
                 event.command.set(e);
                 world.resource_mut::<WorkLists>().resolve.push(e);
                 spawned += 1;
@@ -48,7 +54,7 @@ pub fn ingest(world: &mut World) {
             }
             Message::DropQueue(queue) => {
                 if let Some(qe) = queue.entity.get() {
-                    if world.get::<QueueState>(qe).is_some() {
+                    if q.queue(world, qe).is_some() {
                         world.despawn(qe);
                     }
                     queue.entity.clear();
@@ -56,7 +62,7 @@ pub fn ingest(world: &mut World) {
             }
             Message::ReleaseHostAccess(e) => {
                 let now = world.resource::<SchedulerConfig>().now_ns();
-                let started = world.get::<Execution>(e).map(|x| x.event.timestamps().started_ns);
+                let started = q.execution(world, e).map(|x| x.event.timestamps().started_ns);
                 if let Some(started_ns) = started {
                     world.resource_mut::<WorkLists>().finished.push(Finished {
                         cmd: e,

@@ -17,6 +17,7 @@
 
 pub mod enqueue;
 pub mod ingest;
+mod queries;
 pub mod resolve;
 pub mod retire;
 

@@ -26,7 +26,10 @@
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
+use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
+
+use crate::queries::Queries;
 use gantry_components::{
     ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished, Location,
     MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats, Status, Successor, Work,
@@ -38,10 +41,12 @@ use smallvec::SmallVec;
 type Preds = SmallVec<[Entity; 8]>;
 
 /// The resolve stage system.
-pub fn resolve(world: &mut World) {
+pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
     for &e in &list {
-        resolve_command(world, e);
+        resolve_command(world, q, e);
     }
     // Hand the allocation back to keep the list's capacity.
     let mut lists = world.resource_mut::<WorkLists>();
@@ -57,11 +62,11 @@ fn push_unique(preds: &mut Preds, e: Entity, this: Entity) {
     }
 }
 
-fn is_live(world: &World, e: Entity) -> bool {
-    world.get::<Execution>(e).is_some()
+fn is_live(world: &World, q: &mut Queries, e: Entity) -> bool {
+    q.execution(world, e).is_some()
 }
 
-fn fail_now(world: &mut World, e: Entity, error: ExecError) {
+fn fail_now(world: &mut World, q: &mut Queries, e: Entity, error: ExecError) {
     let now = world.resource::<SchedulerConfig>().now_ns();
     world.resource_mut::<WorkLists>().finished.push(Finished {
         cmd: e,
@@ -71,8 +76,8 @@ fn fail_now(world: &mut World, e: Entity, error: ExecError) {
     });
 }
 
-fn resolve_command(world: &mut World, e: Entity) {
-    let Some(cmd) = world.get::<Command>(e) else {
+fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
+    let Some(cmd) = q.command(world, e) else {
         return;
     };
     let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
@@ -81,10 +86,10 @@ fn resolve_command(world: &mut World, e: Entity) {
         (d.space, d.lost, d.info.name.clone())
     };
     if lost {
-        return fail_now(world, e, ExecError::DeviceLost { device: name });
+        return fail_now(world, q, e, ExecError::DeviceLost { device: name });
     }
-    let mut reqs = std::mem::take(&mut world.get_mut::<Requirements>(e).expect("command").0);
-    let waits = std::mem::take(&mut world.get_mut::<Execution>(e).expect("command").waits);
+    let mut reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("command").0);
+    let waits = std::mem::take(&mut q.execution_mut(world, e).expect("command").waits);
     let mut preds = Preds::new();
 
     // Explicit event dependencies.
@@ -93,11 +98,11 @@ fn resolve_command(world: &mut World, e: Entity) {
             EventStatus::Complete => {}
             EventStatus::Failed => {
                 let cause = ev.error().cloned().unwrap_or(ExecError::RuntimeDropped);
-                world.get_mut::<Requirements>(e).expect("command").0 = reqs;
-                return fail_now(world, e, cause.as_dependency_of(ev.name.clone()));
+                q.requirements_mut(world, e).expect("command").0 = reqs;
+                return fail_now(world, q, e, cause.as_dependency_of(ev.name.clone()));
             }
             _ => {
-                if let Some(p) = ev.command.get().filter(|&p| is_live(world, p)) {
+                if let Some(p) = ev.command.get().filter(|&p| is_live(world, q, p)) {
                     push_unique(&mut preds, p, e);
                 }
             }
@@ -106,18 +111,18 @@ fn resolve_command(world: &mut World, e: Entity) {
 
     // Memory requirements.
     for i in 0..reqs.len() {
-        if let Err(err) = resolve_requirement(world, e, &mut reqs[i], space, &mut preds) {
-            world.get_mut::<Requirements>(e).expect("command").0 = reqs;
-            return fail_now(world, e, err);
+        if let Err(err) = resolve_requirement(world, q, e, &mut reqs[i], space, &mut preds) {
+            q.requirements_mut(world, e).expect("command").0 = reqs;
+            return fail_now(world, q, e, err);
         }
     }
-    world.get_mut::<Requirements>(e).expect("command").0 = reqs;
+    q.requirements_mut(world, e).expect("command").0 = reqs;
 
     // Queue order.
-    if let Some(q) = queue {
-        let qe = queue_entity(world, &q);
-        let mut state = world.get_mut::<QueueState>(qe).expect("queue state");
-        if q.in_order {
+    if let Some(queue) = queue {
+        let qe = queue_entity(world, q, &queue);
+        let mut state = q.queue_mut(world, qe).expect("queue state");
+        if queue.in_order {
             if let Some(last) = state.last {
                 push_unique(&mut preds, last, e);
             }
@@ -132,31 +137,33 @@ fn resolve_command(world: &mut World, e: Entity) {
             state.since_barrier.push(e);
             if state.since_barrier.len() >= 256 && state.since_barrier.len().is_power_of_two() {
                 let mut since = std::mem::take(&mut state.since_barrier);
-                since.retain(|&p| is_live(world, p));
-                world.get_mut::<QueueState>(qe).expect("queue state").since_barrier = since;
+                since.retain(|&p| is_live(world, q, p));
+                q.queue_mut(world, qe).expect("queue state").since_barrier = since;
             }
         }
     }
 
-    connect(world, e, preds);
+    connect(world, q, e, preds);
 }
 
 /// The queue-state entity of `q`, spawned at first use.
-fn queue_entity(world: &mut World, q: &Arc<gantry_components::QueueCore>) -> Entity {
-    if let Some(qe) = q.entity.get() {
+fn queue_entity(world: &mut World, q: &mut Queries, queue: &Arc<gantry_components::QueueCore>) -> Entity {
+    if let Some(qe) = queue.entity.get() {
         return qe;
     }
-    let qe = world.spawn(QueueState::new(q.clone())).id();
-    q.entity.set(qe);
+    let qe = world.spawn(QueueState::new(queue.clone())).id();
+    q.refresh(world);
+    queue.entity.set(qe);
     qe
 }
 
 /// The memory record of a requirement's buffer, spawned at first use.
-fn record_entity(world: &mut World, req: &Requirement) -> Entity {
+fn record_entity(world: &mut World, q: &mut Queries, req: &Requirement) -> Entity {
     if let Some(r) = req.buffer.record.get() {
         return r;
     }
     let r = world.spawn(MemoryRecord::new(req.buffer.clone())).id();
+    q.refresh(world);
     req.buffer.record.set(r);
     world.resource_mut::<Stats>().live_records += 1;
     r
@@ -165,21 +172,22 @@ fn record_entity(world: &mut World, req: &Requirement) -> Entity {
 /// Places one requirement, inserting memory moves, and collects its memory edges.
 fn resolve_requirement(
     world: &mut World,
+    q: &mut Queries,
     e: Entity,
     req: &mut Requirement,
     space: MemSpace,
     preds: &mut Preds,
 ) -> Result<(), ExecError> {
-    let rec = record_entity(world, req);
+    let rec = record_entity(world, q, req);
     req.space = space;
-    req.alloc = ensure_location(world, rec, space)?;
+    req.alloc = ensure_location(world, q, rec, space)?;
     let whole = ByteRange::new(0, req.buffer.bytes);
     let needs_contents = req.mode.needs_contents() || !req.range.covers(&whole);
     if needs_contents {
-        ensure_valid(world, rec, space)?;
+        ensure_valid(world, q, rec, space)?;
     }
 
-    let mut record = world.get_mut::<MemoryRecord>(rec).expect("memory record");
+    let mut record = q.record_mut(world, rec).expect("memory record");
     if needs_contents {
         if let Some(p) = record.location(space).and_then(|l| l.producer) {
             push_unique(preds, p, e);
@@ -219,10 +227,11 @@ fn resolve_requirement(
 /// Makes sure the buffer has a location (and allocation) in `space`.
 fn ensure_location(
     world: &mut World,
+    q: &mut Queries,
     rec: Entity,
     space: MemSpace,
 ) -> Result<Option<gantry_driver::AllocId>, ExecError> {
-    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+    let record = q.record(world, rec).expect("memory record");
     if let Some(loc) = record.location(space) {
         return Ok(loc.alloc);
     }
@@ -231,7 +240,7 @@ fn ensure_location(
     };
     let bytes = record.buffer.bytes;
     let alloc = world.resource::<Devices>().0[d as usize].driver.alloc(bytes)?;
-    world.get_mut::<MemoryRecord>(rec).expect("memory record").locations.push(Location {
+    q.record_mut(world, rec).expect("memory record").locations.push(Location {
         space,
         device: Some(d),
         alloc: Some(alloc),
@@ -242,8 +251,8 @@ fn ensure_location(
 }
 
 /// Makes the contents valid in `space`, inserting memory moves as needed.
-fn ensure_valid(world: &mut World, rec: Entity, space: MemSpace) -> Result<(), ExecError> {
-    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace) -> Result<(), ExecError> {
+    let record = q.record(world, rec).expect("memory record");
     if record.location(space).is_some_and(|l| l.valid) {
         return Ok(());
     }
@@ -251,7 +260,7 @@ fn ensure_valid(world: &mut World, rec: Entity, space: MemSpace) -> Result<(), E
     let source = if host_valid || space != MemSpace::Host {
         // Device targets are fed from the host; make the host valid first if needed.
         if !host_valid {
-            ensure_valid(world, rec, MemSpace::Host)?;
+            ensure_valid(world, q, rec, MemSpace::Host)?;
         }
         MemSpace::Host
     } else {
@@ -261,13 +270,13 @@ fn ensure_valid(world: &mut World, rec: Entity, space: MemSpace) -> Result<(), E
             message: "buffer has no valid copy".into(),
         })?
     };
-    insert_move(world, rec, source, space)
+    insert_move(world, q, rec, source, space)
 }
 
 /// Spawns a memory move from `from` to `to` of a buffer's whole contents.
-fn insert_move(world: &mut World, rec: Entity, from: MemSpace, to: MemSpace) -> Result<(), ExecError> {
-    ensure_location(world, rec, to)?;
-    let record = world.get::<MemoryRecord>(rec).expect("memory record");
+fn insert_move(world: &mut World, q: &mut Queries, rec: Entity, from: MemSpace, to: MemSpace) -> Result<(), ExecError> {
+    ensure_location(world, q, rec, to)?;
+    let record = q.record(world, rec).expect("memory record");
     let buffer = record.buffer.clone();
     let whole = ByteRange::new(0, buffer.bytes);
     let loc = |space: MemSpace| record.location(space).expect("location").clone();
@@ -298,14 +307,15 @@ fn insert_move(world: &mut World, rec: Entity, from: MemSpace, to: MemSpace) -> 
             },
         ))
         .id();
-    event_slot(world, m);
+    q.refresh(world);
+    event_slot(world, q, m);
     {
         let mut stats = world.resource_mut::<Stats>();
         stats.moves += 1;
         stats.live_commands += 1;
     }
     let mut preds = Preds::new();
-    let mut record = world.get_mut::<MemoryRecord>(rec).expect("memory record");
+    let mut record = q.record_mut(world, rec).expect("memory record");
     if let Some(p) = src.producer {
         push_unique(&mut preds, p, m);
     }
@@ -317,46 +327,46 @@ fn insert_move(world: &mut World, rec: Entity, from: MemSpace, to: MemSpace) -> 
     target.valid = true;
     target.producer = Some(m);
     let _ = dst;
-    connect(world, m, preds);
+    connect(world, q, m, preds);
     Ok(())
 }
 
-fn event_slot(world: &mut World, e: Entity) {
-    let ev = world.get::<Execution>(e).expect("command").event.clone();
+fn event_slot(world: &mut World, q: &mut Queries, e: Entity) {
+    let ev = q.execution(world, e).expect("command").event.clone();
     ev.command.set(e);
 }
 
 /// Adds edges from `preds` to `e` and decides whether `e` is ready.
-fn connect(world: &mut World, e: Entity, preds: Preds) {
+fn connect(world: &mut World, q: &mut Queries, e: Entity, preds: Preds) {
     let (device, kind) = {
-        let c = world.get::<Command>(e).expect("command");
+        let c = q.command(world, e).expect("command");
         (c.device, c.kind)
     };
     let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
     let mut blockers = 0u32;
     let mut live = SmallVec::<[Entity; 4]>::new();
     for p in preds {
-        let Some((p_device, p_kind)) = world.get::<Command>(p).map(|c| (c.device, c.kind)) else {
+        let Some((p_device, p_kind)) = q.command(world, p).map(|c| (c.device, c.kind)) else {
             continue;
         };
         let on_submit =
             in_driver_waits && p_device == device && p_kind.runs_on_driver() && kind.runs_on_driver();
         let mut p_exec_submitted = false;
-        if let Some(exec) = world.get::<Execution>(p) {
+        if let Some(exec) = q.execution(world, p) {
             p_exec_submitted = exec.status == Status::Submitted;
         }
-        world.get_mut::<Edges>(p).expect("edges").succs.push(Successor { entity: e, on_submit });
+        q.edges_mut(world, p).expect("edges").succs.push(Successor { entity: e, on_submit });
         if !(on_submit && p_exec_submitted) {
             blockers += 1;
         }
         live.push(p);
     }
     world.resource_mut::<Stats>().edges += live.len() as u64;
-    let mut edges = world.get_mut::<Edges>(e).expect("edges");
+    let mut edges = q.edges_mut(world, e).expect("edges");
     edges.preds = live;
     edges.blockers = blockers;
     let ready = blockers == 0;
-    world.get_mut::<Execution>(e).expect("execution").status =
+    q.execution_mut(world, e).expect("execution").status =
         if ready { Status::Ready } else { Status::Waiting };
     if ready {
         world.resource_mut::<WorkLists>().ready.push(e);

@@ -3,14 +3,19 @@
 //! failures to dependents and despawns finished commands and idle records.
 
 use bevy_ecs::entity::Entity;
-use bevy_ecs::world::World;
+use bevy_ecs::prelude::Local;
+use bevy_ecs::world::{FromWorld, World};
+
+use crate::queries::Queries;
 use gantry_components::{
-    Command, Devices, Edges, Execution, Finished, Inbox, MemoryRecord, Requirements, Stats, Status, WorkLists,
+    Devices, Execution, Finished, Inbox, Stats, Status, WorkLists,
 };
 use gantry_driver::ExecError;
 
 /// The retire stage system.
-pub fn retire(world: &mut World) {
+pub fn retire(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
     for d in &world.resource::<Devices>().0 {
         d.driver.poll();
     }
@@ -25,21 +30,21 @@ pub fn retire(world: &mut World) {
     }));
     world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
     for f in finished {
-        finish(world, f);
+        finish(world, q, f);
     }
-    release_idle_records(world);
+    release_idle_records(world, q);
 }
 
 /// One blocker of `e` is gone; it becomes ready when none remain.
-pub(crate) fn unblock(world: &mut World, e: Entity) {
-    let Some(mut edges) = world.get_mut::<Edges>(e) else {
+pub(crate) fn unblock(world: &mut World, q: &mut Queries, e: Entity) {
+    let Some(mut edges) = q.edges_mut(world, e) else {
         return;
     };
     edges.blockers = edges.blockers.saturating_sub(1);
     if edges.blockers > 0 {
         return;
     }
-    let mut exec = world.get_mut::<Execution>(e).expect("execution");
+    let mut exec = q.execution_mut(world, e).expect("execution");
     if exec.status == Status::Waiting {
         exec.status = Status::Ready;
         world.resource_mut::<WorkLists>().ready.push(e);
@@ -47,17 +52,17 @@ pub(crate) fn unblock(world: &mut World, e: Entity) {
 }
 
 /// Completes one command and despawns it; failures poison its dependents.
-fn finish(world: &mut World, f: Finished) {
-    let Some(name) = world_name(world, f.cmd) else {
+fn finish(world: &mut World, q: &mut Queries, f: Finished) {
+    let Some(name) = world_name(world, q, f.cmd) else {
         return;
     };
-    let Some(succs) = retire_entity(world, f.cmd, f.result.clone(), f.started_ns, f.ended_ns) else {
+    let Some(succs) = retire_entity(world, q, f.cmd, f.result.clone(), f.started_ns, f.ended_ns) else {
         return;
     };
     match f.result {
         Ok(()) => {
             for s in succs.iter().filter(|s| !s.on_submit) {
-                unblock(world, s.entity);
+                unblock(world, q, s.entity);
             }
         }
         Err(error) => {
@@ -65,10 +70,10 @@ fn finish(world: &mut World, f: Finished) {
             let mut stack: Vec<(Entity, ExecError)> =
                 succs.iter().map(|s| (s.entity, error.as_dependency_of(name.clone()))).collect();
             while let Some((e, err)) = stack.pop() {
-                let Some(name) = world_name(world, e) else {
+                let Some(name) = world_name(world, q, e) else {
                     continue;
                 };
-                if let Some(next) = retire_entity(world, e, Err(err.clone()), f.ended_ns, f.ended_ns) {
+                if let Some(next) = retire_entity(world, q, e, Err(err.clone()), f.ended_ns, f.ended_ns) {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
             }
@@ -76,27 +81,28 @@ fn finish(world: &mut World, f: Finished) {
     }
 }
 
-fn world_name(world: &World, e: Entity) -> Option<std::sync::Arc<str>> {
-    world.get::<Command>(e).map(|c| c.name.clone())
+fn world_name(world: &World, q: &mut Queries, e: Entity) -> Option<std::sync::Arc<str>> {
+    q.command(world, e).map(|c| c.name.clone())
 }
 
 /// Finishes the event, releases leaves and despawns; returns the successors, or
 /// `None` if the entity was already gone.
 fn retire_entity(
     world: &mut World,
+    q: &mut Queries,
     e: Entity,
     result: Result<(), ExecError>,
     started_ns: u64,
     ended_ns: u64,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
-    let exec = world.get::<Execution>(e)?;
+    let exec = q.execution(world, e)?;
     let event = exec.event.clone();
     let ok = result.is_ok();
-    let succs = std::mem::take(&mut world.get_mut::<Edges>(e).expect("edges").succs);
-    let reqs = std::mem::take(&mut world.get_mut::<Requirements>(e).expect("requirements").0);
+    let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
+    let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
-            if let Some(mut record) = world.get_mut::<MemoryRecord>(rec) {
+            if let Some(mut record) = q.record_mut(world, rec) {
                 record.release(e);
                 if record.buffer.is_dropped() {
                     world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
@@ -118,10 +124,10 @@ fn retire_entity(
 }
 
 /// Despawns records of dropped buffers that no command uses, freeing device memory.
-fn release_idle_records(world: &mut World) {
+fn release_idle_records(world: &mut World, q: &mut Queries) {
     let candidates = std::mem::take(&mut world.resource_mut::<WorkLists>().maybe_idle_records);
     for rec in candidates {
-        let Some(record) = world.get::<MemoryRecord>(rec) else {
+        let Some(record) = q.record(world, rec) else {
             continue;
         };
         if !(record.buffer.is_dropped() && record.is_idle()) {
@@ -142,10 +148,12 @@ fn release_idle_records(world: &mut World) {
 /// shutdown, once drivers are idle, for commands that can never run (blocked behind a
 /// host access the user still holds).
 pub fn abandon_all(world: &mut World) {
-    let mut q = world.query::<(Entity, &Execution)>();
-    let live: Vec<Entity> = q.iter(world).map(|(e, _)| e).collect();
+    let q = &mut Queries::from_world(world);
+    q.refresh(world);
+    let mut all = world.query::<(Entity, &Execution)>();
+    let live: Vec<Entity> = all.iter(world).map(|(e, _)| e).collect();
     for e in live {
-        retire_entity(world, e, Err(ExecError::RuntimeDropped), 0, 0);
+        retire_entity(world, q, e, Err(ExecError::RuntimeDropped), 0, 0);
     }
 }
 
