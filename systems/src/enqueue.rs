@@ -12,7 +12,7 @@ use gantry_components::{
     Status, Work, WorkLists,
 };
 use gantry_driver::{
-    DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId, Submission,
+    Accepted, DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId, Submission,
 };
 use smallvec::SmallVec;
 
@@ -104,9 +104,15 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
     let driver = world.resource::<Devices>().0[device as usize].driver.clone();
     let preserve_on_failure = world.resource::<SchedulerConfig>().preserve_on_failure;
     match driver.submit(Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure }) {
-        Ok(handle) => {
+        Ok(Accepted::Pending(handle)) => {
             q.execution_mut(world, e).expect("execution").handle = Some(handle);
             world.resource_mut::<gantry_components::Stats>().in_driver += 1;
+            event.mark_submitted();
+            unblock_on_submit(world, q, e);
+        }
+        Ok(Accepted::Done(c)) => {
+            let done = Finished { cmd: e, result: c.result, started_ns: c.started_ns, ended_ns: c.ended_ns };
+            world.resource_mut::<WorkLists>().finished.push(done);
             event.mark_submitted();
             unblock_on_submit(world, q, e);
         }

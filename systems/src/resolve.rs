@@ -66,7 +66,7 @@ fn is_live(world: &World, q: &mut Queries, e: Entity) -> bool {
     q.execution(world, e).is_some()
 }
 
-fn fail_now(world: &mut World, q: &mut Queries, e: Entity, error: ExecError) {
+fn fail_now(world: &mut World, _q: &mut Queries, e: Entity, error: ExecError) {
     let now = world.resource::<SchedulerConfig>().now_ns();
     world.resource_mut::<WorkLists>().finished.push(Finished {
         cmd: e,

@@ -12,8 +12,8 @@ use gantry_components::{
     QueueCore, Requirement, SchedulerConfig, Work,
 };
 use gantry_driver::{
-    AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError, HostStorage,
-    MemSpace, OpHandle, OpId, Submission,
+    AccessMode, Accepted, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError, HostStorage,
+    MemSpace, OpId, Submission,
 };
 use parking_lot::Mutex;
 
@@ -35,10 +35,10 @@ impl Driver for Scripted {
         Ok(AllocId(*n))
     }
     fn free(&self, _id: AllocId) {}
-    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError> {
+    fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
         let waits = sub.waits.iter().map(|h| *h.downcast_ref::<u64>().unwrap()).collect();
         self.submitted.lock().push((sub.id, waits));
-        Ok(Arc::new(sub.id.0))
+        Ok(Accepted::Pending(Arc::new(sub.id.0)))
     }
 }
 

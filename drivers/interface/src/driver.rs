@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 
 use crate::error::ExecError;
 use crate::memory::AllocId;
-use crate::op::{Completion, OpHandle, Submission};
+use crate::op::{Accepted, Completion, Submission};
 
 /// What kind of backend a device is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,8 +72,8 @@ impl DriverContext {
 ///
 /// The scheduler calls [`Driver::submit`] only for operations whose dependencies are
 /// complete, or (with [`Capabilities::in_driver_waits`]) submitted to this same driver
-/// and named in the wait-list. Every accepted submission produces exactly one
-/// [`Completion`] on the context's channel, from any thread, in any order.
+/// and named in the wait-list. Every submission accepted as pending produces exactly
+/// one [`Completion`] on the context's channel, from any thread, in any order.
 pub trait Driver: Send + Sync {
     /// Name, kind and capabilities.
     fn info(&self) -> &DeviceInfo;
@@ -86,7 +86,9 @@ pub trait Driver: Send + Sync {
     fn free(&self, id: AllocId);
 
     /// Accepts an operation. An `Err` means it was refused and will never complete.
-    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError>;
+    /// A driver that ran the operation to the end inside this call returns
+    /// [`Accepted::Done`] and sends no completion.
+    fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError>;
 
     /// Makes progress on accepted work. Drivers that run on their own threads have
     /// nothing to do; the simulated device executes here, in virtual-time order.

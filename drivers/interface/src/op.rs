@@ -112,6 +112,34 @@ pub struct Submission<'a> {
     pub preserve_on_failure: bool,
 }
 
+/// What a driver did with an accepted submission.
+pub enum Accepted {
+    /// Queued or running: its [`Completion`] arrives on the channel later, and later
+    /// submissions name it in wait-lists by this handle.
+    Pending(OpHandle),
+    /// Already finished (it ran inline during `submit`); no completion is sent.
+    Done(Completion),
+}
+
+impl Accepted {
+    /// The handle of a pending operation.
+    pub fn handle(self) -> Option<OpHandle> {
+        match self {
+            Accepted::Pending(h) => Some(h),
+            Accepted::Done(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Accepted::Pending(_) => f.write_str("Pending"),
+            Accepted::Done(c) => f.debug_tuple("Done").field(c).finish(),
+        }
+    }
+}
+
 /// The outcome of an operation, sent to the runtime's completion channel.
 #[derive(Clone, Debug)]
 pub struct Completion {

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice, OpHandle, OpId,
+    fill_bytes, Accepted, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice, OpId,
     ScratchKind, Snapshot, Submission,
 };
 use parking_lot::Mutex;
@@ -101,7 +101,7 @@ struct State {
     queue: BTreeMap<(u64, u64), Pending>,
 }
 
-/// One submitted operation, as the scheduler holds it (its [`OpHandle`]).
+/// One submitted operation, as the scheduler holds it (its [`gantry_driver::OpHandle`]).
 struct Node {
     /// The driver instance it was submitted to.
     instance: u64,
@@ -365,7 +365,7 @@ impl Driver for SimDriver {
         }
     }
 
-    fn submit(&self, sub: Submission<'_>) -> Result<OpHandle, ExecError> {
+    fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
         if matches!(sub.op, DeviceOp::HostTask(_)) {
             return Err(self.unsupported("host tasks"));
         }
@@ -393,7 +393,7 @@ impl Driver for SimDriver {
         });
         let pending = Pending { node: node.clone(), work, preserve: sub.preserve_on_failure, waits };
         state.queue.insert((ended_ns, seq), pending);
-        Ok(node)
+        Ok(Accepted::Pending(node))
     }
 
     /// Executes every recorded operation, in order of (virtual end, submission), on
@@ -437,7 +437,7 @@ mod tests {
     use super::*;
     use crossbeam_channel::{unbounded, Receiver};
     use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite, Scratch,
+        phase, AccessMode, OpHandle, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite, Scratch,
     };
     use std::time::Instant;
 
@@ -503,7 +503,7 @@ mod tests {
     }
 
     fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
-        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false }).unwrap()
+        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false }).unwrap().handle().unwrap()
     }
 
     fn drain(rx: &Receiver<Completion>) -> Vec<Completion> {
@@ -769,8 +769,11 @@ mod tests {
             }
             99
         });
-        let bad =
-            d.submit(Submission { id: OpId(1), op: bad, waits: &[up], preserve_on_failure: true }).unwrap();
+        let bad = d
+            .submit(Submission { id: OpId(1), op: bad, waits: &[up], preserve_on_failure: true })
+            .unwrap()
+            .handle()
+            .unwrap();
         submit(&d, 2, add(n, dev(buf, 0, n * 4), 1), std::slice::from_ref(&bad));
         d.poll();
         let done = drain(&rx);
