@@ -30,7 +30,7 @@ pub use command::{
 };
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
-pub use memory::{ByteRange, Leaf, Location, MemoryRecord};
+pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
 pub use queue::QueueState;
 pub use resources::{Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
 pub use stage::{Flush, Stage};

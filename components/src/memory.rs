@@ -2,6 +2,7 @@
 //! reads (the unfinished commands that last read or wrote each range) and where valid
 //! copies of the contents live.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bevy_ecs::component::Component;
@@ -55,6 +56,113 @@ pub struct Leaf {
     pub range: ByteRange,
 }
 
+/// Leaves beyond this many are kept in an ordered index instead of a short list.
+const INDEX_AT: usize = 32;
+
+/// The unfinished readers (or writers) of a buffer, by range.
+///
+/// Few leaves live in a short list. Many leaves — thousands of commands touching
+/// disjoint ranges of one buffer — move to a B-tree keyed by range start, so that
+/// overlap queries, covered-leaf removal and release cost O(log n + k) rather than
+/// O(n), and a large batch does not make resolution quadratic.
+#[derive(Clone, Debug, Default)]
+pub struct LeafSet {
+    list: SmallVec<[Leaf; 4]>,
+    index: Option<BTreeMap<(usize, u64), Leaf>>,
+    /// Longest range in the index: an overlap query looks back this far.
+    max_len: usize,
+}
+
+impl LeafSet {
+    /// Number of leaves.
+    pub fn len(&self) -> usize {
+        self.index.as_ref().map_or(self.list.len(), |i| i.len())
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds a leaf.
+    pub fn push(&mut self, leaf: Leaf) {
+        if let Some(index) = &mut self.index {
+            self.max_len = self.max_len.max(leaf.range.len());
+            index.insert((leaf.range.start, leaf.cmd.to_bits()), leaf);
+            return;
+        }
+        self.list.push(leaf);
+        if self.list.len() > INDEX_AT {
+            self.max_len = self.list.iter().map(|l| l.range.len()).max().unwrap_or(0);
+            let index = self.list.drain(..).map(|l| ((l.range.start, l.cmd.to_bits()), l)).collect();
+            self.index = Some(index);
+        }
+    }
+
+    /// Calls `f` for every leaf whose range overlaps `range`.
+    pub fn for_each_overlapping(&self, range: &ByteRange, mut f: impl FnMut(&Leaf)) {
+        match &self.index {
+            None => self.list.iter().filter(|l| l.range.overlaps(range)).for_each(f),
+            Some(index) => {
+                let from = (range.start.saturating_sub(self.max_len), 0);
+                for leaf in index.range(from..(range.end, 0)).map(|(_, l)| l) {
+                    if leaf.range.overlaps(range) {
+                        f(leaf);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `f` for every leaf.
+    pub fn for_each(&self, f: impl FnMut(&Leaf)) {
+        match &self.index {
+            None => self.list.iter().for_each(f),
+            Some(index) => index.values().for_each(f),
+        }
+    }
+
+    /// Removes every leaf that `range` covers, except those of `keep`.
+    pub fn remove_covered(&mut self, range: &ByteRange, keep: Entity) {
+        match &mut self.index {
+            None => self.list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
+            Some(index) => {
+                let covered: SmallVec<[(usize, u64); 8]> = index
+                    .range((range.start, 0)..(range.end, 0))
+                    .filter(|(_, l)| l.cmd != keep && range.covers(&l.range))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in covered {
+                    index.remove(&k);
+                }
+                self.shrink();
+            }
+        }
+    }
+
+    /// Removes the leaves of `cmd` that start where `range` starts.
+    pub fn remove(&mut self, cmd: Entity, range: &ByteRange) {
+        match &mut self.index {
+            None => self.list.retain(|l| l.cmd != cmd),
+            Some(index) => {
+                index.remove(&(range.start, cmd.to_bits()));
+                self.shrink();
+            }
+        }
+    }
+
+    /// Back to the short list once the index is small again.
+    fn shrink(&mut self) {
+        if let Some(index) = &self.index {
+            if index.len() <= INDEX_AT / 2 {
+                self.list = index.values().copied().collect();
+                self.index = None;
+                self.max_len = 0;
+            }
+        }
+    }
+}
+
 /// One memory space's copy of a buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
@@ -76,9 +184,9 @@ pub struct MemoryRecord {
     /// The buffer.
     pub buffer: Arc<BufferCore>,
     /// Unfinished readers, by range.
-    pub reads: SmallVec<[Leaf; 4]>,
+    pub reads: LeafSet,
     /// Unfinished writers, by range.
-    pub writes: SmallVec<[Leaf; 2]>,
+    pub writes: LeafSet,
     /// Copies of the contents; the host copy is always first.
     pub locations: SmallVec<[Location; 2]>,
 }
@@ -88,8 +196,8 @@ impl MemoryRecord {
     pub fn new(buffer: Arc<BufferCore>) -> Self {
         Self {
             buffer,
-            reads: SmallVec::new(),
-            writes: SmallVec::new(),
+            reads: LeafSet::default(),
+            writes: LeafSet::default(),
             locations: SmallVec::from_iter([Location {
                 space: MemSpace::Host,
                 device: None,
@@ -110,10 +218,10 @@ impl MemoryRecord {
         self.locations.iter_mut().find(|l| l.space == space)
     }
 
-    /// Forgets `cmd` as a leaf and as a producer: it has finished.
-    pub fn release(&mut self, cmd: Entity) {
-        self.reads.retain(|l| l.cmd != cmd);
-        self.writes.retain(|l| l.cmd != cmd);
+    /// Forgets `cmd`, which used `range`, as a leaf and as a producer: it finished.
+    pub fn release(&mut self, cmd: Entity, range: &ByteRange) {
+        self.reads.remove(cmd, range);
+        self.writes.remove(cmd, range);
         for loc in &mut self.locations {
             if loc.producer == Some(cmd) {
                 loc.producer = None;
@@ -130,6 +238,41 @@ impl MemoryRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn leaf(i: u32, start: usize, len: usize) -> Leaf {
+        Leaf { cmd: Entity::from_raw_u32(i + 1).unwrap(), range: ByteRange::new(start, len) }
+    }
+
+    fn overlapping(set: &LeafSet, start: usize, len: usize) -> Vec<Entity> {
+        let mut v = Vec::new();
+        set.for_each_overlapping(&ByteRange::new(start, len), |l| v.push(l.cmd));
+        v.sort();
+        v
+    }
+
+    /// The list and the index answer the same queries.
+    #[test]
+    fn leaf_set_indexes_many_disjoint_leaves() {
+        let mut set = LeafSet::default();
+        for i in 0..1000 {
+            set.push(leaf(i, i as usize * 8, 8));
+        }
+        assert!(set.index.is_some());
+        assert_eq!(set.len(), 1000);
+        let mut expect = vec![leaf(2, 0, 0).cmd, leaf(3, 0, 0).cmd];
+        expect.sort();
+        assert_eq!(overlapping(&set, 20, 8), expect);
+        set.push(leaf(5000, 0, 8000)); // one wide leaf widens the look-back window
+        assert_eq!(overlapping(&set, 7996, 2).len(), 2);
+        set.remove_covered(&ByteRange::new(0, 400), leaf(5000, 0, 0).cmd);
+        assert_eq!(set.len(), 1001 - 50);
+        for i in 50..1000 {
+            set.remove(leaf(i, 0, 0).cmd, &ByteRange::new(i as usize * 8, 8));
+        }
+        assert!(set.index.is_none(), "shrinks back to a list");
+        assert_eq!(set.len(), 1);
+        assert_eq!(overlapping(&set, 100, 1), vec![leaf(5000, 0, 0).cmd]);
+    }
 
     #[test]
     fn ranges_overlap_and_cover() {

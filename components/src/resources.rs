@@ -107,6 +107,8 @@ impl SchedulerConfig {
 pub struct Stats {
     /// Commands ingested.
     pub submitted: u64,
+    /// Messages ingested (submissions, drops, releases).
+    pub messages: u64,
     /// Commands finished successfully.
     pub completed: u64,
     /// Commands finished with an error.

@@ -17,7 +17,7 @@ use gantry_components::{
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -144,6 +144,9 @@ impl RuntimeBuilder {
             epoch,
             next_id: AtomicU64::new(1),
             devices: infos,
+            sent: AtomicU64::new(0),
+            idle: Mutex::new(IdleState { ingested: 0, idle: true }),
+            idle_cv: Condvar::new(),
             msg_rx,
             done_rx,
             wake_tx,
@@ -179,9 +182,20 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
+    /// Messages sent to the scheduler.
+    sent: AtomicU64,
+    /// What the scheduler thread last saw (threaded mode).
+    idle: Mutex<IdleState>,
+    idle_cv: Condvar,
     msg_rx: Receiver<Message>,
     done_rx: Receiver<Completion>,
     wake_tx: Sender<()>,
+}
+
+/// The scheduler thread's last report: messages ingested, and whether it was idle.
+struct IdleState {
+    ingested: u64,
+    idle: bool,
 }
 
 /// How one flush left things (read while holding the world).
@@ -191,6 +205,8 @@ struct Progress {
     has_work: bool,
     /// Nothing queued, running on a driver, or waiting in a channel.
     idle: bool,
+    /// Messages ingested so far.
+    ingested: u64,
 }
 
 impl Shared {
@@ -207,7 +223,9 @@ impl Shared {
         if !self.alive.load(Ordering::Acquire) {
             return Err(Error::RuntimeDropped);
         }
-        self.tx.send(msg).map_err(|_| Error::RuntimeDropped)
+        self.tx.send(msg).map_err(|_| Error::RuntimeDropped)?;
+        self.sent.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Runs the schedule once. `None` if the runtime has shut down.
@@ -218,7 +236,8 @@ impl Shared {
         let has_work = core.world.resource::<WorkLists>().has_work();
         let in_driver = core.world.resource::<Stats>().in_driver;
         let idle = !has_work && in_driver == 0 && self.msg_rx.is_empty() && self.done_rx.is_empty();
-        Some(Progress { has_work, idle })
+        let ingested = core.world.resource::<Stats>().messages;
+        Some(Progress { has_work, idle, ingested })
     }
 
     /// Blocks until a message or completion arrives, or `timeout` passes.
@@ -254,20 +273,28 @@ impl Shared {
         Ok(())
     }
 
-    /// Flushes until nothing is queued or running.
+    /// Returns once nothing is queued or running (commands blocked behind a held host
+    /// access do not count as running). In threaded mode this waits for the scheduler
+    /// thread's report; in manual mode the caller flushes.
     pub(crate) fn drive_until_idle(&self) -> Result<()> {
+        if self.mode == Mode::Threaded {
+            let target = self.sent.load(Ordering::Acquire);
+            let mut state = self.idle.lock();
+            while !(state.idle && state.ingested >= target) {
+                if self.core.lock().is_none() {
+                    return Err(Error::RuntimeDropped);
+                }
+                self.idle_cv.wait_for(&mut state, Duration::from_millis(50));
+            }
+            return Ok(());
+        }
         loop {
             let progress = self.flush_once().ok_or(Error::RuntimeDropped)?;
             if progress.idle {
                 return Ok(());
             }
-            if progress.has_work {
-                continue;
-            }
-            if self.mode == Mode::Manual {
+            if !progress.has_work {
                 self.block_for_input(None, Duration::from_millis(1));
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
             }
         }
     }
@@ -277,6 +304,14 @@ impl Shared {
             let Some(progress) = self.flush_once() else {
                 return;
             };
+            {
+                let mut state = self.idle.lock();
+                state.ingested = progress.ingested;
+                state.idle = progress.idle;
+                if progress.idle {
+                    self.idle_cv.notify_all();
+                }
+            }
             if progress.has_work {
                 continue;
             }

@@ -15,7 +15,9 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     q.refresh(world);
     let rx = world.resource::<Inbox>().messages.clone();
     let mut spawned = 0u64;
+    let mut messages = 0u64;
     while let Ok(msg) = rx.try_recv() {
+        messages += 1;
         match msg {
             Message::Submit(desc) => {
                 let seq = world.resource::<Stats>().submitted + spawned;
@@ -74,8 +76,9 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
             }
         }
     }
-    if spawned > 0 {
+    if messages > 0 {
         let mut stats = world.resource_mut::<Stats>();
+        stats.messages += messages;
         stats.submitted += spawned;
         stats.live_commands += spawned;
     }

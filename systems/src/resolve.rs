@@ -56,8 +56,10 @@ pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
     }
 }
 
+/// Collects a predecessor; duplicates are removed once, in [`connect`], so a command
+/// with thousands of predecessors (a fan-in) stays O(n log n).
 fn push_unique(preds: &mut Preds, e: Entity, this: Entity) {
-    if e != this && !preds.contains(&e) {
+    if e != this {
         preds.push(e);
     }
 }
@@ -194,18 +196,14 @@ fn resolve_requirement(
         }
     }
     // Read-after-write, write-after-write.
-    for leaf in record.writes.iter().filter(|l| l.range.overlaps(&req.range)) {
-        push_unique(preds, leaf.cmd, e);
-    }
+    record.writes.for_each_overlapping(&req.range, |leaf| push_unique(preds, leaf.cmd, e));
     if req.mode.writes() {
         // Write-after-read.
-        for leaf in record.reads.iter().filter(|l| l.range.overlaps(&req.range)) {
-            push_unique(preds, leaf.cmd, e);
-        }
+        record.reads.for_each_overlapping(&req.range, |leaf| push_unique(preds, leaf.cmd, e));
         // Leaves this write covers are reachable through it from now on.
         let range = req.range;
-        record.reads.retain(|l| l.cmd == e || !range.covers(&l.range));
-        record.writes.retain(|l| l.cmd == e || !range.covers(&l.range));
+        record.reads.remove_covered(&range, e);
+        record.writes.remove_covered(&range, e);
         record.writes.push(gantry_components::Leaf { cmd: e, range });
         // Only this space now holds the current contents. Its producer (a move still
         // filling it) stays: readers of other ranges must still wait for the move.
@@ -319,9 +317,7 @@ fn insert_move(world: &mut World, q: &mut Queries, rec: Entity, from: MemSpace, 
     if let Some(p) = src.producer {
         push_unique(&mut preds, p, m);
     }
-    for leaf in record.writes.iter() {
-        push_unique(&mut preds, leaf.cmd, m);
-    }
+    record.writes.for_each(|leaf| push_unique(&mut preds, leaf.cmd, m));
     record.reads.push(gantry_components::Leaf { cmd: m, range: whole });
     let target = record.location_mut(to).expect("location");
     target.valid = true;
@@ -337,7 +333,11 @@ fn event_slot(world: &mut World, q: &mut Queries, e: Entity) {
 }
 
 /// Adds edges from `preds` to `e` and decides whether `e` is ready.
-fn connect(world: &mut World, q: &mut Queries, e: Entity, preds: Preds) {
+fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds) {
+    if preds.len() > 1 {
+        preds.sort_unstable();
+        preds.dedup();
+    }
     let (device, kind) = {
         let c = q.command(world, e).expect("command");
         (c.device, c.kind)

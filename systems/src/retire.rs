@@ -103,7 +103,7 @@ fn retire_entity(
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
             if let Some(mut record) = q.record_mut(world, rec) {
-                record.release(e);
+                record.release(e, &r.range);
                 if record.buffer.is_dropped() {
                     world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
                 }
