@@ -42,7 +42,9 @@ pub struct CpuConfig {
     /// Threads that run host tasks; 0 runs them inline.
     pub host_threads: usize,
     /// Kernels with a single work-group of at most this many work-items, and copies
-    /// and fills of at most `inline_items * 4` bytes, run inline.
+    /// and fills of at most `inline_items * 4` bytes, run inline on the thread that
+    /// made them ready (often the scheduler's): work this small costs less than a
+    /// thread hop. Keep it small; a long inline kernel delays scheduling.
     pub inline_items: usize,
 }
 
@@ -51,7 +53,7 @@ impl Default for CpuConfig {
         Self {
             worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             host_threads: 2,
-            inline_items: 4096,
+            inline_items: 256,
         }
     }
 }

@@ -35,25 +35,38 @@ impl GroupCtx<'_> {
         [l[0].min(g[0] - b[0]), l[1].min(g[1] - b[1]), l[2].min(g[2] - b[2])]
     }
 
-    /// Calls `f` for every work-item of the group, in local linear order.
-    #[inline]
-    pub fn for_each_item(&self, mut f: impl FnMut(&mut Item<'_>)) {
-        let base = self.base();
-        let ext = self.extent();
-        for i0 in 0..ext[0] {
-            for i1 in 0..ext[1] {
-                for i2 in 0..ext[2] {
-                    let mut item = Item {
-                        rel: [base[0] + i0, base[1] + i1, base[2] + i2],
-                        local: [i0, i1, i2],
-                        group: self.group,
-                        geometry: self.geometry,
-                        bindings: self.bindings,
-                        scratch: self.scratch,
-                        tag: self.tag,
-                    };
-                    f(&mut item);
-                }
+    /// Calls `f` for every work-item of the group, in local linear order. The item is
+    /// built once and only its ids change, so the loop around an inlined kernel body
+    /// is as tight as a hand-written one.
+    #[inline(always)]
+    pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
+        items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag)
+    }
+}
+
+/// The loop of [`GroupCtx::for_each_item`]. The binding tables are separate `&[_]`
+/// arguments so the compiler knows nothing in the loop writes them and can keep an
+/// accessor's pointer in a register instead of reloading it after every store. It
+/// stays a call (once per group) so those argument guarantees hold.
+#[inline(never)]
+fn items<F: Fn(&mut Item<'_>)>(
+    f: &F,
+    geometry: &Geometry,
+    group: [usize; 3],
+    bindings: &[Binding],
+    scratch: &[Binding],
+    tag: u64,
+) {
+    let ctx = GroupCtx { geometry, group, bindings, scratch, tag };
+    let base = ctx.base();
+    let ext = ctx.extent();
+    let mut item = Item { rel: base, local: [0; 3], group, geometry, bindings, scratch, tag };
+    for i0 in 0..ext[0] {
+        for i1 in 0..ext[1] {
+            for i2 in 0..ext[2] {
+                item.rel = [base[0] + i0, base[1] + i1, base[2] + i2];
+                item.local = [i0, i1, i2];
+                f(&mut item);
             }
         }
     }
@@ -69,8 +82,9 @@ impl GroupCtx<'_> {
 /// # use gantry_driver::{Geometry, GroupCtx, Range};
 /// let geometry = Geometry::for_range(Range::d2(2, 3)).unwrap();
 /// let group = GroupCtx { geometry: &geometry, group: [1, 0, 0], bindings: &[], scratch: &[], tag: 0 };
-/// let mut ids = Vec::new();
-/// group.for_each_item(|it| ids.push((it.global_id(0), it.global_id(1), it.global_linear_id())));
+/// let ids = std::cell::RefCell::new(Vec::new());
+/// group.for_each_item(&|it| ids.borrow_mut().push((it.global_id(0), it.global_id(1), it.global_linear_id())));
+/// let ids = ids.into_inner();
 /// assert_eq!(ids, vec![(1, 0, 3), (1, 1, 4), (1, 2, 5)]);
 /// ```
 pub struct Item<'a> {
