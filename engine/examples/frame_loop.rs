@@ -1,0 +1,455 @@
+//! A frame loop on Gantry's CPU driver: 2-D heat diffusion on a W×H grid.
+//!
+//! Each frame submits
+//! 1. the stencil kernel: a 2-D `parallel_for([h, w])` reading the current grid and
+//!    writing the next one through an exclusive element accessor (two grids,
+//!    ping-ponged),
+//! 2. a per-row reduction kernel (sum and max of each row of the new grid),
+//! 3. a copy of the probe row (the middle row) into a ring of history rows,
+//! 4. a host task folding the row results into the frame's total heat and maximum
+//!    temperature, recorded in a `Vec` behind a `Mutex`,
+//!
+//! and every `SNAPSHOT_EVERY` frames a copy of the whole grid into a snapshot buffer.
+//! Nobody states a dependency: Gantry derives them from the buffers each command uses.
+//! At most `--inflight` frames are in flight (the loop waits for frame `f - inflight`
+//! before submitting frame `f`), as a renderer would.
+//!
+//! At the end everything (final grid, history ring, snapshot, per-frame values) is
+//! checked against a plain serial implementation using the same `f32` operations in
+//! the same order, so the results must be bit-identical.
+//!
+//! ```text
+//! cargo run --release --example frame_loop -- [--frames N] [--size N] [--threads N]
+//!     [--inflight N] [--report N] [--no-preserve]
+//! ```
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use gantry::{Buffer, Event, NdRange, Queue, Runtime};
+
+/// Diffusion coefficient (stable for ≤ 0.25).
+const ALPHA: f32 = 0.2;
+/// Temperature of the hot top edge and of the initial hot square.
+const HOT: f32 = 100.0;
+/// Rows of probe history kept (a ring).
+const HISTORY: usize = 64;
+/// A snapshot of the grid is copied every this many frames.
+const SNAPSHOT_EVERY: usize = 50;
+/// Work-items per work-group of the row reduction (so its rows spread over workers).
+const ROWS_PER_GROUP: usize = 8;
+
+struct Options {
+    frames: usize,
+    size: usize,
+    threads: Option<usize>,
+    inflight: usize,
+    report: usize,
+    preserve: bool,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve]\n\
+         \x20 --frames N     frames to simulate (default 200)\n\
+         \x20 --size N       grid is N×N (default 512, at least 3)\n\
+         \x20 --threads N    CPU driver worker threads (default: one per core; 0 runs kernels inline)\n\
+         \x20 --inflight N   frames submitted ahead of the oldest unfinished one (default 2)\n\
+         \x20 --report N     print a table row every N frames (default frames/10)\n\
+         \x20 --no-preserve  skip the copy of written ranges kept to restore them on failure"
+    );
+    std::process::exit(2)
+}
+
+fn parse_options() -> Options {
+    let mut o = Options { frames: 200, size: 512, threads: None, inflight: 2, report: 0, preserve: true };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || -> usize {
+            let v = args.next().unwrap_or_else(|| usage());
+            v.parse().unwrap_or_else(|_| {
+                eprintln!("{flag}: not a number: {v}");
+                usage()
+            })
+        };
+        match flag.as_str() {
+            "--frames" => o.frames = value(),
+            "--size" => o.size = value(),
+            "--threads" => o.threads = Some(value()),
+            "--inflight" => o.inflight = value(),
+            "--report" => o.report = value(),
+            "--no-preserve" => o.preserve = false,
+            "-h" | "--help" => usage(),
+            _ => {
+                eprintln!("unknown argument: {flag}");
+                usage()
+            }
+        }
+    }
+    if o.size < 3 || o.frames == 0 {
+        usage();
+    }
+    o.inflight = o.inflight.max(1);
+    if o.report == 0 {
+        o.report = o.frames.div_ceil(10);
+    }
+    o
+}
+
+// ---------------------------------------------------------------------------------
+// The arithmetic, shared by the kernels and the serial reference so both perform the
+// same f32 operations in the same order.
+
+/// The next temperature of an interior cell from itself and its four neighbours.
+#[inline(always)]
+fn stencil(c: f32, north: f32, south: f32, west: f32, east: f32) -> f32 {
+    c + ALPHA * (north + south + west + east - 4.0 * c)
+}
+
+/// Whether `(y, x)` is on the grid's edge (fixed temperature).
+#[inline(always)]
+fn is_edge(y: usize, x: usize, h: usize, w: usize) -> bool {
+    y == 0 || x == 0 || y == h - 1 || x == w - 1
+}
+
+/// Sum and maximum of one row, left to right.
+#[inline(always)]
+fn row_stat(values: impl Iterator<Item = f32>) -> [f32; 2] {
+    values.fold([0.0, f32::MIN], |[sum, max], v| [sum + v, max.max(v)])
+}
+
+/// Total heat and maximum temperature from the rows' results, top to bottom.
+fn fold_rows(rows: &[[f32; 2]]) -> (f32, f32) {
+    rows.iter().fold((0.0, f32::MIN), |(heat, max), r| (heat + r[0], max.max(r[1])))
+}
+
+/// The initial grid: a hot top edge and a hot square in the middle.
+fn initial_grid(h: usize, w: usize) -> Vec<f32> {
+    let mut g = vec![0.0f32; h * w];
+    g[..w].fill(HOT);
+    let (cy, cx, r) = (h / 2, w / 2, (h.min(w) / 8).max(1));
+    for y in cy.saturating_sub(r)..(cy + r).min(h - 1) {
+        for x in cx.saturating_sub(r)..(cx + r).min(w - 1) {
+            g[y * w + x] = HOT;
+        }
+    }
+    g
+}
+
+// ---------------------------------------------------------------------------------
+// The Gantry version.
+
+/// What one frame's host task records.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct FrameStat {
+    frame: usize,
+    heat: f32,
+    max: f32,
+}
+
+/// The simulation's buffers and where frames are submitted.
+struct Sim {
+    q: Queue,
+    h: usize,
+    w: usize,
+    /// The two grids; frame `f` reads `grids[f % 2]` and writes the other.
+    grids: [Buffer<f32>; 2],
+    /// Sum and max of each row of the newest grid.
+    rows: Buffer<[f32; 2]>,
+    /// The probe row of the last `HISTORY` frames; frame `f` writes row `f % HISTORY`.
+    history: Buffer<f32>,
+    /// The grid as of the last snapshot frame (every `SNAPSHOT_EVERY`-th: 49, 99, ...).
+    snapshot: Buffer<f32>,
+    log: Arc<Mutex<Vec<FrameStat>>>,
+}
+
+impl Sim {
+    fn new(rt: &Runtime, h: usize, w: usize) -> Self {
+        let init = initial_grid(h, w);
+        Sim {
+            q: rt.queue(),
+            h,
+            w,
+            grids: [rt.buffer(&init), rt.buffer(&init)],
+            rows: rt.buffer_zeroed(h),
+            history: rt.buffer_zeroed(HISTORY * w),
+            snapshot: rt.buffer_zeroed(h * w),
+            log: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Submits frame `f` and returns the events of its commands, in submission order;
+    /// the last is the host task's. (A fused or recorded-graph variant of the loop
+    /// would replace this function.)
+    fn submit_frame(&self, f: usize) -> gantry::Result<Vec<Event>> {
+        let mut events = Vec::with_capacity(5);
+        let (h, w) = (self.h, self.w);
+        let (cur, next) = (&self.grids[f % 2], &self.grids[(f + 1) % 2]);
+
+        // 1. Stencil: next = diffuse(cur).
+        events.push(self.q.submit(|cg| {
+            cg.name("stencil");
+            let src = cg.read(cur);
+            let dst = cg.elements_out(next);
+            cg.parallel_for([h, w], move |it| {
+                let (y, x) = (it.global_id(0), it.global_id(1));
+                let i = y * w + x;
+                let c = src.get(it, i);
+                let v = if is_edge(y, x, h, w) {
+                    c
+                } else {
+                    stencil(c, src.get(it, i - w), src.get(it, i + w), src.get(it, i - 1), src.get(it, i + 1))
+                };
+                *dst.elem(it) = v;
+            });
+        })?);
+
+        // 2. Per-row sum and max of the new grid. An ND-range with small groups: a
+        //    plain 1-D range of h ≤ 1024 rows would be a single work-group, run on one
+        //    thread.
+        events.push(self.q.submit(|cg| {
+            cg.name("row_stats");
+            let grid = cg.read(next);
+            let out = cg.elements_out(&self.rows);
+            let local = if h.is_multiple_of(ROWS_PER_GROUP) { ROWS_PER_GROUP } else { 1 };
+            cg.parallel_for_nd(NdRange::new(h, local), move |it| {
+                let y = it.global_id(0);
+                let s = row_stat((0..w).map(|x| grid.get(it, y * w + x)));
+                *out.elem(it) = s;
+            });
+        })?);
+
+        // 3. The probe row into the history ring.
+        events.push(self.q.submit(|cg| {
+            cg.name("probe_copy");
+            cg.copy_range(next, probe_row(h) * w, &self.history, (f % HISTORY) * w, w);
+        })?);
+
+        // Every SNAPSHOT_EVERY frames, the whole grid.
+        if takes_snapshot(f) {
+            events.push(self.q.submit(|cg| {
+                cg.name("snapshot");
+                cg.copy(next, &self.snapshot);
+            })?);
+        }
+
+        // 4. Host task: fold the rows into the frame's totals.
+        let log = self.log.clone();
+        events.push(self.q.submit(|cg| {
+            cg.name("frame_stats");
+            let rows = cg.host_read(&self.rows);
+            cg.host_task(move |ctx| {
+                let (heat, max) = fold_rows(rows.as_slice(ctx));
+                log.lock().unwrap().push(FrameStat { frame: f, heat, max });
+            });
+        })?);
+        Ok(events)
+    }
+}
+
+fn probe_row(h: usize) -> usize {
+    h / 2
+}
+
+fn takes_snapshot(f: usize) -> bool {
+    (f + 1).is_multiple_of(SNAPSHOT_EVERY)
+}
+
+// ---------------------------------------------------------------------------------
+// The serial reference.
+
+struct Reference {
+    grid: Vec<f32>,
+    history: Vec<f32>,
+    snapshot: Vec<f32>,
+    log: Vec<FrameStat>,
+}
+
+fn reference(h: usize, w: usize, frames: usize) -> Reference {
+    let mut cur = initial_grid(h, w);
+    let mut next = cur.clone();
+    let mut history = vec![0.0f32; HISTORY * w];
+    let mut snapshot = vec![0.0f32; h * w];
+    let mut log = Vec::with_capacity(frames);
+    for f in 0..frames {
+        for y in 0..h {
+            for x in 0..w {
+                let i = y * w + x;
+                let c = cur[i];
+                next[i] = if is_edge(y, x, h, w) {
+                    c
+                } else {
+                    stencil(c, cur[i - w], cur[i + w], cur[i - 1], cur[i + 1])
+                };
+            }
+        }
+        let rows: Vec<[f32; 2]> = next.chunks_exact(w).map(|r| row_stat(r.iter().copied())).collect();
+        let p = probe_row(h) * w;
+        history[(f % HISTORY) * w..][..w].copy_from_slice(&next[p..p + w]);
+        if takes_snapshot(f) {
+            snapshot.copy_from_slice(&next);
+        }
+        let (heat, max) = fold_rows(&rows);
+        log.push(FrameStat { frame: f, heat, max });
+        std::mem::swap(&mut cur, &mut next);
+    }
+    Reference { grid: cur, history, snapshot, log }
+}
+
+// ---------------------------------------------------------------------------------
+
+/// Number of differing elements and the largest absolute difference.
+fn compare(got: &[f32], want: &[f32]) -> (usize, f32) {
+    got.iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .fold((0, 0.0f32), |(n, d), (a, b)| (n + 1, d.max((a - b).abs())))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn main() -> ExitCode {
+    let o = parse_options();
+    let (h, w) = (o.size, o.size);
+    let mut builder = Runtime::builder().preserve_on_failure(o.preserve);
+    if let Some(t) = o.threads {
+        builder = builder.worker_threads(t);
+    }
+    let rt = builder.build();
+    let sim = Sim::new(&rt, h, w);
+    println!(
+        "frame_loop: {w}x{h} heat diffusion, {} frames, CPU worker threads: {}, {} in flight{}",
+        o.frames,
+        o.threads.map_or("default".to_string(), |t| t.to_string()),
+        o.inflight,
+        if o.preserve { "" } else { ", no failure snapshots" },
+    );
+
+    // The loop: wait for frame f - inflight, submit frame f.
+    let mut submitted_ns = Vec::with_capacity(o.frames);
+    let mut frames: Vec<Vec<Event>> = Vec::with_capacity(o.frames);
+    let start = Instant::now();
+    for f in 0..o.frames {
+        if f >= o.inflight {
+            let oldest = frames[f - o.inflight].last().expect("a frame has commands");
+            if let Err(e) = oldest.wait() {
+                eprintln!("frame {}: {e}", f - o.inflight);
+                return ExitCode::FAILURE;
+            }
+        }
+        submitted_ns.push(rt.now_ns());
+        match sim.submit_frame(f) {
+            Ok(events) => frames.push(events),
+            Err(e) => {
+                eprintln!("frame {f}: submit failed: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Err(e) = sim.q.wait() {
+        eprintln!("frame loop failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    let wall = start.elapsed();
+
+    // Frame time: from one frame's completion to the next's (the first: from its
+    // submission). Latency: from a frame's submission to its completion.
+    let ended: Vec<u64> = frames.iter().map(|ev| ev.last().map_or(0, |e| e.timestamps().ended_ns)).collect();
+    let commands: usize = frames.iter().map(Vec::len).sum();
+    let frame_ms: Vec<f64> = (0..o.frames)
+        .map(|f| {
+            let from = if f == 0 { submitted_ns[0] } else { ended[f - 1] };
+            ended[f].saturating_sub(from) as f64 / 1e6
+        })
+        .collect();
+    let latency_ms: Vec<f64> =
+        (0..o.frames).map(|f| ended[f].saturating_sub(submitted_ns[f]) as f64 / 1e6).collect();
+    let log = sim.log.lock().unwrap().clone();
+
+    println!(
+        "{:>11}  {:>10}  {:>10}  {:>12}  {:>9}",
+        "frames", "mean ms", "max ms", "total heat", "max temp"
+    );
+    for start in (0..o.frames).step_by(o.report) {
+        let end = (start + o.report).min(o.frames);
+        let window = &frame_ms[start..end];
+        let mean = window.iter().sum::<f64>() / window.len() as f64;
+        let max = window.iter().copied().fold(0.0, f64::max);
+        let last = log.iter().find(|s| s.frame == end - 1);
+        let (heat, temp) = last.map_or((f32::NAN, f32::NAN), |s| (s.heat, s.max));
+        println!("{:>11}  {mean:>10.3}  {max:>10.3}  {heat:>12.1}  {temp:>9.2}", format!("{start}..{end}"));
+    }
+    let mut sorted = frame_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let mean = frame_ms.iter().sum::<f64>() / o.frames as f64;
+    let mean_latency = latency_ms.iter().sum::<f64>() / o.frames as f64;
+    println!(
+        "frame time: mean {mean:.3} ms, p50 {:.3} ms, p99 {:.3} ms; latency (submit to done) mean {mean_latency:.3} ms",
+        percentile(&sorted, 0.5),
+        percentile(&sorted, 0.99),
+    );
+    // Where a frame's time goes: each kind of command's mean run time.
+    let mut busy: Vec<(String, f64, usize)> = Vec::new();
+    for e in frames.iter().flatten() {
+        let t = e.timestamps();
+        let ms = t.ended_ns.saturating_sub(t.started_ns) as f64 / 1e6;
+        match busy.iter_mut().find(|(name, ..)| name == e.name()) {
+            Some((_, total, n)) => (*total, *n) = (*total + ms, *n + 1),
+            None => busy.push((e.name().to_string(), ms, 1)),
+        }
+    }
+    let parts: Vec<String> =
+        busy.iter().map(|(name, total, n)| format!("{name} {:.3}", total / *n as f64)).collect();
+    println!("mean run time per command, ms: {}", parts.join(", "));
+    let secs = wall.as_secs_f64();
+    println!(
+        "{commands} commands in {:.3} s: {:.0} commands/s, {:.1} frames/s",
+        secs,
+        commands as f64 / secs,
+        o.frames as f64 / secs
+    );
+
+    // Verification against the serial run.
+    let t = Instant::now();
+    let want = reference(h, w, o.frames);
+    let serial = t.elapsed().as_secs_f64();
+    let read = |b: &Buffer<f32>| b.to_vec().expect("reading back a buffer");
+    let checks = [
+        ("final grid", compare(&read(&sim.grids[o.frames % 2]), &want.grid)),
+        ("probe history", compare(&read(&sim.history), &want.history)),
+        ("snapshot", compare(&read(&sim.snapshot), &want.snapshot)),
+    ];
+    let mut ok = true;
+    for (what, (n, max_diff)) in checks {
+        if n > 0 {
+            eprintln!("verified: FAILED: {what}: {n} elements differ, max difference {max_diff:e}");
+            ok = false;
+        }
+    }
+    if log != want.log {
+        let max_diff = log
+            .iter()
+            .zip(&want.log)
+            .map(|(a, b)| (a.heat - b.heat).abs().max((a.max - b.max).abs()))
+            .fold(if log.len() == want.log.len() { 0.0f32 } else { f32::INFINITY }, f32::max);
+        eprintln!(
+            "verified: FAILED: frame stats differ ({} recorded, {} expected), max difference {max_diff:e}",
+            log.len(),
+            want.log.len()
+        );
+        ok = false;
+    }
+    if !ok {
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "verified: OK (grid, probe history, snapshot and {} frame stats bit-identical to the serial run: {:.3} ms/frame)",
+        log.len(),
+        serial * 1e3 / o.frames as f64
+    );
+    ExitCode::SUCCESS
+}
