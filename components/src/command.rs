@@ -39,9 +39,11 @@ pub enum CommandKind {
 }
 
 impl CommandKind {
-    /// Whether a driver executes it (markers and host accesses complete in the scheduler).
+    /// Whether a driver executes it. Markers and barriers go to their device's driver
+    /// (as GPU runtimes record stream events) so they complete on its clock; host
+    /// accesses are run by the scheduler and the user.
     pub fn runs_on_driver(self) -> bool {
-        !matches!(self, CommandKind::Marker | CommandKind::Barrier | CommandKind::HostAccess)
+        !matches!(self, CommandKind::HostAccess)
     }
 }
 

@@ -23,6 +23,7 @@ pub mod memory;
 pub mod queue;
 pub mod resources;
 pub mod stage;
+pub mod timeline;
 
 pub use command::{
     Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status, Successor,
@@ -34,3 +35,4 @@ pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
 pub use queue::QueueState;
 pub use resources::{Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
 pub use stage::{Flush, Stage};
+pub use timeline::{Slice, Timeline};

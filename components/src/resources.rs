@@ -64,6 +64,8 @@ pub struct Finished {
     pub started_ns: u64,
     /// End time.
     pub ended_ns: u64,
+    /// The driver thread or engine that ran it.
+    pub lane: u32,
 }
 
 /// Entities waiting for each stage, so stages never scan every command.

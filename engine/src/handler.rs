@@ -478,13 +478,19 @@ impl Handler {
                 }
                 (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy")))
             }
-            Some(Action::CopyFromHost(data)) => {
-                (CommandKind::CopyFromHost, Work::CopyFromHost(data), self.kernel_name(static_name!("copy_from_host")))
+            Some(Action::CopyFromHost(data)) => (
+                CommandKind::CopyFromHost,
+                Work::CopyFromHost(data),
+                self.kernel_name(static_name!("copy_from_host")),
+            ),
+            Some(Action::CopyToHost(out)) => (
+                CommandKind::CopyToHost,
+                Work::CopyToHost(out),
+                self.kernel_name(static_name!("copy_to_host")),
+            ),
+            Some(Action::Fill(pattern)) => {
+                (CommandKind::Fill, Work::Fill(pattern), self.kernel_name(static_name!("fill")))
             }
-            Some(Action::CopyToHost(out)) => {
-                (CommandKind::CopyToHost, Work::CopyToHost(out), self.kernel_name(static_name!("copy_to_host")))
-            }
-            Some(Action::Fill(pattern)) => (CommandKind::Fill, Work::Fill(pattern), self.kernel_name(static_name!("fill"))),
         };
         Ok(Built {
             kind,

@@ -48,6 +48,7 @@ mod event;
 mod handler;
 mod queue;
 mod runtime;
+mod trace;
 
 pub use buffer::{Buffer, HostRead, HostWrite, Readback};
 pub use error::{Error, Result};
@@ -56,7 +57,7 @@ pub use handler::{Handler, Phases};
 pub use queue::{Queue, QueueOptions};
 pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
-pub use gantry_components::{EventStatus, Stage, Stats, Timestamps};
+pub use gantry_components::{EventStatus, Slice, Stage, Stats, Timeline, Timestamps};
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::{
     AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,

@@ -13,7 +13,7 @@ use bytemuck::Pod;
 use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
     BufferCore, Device, Devices, EventShared, EventStatus, Inbox, Message, QueueCore, SchedulerConfig, Stage,
-    Stats, WorkLists,
+    Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
@@ -54,6 +54,7 @@ pub struct RuntimeBuilder {
     sims: Vec<gantry_sim::SimConfig>,
     preserve_on_failure: bool,
     default_device: DeviceId,
+    timeline: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -65,6 +66,7 @@ impl Default for RuntimeBuilder {
             sims: Vec::new(),
             preserve_on_failure: true,
             default_device: 0,
+            timeline: false,
         }
     }
 }
@@ -103,6 +105,12 @@ impl RuntimeBuilder {
         self.preserve_on_failure = yes;
         self
     }
+    /// Records every finished command for [`Runtime::timeline`] and
+    /// [`Runtime::chrome_trace`] (default: off; recording costs memory per command).
+    pub fn timeline(mut self, record: bool) -> Self {
+        self.timeline = record;
+        self
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;
@@ -133,7 +141,10 @@ impl RuntimeBuilder {
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
         let config = SchedulerConfig { preserve_on_failure: self.preserve_on_failure, epoch };
-        let world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
+        let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
+        if self.timeline {
+            world.insert_resource(Timeline::default());
+        }
         let (wake_tx, wake_rx) = unbounded::<()>();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -477,6 +488,39 @@ impl Runtime {
         if let Err(e) = core.schedule.initialize(&mut core.world) {
             panic!("system added to {stage:?} breaks the flush schedule: {e}");
         }
+    }
+
+    /// The commands finished so far, if the runtime records a timeline
+    /// ([`RuntimeBuilder::timeline`]).
+    pub fn timeline(&self) -> Option<Timeline> {
+        self.with_world(|w| w.get_resource::<Timeline>().cloned())
+    }
+
+    /// The recorded timeline as Chrome trace JSON (open it in Perfetto or
+    /// `chrome://tracing`): a process per device, a track per driver thread or engine,
+    /// a slice per command and a flow arrow per dependency edge. `None` if the
+    /// runtime records no timeline.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().timeline(true).build();
+    /// let buf = rt.buffer_zeroed::<u32>(4);
+    /// let q = rt.queue();
+    /// q.submit(|cg| cg.fill(&buf, 1))?;
+    /// q.submit(|cg| cg.fill(&buf, 2))?.wait()?;
+    /// let json = rt.chrome_trace().unwrap();
+    /// assert!(json.contains("\"traceEvents\""));
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn chrome_trace(&self) -> Option<String> {
+        self.timeline().map(|t| crate::trace::chrome_trace(&t, &self.shared.devices))
+    }
+
+    /// Writes [`Runtime::chrome_trace`] to `path`.
+    pub fn write_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let json = self.chrome_trace().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "the runtime records no timeline")
+        })?;
+        std::fs::write(path, json)
     }
 
     /// Nanoseconds since the runtime started (the clock of submission timestamps and

@@ -15,7 +15,8 @@ fn quiet_panics() {
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
         let intended = ["kernel exploded", "host task failed", "no", "x"];
-        let intended = intended.iter().any(|m| msg == *m || msg.starts_with(m)) || msg.contains("out of bounds");
+        let intended =
+            intended.iter().any(|m| msg == *m || msg.starts_with(m)) || msg.contains("out of bounds");
         if !intended {
             default(info);
         }

@@ -1,5 +1,5 @@
 //! The **enqueue** stage: hands every ready command to its driver, with a wait-list of
-//! the predecessors that driver is still running. Markers and barriers finish here;
+//! the predecessors that driver is still running (markers and barriers included);
 //! host accesses start running (their user is woken).
 
 use bevy_ecs::entity::Entity;
@@ -8,11 +8,11 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, Devices, Finished, Requirement, SchedulerConfig,
-    Status, Work, WorkLists,
+    CommandKind, Devices, Finished, Requirement, SchedulerConfig, Status, Work, WorkLists,
 };
 use gantry_driver::{
-    Accepted, DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId, Submission,
+    Accepted, DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
+    Submission,
 };
 use smallvec::SmallVec;
 
@@ -72,22 +72,9 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
     let event = exec.event.clone();
     let cmd = q.command(world, e).expect("command");
     let (kind, device, name) = (cmd.kind, cmd.device, cmd.name.clone());
-    match kind {
-        CommandKind::Marker | CommandKind::Barrier => {
-            let now = world.resource::<SchedulerConfig>().now_ns();
-            world.resource_mut::<WorkLists>().finished.push(Finished {
-                cmd: e,
-                result: Ok(()),
-                started_ns: now,
-                ended_ns: now,
-            });
-            return;
-        }
-        CommandKind::HostAccess => {
-            event.mark_running(world.resource::<SchedulerConfig>().now_ns());
-            return;
-        }
-        _ => {}
+    if kind == CommandKind::HostAccess {
+        event.mark_running(world.resource::<SchedulerConfig>().now_ns());
+        return;
     }
 
     // Wait on predecessors this driver is still running.
@@ -111,14 +98,20 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
             unblock_on_submit(world, q, e);
         }
         Ok(Accepted::Done(c)) => {
-            let done = Finished { cmd: e, result: c.result, started_ns: c.started_ns, ended_ns: c.ended_ns };
+            let done = Finished {
+                cmd: e,
+                result: c.result,
+                started_ns: c.started_ns,
+                ended_ns: c.ended_ns,
+                lane: c.lane,
+            };
             world.resource_mut::<WorkLists>().finished.push(done);
             event.mark_submitted();
             unblock_on_submit(world, q, e);
         }
         Err(err) => {
             let now = world.resource::<SchedulerConfig>().now_ns();
-            let failed = Finished { cmd: e, result: Err(err), started_ns: now, ended_ns: now };
+            let failed = Finished { cmd: e, result: Err(err), started_ns: now, ended_ns: now, lane: 0 };
             world.resource_mut::<WorkLists>().finished.push(failed);
         }
     }

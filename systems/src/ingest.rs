@@ -5,8 +5,8 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    Command, Edges, Execution, Finished, Inbox, Message, Requirements, SchedulerConfig, Stats,
-    Status, WorkLists,
+    Command, Edges, Execution, Finished, Inbox, Message, Requirements, SchedulerConfig, Stats, Status,
+    WorkLists,
 };
 
 /// The ingest stage system.
@@ -71,6 +71,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                         result: Ok(()),
                         started_ns,
                         ended_ns: now,
+                        lane: 0,
                     });
                 }
             }

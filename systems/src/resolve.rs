@@ -75,6 +75,7 @@ fn fail_now(world: &mut World, _q: &mut Queries, e: Entity, error: ExecError) {
         result: Err(error),
         started_ns: now,
         ended_ns: now,
+        lane: 0,
     });
 }
 
@@ -272,7 +273,13 @@ fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace
 }
 
 /// Spawns a memory move from `from` to `to` of a buffer's whole contents.
-fn insert_move(world: &mut World, q: &mut Queries, rec: Entity, from: MemSpace, to: MemSpace) -> Result<(), ExecError> {
+fn insert_move(
+    world: &mut World,
+    q: &mut Queries,
+    rec: Entity,
+    from: MemSpace,
+    to: MemSpace,
+) -> Result<(), ExecError> {
     ensure_location(world, q, rec, to)?;
     let record = q.record(world, rec).expect("memory record");
     let buffer = record.buffer.clone();

@@ -7,9 +7,7 @@ use bevy_ecs::prelude::Local;
 use bevy_ecs::world::{FromWorld, World};
 
 use crate::queries::Queries;
-use gantry_components::{
-    Devices, Execution, Finished, Inbox, Stats, Status, WorkLists,
-};
+use gantry_components::{Devices, Execution, Finished, Inbox, Slice, Stats, Status, Timeline, WorkLists};
 use gantry_driver::ExecError;
 
 /// The retire stage system.
@@ -27,10 +25,15 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         result: c.result,
         started_ns: c.started_ns,
         ended_ns: c.ended_ns,
+        lane: c.lane,
     }));
     world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
+    let mut timeline = world.remove_resource::<Timeline>();
     for f in finished {
-        finish(world, q, f);
+        finish(world, q, f, &mut timeline);
+    }
+    if let Some(t) = timeline {
+        world.insert_resource(t);
     }
     release_idle_records(world, q);
 }
@@ -52,11 +55,11 @@ pub(crate) fn unblock(world: &mut World, q: &mut Queries, e: Entity) {
 }
 
 /// Completes one command and despawns it; failures poison its dependents.
-fn finish(world: &mut World, q: &mut Queries, f: Finished) {
+fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option<Timeline>) {
     let Some(name) = world_name(world, q, f.cmd) else {
         return;
     };
-    let Some(succs) = retire_entity(world, q, f.cmd, f.result.clone(), f.started_ns, f.ended_ns) else {
+    let Some(succs) = retire_entity(world, q, &f, timeline) else {
         return;
     };
     match f.result {
@@ -73,7 +76,14 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished) {
                 let Some(name) = world_name(world, q, e) else {
                     continue;
                 };
-                if let Some(next) = retire_entity(world, q, e, Err(err.clone()), f.ended_ns, f.ended_ns) {
+                let poisoned = Finished {
+                    cmd: e,
+                    result: Err(err.clone()),
+                    started_ns: f.ended_ns,
+                    ended_ns: f.ended_ns,
+                    lane: 0,
+                };
+                if let Some(next) = retire_entity(world, q, &poisoned, timeline) {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
             }
@@ -90,14 +100,29 @@ fn world_name(world: &World, q: &mut Queries, e: Entity) -> Option<std::sync::Ar
 fn retire_entity(
     world: &mut World,
     q: &mut Queries,
-    e: Entity,
-    result: Result<(), ExecError>,
-    started_ns: u64,
-    ended_ns: u64,
+    f: &Finished,
+    timeline: &mut Option<Timeline>,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
+    let e = f.cmd;
     let exec = q.execution(world, e)?;
     let event = exec.event.clone();
-    let ok = result.is_ok();
+    let ok = f.result.is_ok();
+    if let Some(t) = timeline {
+        let cmd = q.command(world, e).expect("command");
+        let preds = q.edges(world, e).expect("edges").preds.iter().map(|p| p.to_bits()).collect();
+        t.slices.push(Slice {
+            id: e.to_bits(),
+            name: cmd.name.clone(),
+            kind: cmd.kind,
+            device: cmd.device,
+            queue: cmd.queue.as_ref().map(|q| q.id),
+            lane: f.lane,
+            start_ns: f.started_ns,
+            end_ns: f.ended_ns,
+            preds,
+            error: f.result.as_ref().err().map(|e| e.to_string()),
+        });
+    }
     let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
     let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
     for r in &reqs {
@@ -112,7 +137,7 @@ fn retire_entity(
     }
     world.despawn(e);
     event.command.clear();
-    event.finish(result, started_ns, ended_ns);
+    event.finish(f.result.clone(), f.started_ns, f.ended_ns);
     let mut stats = world.resource_mut::<Stats>();
     stats.live_commands -= 1;
     if ok {
@@ -152,8 +177,14 @@ pub fn abandon_all(world: &mut World) {
     q.refresh(world);
     let mut all = world.query::<(Entity, &Execution)>();
     let live: Vec<Entity> = all.iter(world).map(|(e, _)| e).collect();
+    let mut timeline = world.remove_resource::<Timeline>();
     for e in live {
-        retire_entity(world, q, e, Err(ExecError::RuntimeDropped), 0, 0);
+        let f =
+            Finished { cmd: e, result: Err(ExecError::RuntimeDropped), started_ns: 0, ended_ns: 0, lane: 0 };
+        retire_entity(world, q, &f, &mut timeline);
+    }
+    if let Some(t) = timeline {
+        world.insert_resource(t);
     }
 }
 

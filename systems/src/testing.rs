@@ -12,8 +12,8 @@ use gantry_components::{
     QueueCore, Requirement, SchedulerConfig, Work,
 };
 use gantry_driver::{
-    AccessMode, Accepted, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError, HostStorage,
-    MemSpace, OpId, Submission,
+    Accepted, AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError,
+    HostStorage, MemSpace, OpId, Submission,
 };
 use parking_lot::Mutex;
 
@@ -44,7 +44,9 @@ impl Driver for Scripted {
 
 impl Scripted {
     pub fn complete(&self, e: Entity, result: Result<(), ExecError>) {
-        self.done.send(Completion { op: OpId(e.to_bits()), result, started_ns: 1, ended_ns: 2 }).unwrap();
+        self.done
+            .send(Completion { op: OpId(e.to_bits()), result, started_ns: 1, ended_ns: 2, lane: 0 })
+            .unwrap();
     }
     pub fn submitted_entities(&self) -> Vec<Entity> {
         self.submitted.lock().iter().map(|(id, _)| Entity::from_bits(id.0)).collect()

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    fill_bytes, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
-    Accepted, DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice, OpHandle,
-    OpId, Snapshot, Submission,
+    fill_bytes, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice,
+    OpHandle, OpId, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -153,7 +153,13 @@ impl Driver for CpuDriver {
             let t0 = self.inner.ctx.now_ns();
             let result = self.inner.execute(sub.op, sub.preserve_on_failure);
             let t1 = self.inner.ctx.now_ns();
-            return Ok(Accepted::Done(Completion { op: sub.id, result, started_ns: t0, ended_ns: t1 }));
+            return Ok(Accepted::Done(Completion {
+                op: sub.id,
+                result,
+                started_ns: t0,
+                ended_ns: t1,
+                lane: 0,
+            }));
         }
         let node = Arc::new(Node {
             id: sub.id,
@@ -245,6 +251,19 @@ impl Inner {
         }
     }
 
+    /// The timeline lane of the current thread: 0 off the pools, `1 + i` for worker
+    /// `i`, `1 + workers + j` for host thread `j`.
+    fn lane(&self) -> u32 {
+        let workers = self.workers.as_ref().map_or(0, |p| p.current_num_threads());
+        if let Some(i) = self.workers.as_ref().and_then(|p| p.current_thread_index()) {
+            return 1 + i as u32;
+        }
+        if let Some(j) = self.hosts.as_ref().and_then(|p| p.current_thread_index()) {
+            return 1 + (workers + j) as u32;
+        }
+        0
+    }
+
     fn unsupported(&self, what: &'static str) -> ExecError {
         ExecError::Unsupported { device: self.info.name.clone(), what }
     }
@@ -274,7 +293,14 @@ impl Inner {
             s.done = Some(result.clone());
             std::mem::take(&mut s.successors)
         };
-        self.ctx.complete(Completion { op: node.id, result: result.clone(), started_ns: t0, ended_ns: t1 });
+        let lane = self.lane();
+        self.ctx.complete(Completion {
+            op: node.id,
+            result: result.clone(),
+            started_ns: t0,
+            ended_ns: t1,
+            lane,
+        });
         for succ in successors {
             if let Err(e) = &result {
                 let failure = e.as_dependency_of(format!("op {}", node.id.0).into());
@@ -438,7 +464,10 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: smallvec::smallvec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+            args: smallvec::smallvec![MemArg {
+                mem: MemSlice::host(storage.clone()),
+                mode: AccessMode::ReadWrite
+            }],
         })
     }
 
@@ -507,7 +536,10 @@ mod tests {
                 scratch: vec![],
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: smallvec::smallvec![MemArg { mem: MemSlice::host(storage.clone()), mode: AccessMode::ReadWrite }],
+            args: smallvec::smallvec![MemArg {
+                mem: MemSlice::host(storage.clone()),
+                mode: AccessMode::ReadWrite
+            }],
         });
         let h = d
             .submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true })

@@ -151,6 +151,9 @@ pub struct Completion {
     pub started_ns: u64,
     /// When it ended, in nanoseconds on the driver's clock.
     pub ended_ns: u64,
+    /// Which of the driver's threads or engines ran it (0: the submitting thread),
+    /// for timelines.
+    pub lane: u32,
 }
 
 /// Copies of the writable ranges of an operation, taken before it runs so that a

@@ -34,9 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    fill_bytes, Accepted, panic_message, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice, OpId,
-    ScratchKind, Snapshot, Submission,
+    fill_bytes, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice,
+    OpId, ScratchKind, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -427,6 +427,7 @@ impl Driver for SimDriver {
                 result,
                 started_ns: node.started_ns,
                 ended_ns: node.ended_ns,
+                lane: 0,
             });
         }
     }
@@ -437,7 +438,8 @@ mod tests {
     use super::*;
     use crossbeam_channel::{unbounded, Receiver};
     use gantry_driver::{
-        phase, AccessMode, OpHandle, Accessor, ClosureKernel, Geometry, HostTask, MemArg, Range, ReadWrite, Scratch,
+        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, OpHandle, Range, ReadWrite,
+        Scratch,
     };
     use std::time::Instant;
 
@@ -503,7 +505,10 @@ mod tests {
     }
 
     fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
-        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false }).unwrap().handle().unwrap()
+        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false })
+            .unwrap()
+            .handle()
+            .unwrap()
     }
 
     fn drain(rx: &Receiver<Completion>) -> Vec<Completion> {
