@@ -33,6 +33,6 @@ pub use event::{EventShared, EventStatus, Timestamps};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
 pub use queue::QueueState;
-pub use resources::{Device, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
+pub use resources::{Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
 pub use stage::{Flush, Stage};
 pub use timeline::{Slice, Timeline};

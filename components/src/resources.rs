@@ -1,5 +1,6 @@
 //! The scheduler's resources: inboxes, devices, work lists, configuration, counters.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
@@ -43,8 +44,16 @@ pub struct Device {
     pub info: DeviceInfo,
     /// Where its commands need their memory.
     pub space: MemSpace,
-    /// Set when the device was lost; no new work is accepted.
-    pub lost: bool,
+    /// Set when the device was lost; no new work is accepted. Shared with user
+    /// handles, so submissions to a lost device are refused at once.
+    pub lost: Arc<AtomicBool>,
+}
+
+impl Device {
+    /// Whether the device was lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
 }
 
 /// All devices; index = [`DeviceId`]. Device 0 is the host (CPU driver), which also

@@ -74,6 +74,9 @@ impl Queue {
         let mut cg = Handler::new(rt.id, rt.next_id());
         build(&mut cg);
         let device = &rt.devices[self.device() as usize];
+        if rt.lost[self.device() as usize].load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
+        }
         let built = cg.finish(device)?;
         let on_host = built.kind == CommandKind::HostTask;
         self.send(built.kind, built.name, built.work, built.requirements, built.waits, on_host, |event| {

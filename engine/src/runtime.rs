@@ -135,10 +135,11 @@ impl RuntimeBuilder {
                 let info = driver.info().clone();
                 let space =
                     if info.caps.shares_host_memory { MemSpace::Host } else { MemSpace::Device(i as u32) };
-                Device { driver, info, space, lost: false }
+                Device { driver, info, space, lost: Default::default() }
             })
             .collect();
         let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let lost = devices.iter().map(|d| d.lost.clone()).collect();
         let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
         let config = SchedulerConfig { preserve_on_failure: self.preserve_on_failure, epoch };
         let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
@@ -155,6 +156,7 @@ impl RuntimeBuilder {
             epoch,
             next_id: AtomicU64::new(1),
             devices: infos,
+            lost,
             sent: AtomicU64::new(0),
             idle: Mutex::new(IdleState { ingested: 0, idle: true }),
             idle_cv: Condvar::new(),
@@ -193,6 +195,8 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
+    /// Per device: set by the scheduler once the device is lost.
+    pub(crate) lost: Vec<Arc<AtomicBool>>,
     /// Messages sent to the scheduler.
     sent: AtomicU64,
     /// What the scheduler thread last saw (threaded mode).

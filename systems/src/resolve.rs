@@ -86,7 +86,7 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
     let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
     let (space, lost, name) = {
         let d = &world.resource::<Devices>().0[device as usize];
-        (d.space, d.lost, d.info.name.clone())
+        (d.space, d.is_lost(), d.info.name.clone())
     };
     if lost {
         return fail_now(world, q, e, ExecError::DeviceLost { device: name });

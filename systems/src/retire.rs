@@ -7,7 +7,10 @@ use bevy_ecs::prelude::Local;
 use bevy_ecs::world::{FromWorld, World};
 
 use crate::queries::Queries;
-use gantry_components::{Devices, Execution, Finished, Inbox, Slice, Stats, Status, Timeline, WorkLists};
+use gantry_components::{
+    CommandKind, DeviceId, Devices, Execution, Finished, Inbox, MemoryRecord, Slice, Stats, Status, Timeline,
+    WorkLists,
+};
 use gantry_driver::ExecError;
 
 /// The retire stage system.
@@ -59,6 +62,12 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
     let Some(name) = world_name(world, q, f.cmd) else {
         return;
     };
+    // Only the command that met the loss marks its device (dependents fail through
+    // DependencyFailed and may run elsewhere).
+    if let Err(ExecError::DeviceLost { .. }) = &f.result {
+        let device = q.command(world, f.cmd).expect("command").device;
+        device_lost(world, q, device);
+    }
     let Some(succs) = retire_entity(world, q, &f, timeline) else {
         return;
     };
@@ -125,6 +134,10 @@ fn retire_entity(
     }
     let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
     let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
+    let failed_move = !ok && q.command(world, e).is_some_and(|c| c.kind == CommandKind::MemoryMove);
+    if failed_move {
+        undo_move(world, q, &reqs);
+    }
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
             if let Some(mut record) = q.record_mut(world, rec) {
@@ -146,6 +159,41 @@ fn retire_entity(
         stats.failed += 1;
     }
     Some(succs)
+}
+
+/// A failed move left garbage at its target; its source still holds the last valid
+/// contents (every later writer of the buffer depends on the move, so it failed too).
+fn undo_move(world: &mut World, q: &mut Queries, reqs: &[gantry_components::Requirement]) {
+    let [src, dst] = reqs else { return };
+    let Some(mut record) = src.buffer.record.get().and_then(|r| q.record_mut(world, r)) else { return };
+    for loc in record.locations.iter_mut() {
+        if loc.space == src.space {
+            loc.valid = true;
+        } else if loc.space == dst.space {
+            loc.valid = false;
+        }
+    }
+}
+
+/// Marks a device lost and forgets its copies of every buffer. A buffer whose only
+/// valid copy was there falls back to its host copy: the last contents the runtime
+/// still has.
+fn device_lost(world: &mut World, q: &mut Queries, device: DeviceId) {
+    let flag = world.resource::<Devices>().0[device as usize].lost.clone();
+    if flag.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    tracing::warn!(device, "device lost: its buffer copies are dropped and new work is refused");
+    let mut records = world.query::<&mut MemoryRecord>();
+    for mut record in records.iter_mut(world) {
+        record.locations.retain(|l| l.device != Some(device));
+        if !record.locations.iter().any(|l| l.valid) {
+            let host = record.location_mut(gantry_driver::MemSpace::Host).expect("host copy");
+            host.valid = true;
+            host.producer = None;
+        }
+    }
+    q.refresh(world);
 }
 
 /// Despawns records of dropped buffers that no command uses, freeing device memory.

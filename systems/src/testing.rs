@@ -99,8 +99,12 @@ impl Harness {
         let (done_tx, done_rx) = unbounded();
         let host = scripted("host", true, in_driver_waits, done_tx.clone());
         let dev = scripted("dev", false, in_driver_waits, done_tx);
-        let device =
-            |d: &Arc<Scripted>, space| Device { driver: d.clone(), info: d.info.clone(), space, lost: false };
+        let device = |d: &Arc<Scripted>, space| Device {
+            driver: d.clone(),
+            info: d.info.clone(),
+            space,
+            lost: Default::default(),
+        };
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config = SchedulerConfig { preserve_on_failure: false, epoch: Instant::now() };
         let world = crate::scheduler_world(devices, Inbox { messages: rx, completions: done_rx }, config);

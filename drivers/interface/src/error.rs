@@ -85,6 +85,14 @@ pub enum ExecError {
         /// What was asked for.
         what: &'static str,
     },
+    /// A fault injected on purpose (simulated device fault plans).
+    #[error("injected fault on {device}: {what}")]
+    Fault {
+        /// Device name.
+        device: Arc<str>,
+        /// What failed.
+        what: &'static str,
+    },
     /// The runtime shut down before the command could run.
     #[error("the runtime was dropped before the command completed")]
     RuntimeDropped,

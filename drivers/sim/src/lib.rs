@@ -57,11 +57,92 @@ pub struct SimConfig {
     pub latency_ns: u64,
     /// Capacity of device memory: the most bytes live allocations may hold in total.
     pub memory_bytes: usize,
+    /// Faults to inject.
+    pub faults: FaultPlan,
+}
+
+/// One planned fault. Counts start at 0 and count only this device's operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The `nth` kernel submitted fails without running.
+    Kernel {
+        /// Which kernel.
+        nth: u64,
+    },
+    /// The `nth` copy (including memory moves) fails without copying.
+    Copy {
+        /// Which copy.
+        nth: u64,
+    },
+    /// The `nth` allocation fails with [`ExecError::OutOfMemory`].
+    Alloc {
+        /// Which allocation.
+        nth: u64,
+    },
+    /// The device is lost when its `nth` operation executes: that operation and every
+    /// later one fail with [`ExecError::DeviceLost`], and so do later submissions and
+    /// allocations.
+    DeviceLost {
+        /// Which operation.
+        nth: u64,
+    },
+}
+
+/// Which faults a simulated device injects: an explicit list, and optionally random
+/// kernel and copy failures drawn from a seed (the same seed fails the same
+/// operations).
+///
+/// ```
+/// use gantry_sim::{Fault, FaultPlan};
+/// let plan = FaultPlan::default().with(Fault::Kernel { nth: 2 }).seeded(7, 10, 0);
+/// assert_eq!(plan.faults.len(), 1);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultPlan {
+    /// Planned faults.
+    pub faults: Vec<Fault>,
+    /// Seed of the random faults.
+    pub seed: u64,
+    /// Chance, in thousandths, that a kernel fails.
+    pub kernel_per_mille: u32,
+    /// Chance, in thousandths, that a copy fails.
+    pub copy_per_mille: u32,
+}
+
+impl FaultPlan {
+    /// Adds a planned fault.
+    pub fn with(mut self, fault: Fault) -> Self {
+        self.faults.push(fault);
+        self
+    }
+    /// Adds random kernel and copy failures drawn from `seed`.
+    pub fn seeded(mut self, seed: u64, kernel_per_mille: u32, copy_per_mille: u32) -> Self {
+        self.seed = seed;
+        self.kernel_per_mille = kernel_per_mille;
+        self.copy_per_mille = copy_per_mille;
+        self
+    }
+    fn has(&self, fault: Fault) -> bool {
+        self.faults.contains(&fault)
+    }
+    /// Whether the `nth` operation of a class (`salt`) draws a failure at `per_mille`.
+    fn draws(&self, salt: u64, nth: u64, per_mille: u32) -> bool {
+        if per_mille == 0 {
+            return false;
+        }
+        // splitmix64 of (seed, class, index): independent, reproducible draws.
+        let mut z =
+            self.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ nth.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        z % 1000 < per_mille as u64
+    }
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self { name: "sim".into(), latency_ns: 1_000, memory_bytes: 1 << 30 }
+        Self { name: "sim".into(), latency_ns: 1_000, memory_bytes: 1 << 30, faults: FaultPlan::default() }
     }
 }
 
@@ -78,6 +159,7 @@ pub struct SimDriver {
     instance: u64,
     latency_ns: u64,
     memory_bytes: usize,
+    faults: FaultPlan,
     state: Mutex<State>,
     /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
     /// is the scratch memory every kernel launch reuses.
@@ -99,6 +181,14 @@ struct State {
     memory: HashMap<AllocId, Arc<HostStorage>>,
     /// Recorded, not yet executed operations, keyed by (virtual end, sequence).
     queue: BTreeMap<(u64, u64), Pending>,
+    /// Kernels, copies and allocations so far, and operations executed (fault plans
+    /// count these).
+    kernels: u64,
+    copies: u64,
+    allocs: u64,
+    executed: u64,
+    /// Set once the device is lost.
+    lost: bool,
 }
 
 /// One submitted operation, as the scheduler holds it (its [`gantry_driver::OpHandle`]).
@@ -180,6 +270,7 @@ impl SimDriver {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             latency_ns: config.latency_ns.max(1),
             memory_bytes: config.memory_bytes,
+            faults: config.faults,
             state: Mutex::new(State::default()),
             poller: Mutex::new(Arena::default()),
         }
@@ -197,6 +288,19 @@ impl SimDriver {
 
     fn unsupported(&self, what: &'static str) -> ExecError {
         ExecError::Unsupported { device: self.info.name.clone(), what }
+    }
+
+    fn lost(&self) -> ExecError {
+        ExecError::DeviceLost { device: self.info.name.clone() }
+    }
+
+    fn fault(&self, what: &'static str) -> ExecError {
+        ExecError::Fault { device: self.info.name.clone(), what }
+    }
+
+    /// Whether the device is lost.
+    pub fn is_lost(&self) -> bool {
+        self.state.lock().lost
     }
 
     fn driver_error(&self, message: String) -> ExecError {
@@ -234,10 +338,17 @@ impl SimDriver {
     }
 
     /// Resolves an operation's memory against the allocation table.
-    fn prepare(&self, state: &State, op: DeviceOp) -> Result<Work, ExecError> {
+    fn prepare(&self, state: &mut State, op: DeviceOp) -> Result<Work, ExecError> {
         match op {
             DeviceOp::Marker => Ok(Work::Marker),
             DeviceOp::Copy { src, dst } => {
+                let nth = state.copies;
+                state.copies += 1;
+                if self.faults.has(Fault::Copy { nth })
+                    || self.faults.draws(2, nth, self.faults.copy_per_mille)
+                {
+                    return Err(self.fault("copy failed"));
+                }
                 if src.len != dst.len {
                     return Err(
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
@@ -263,6 +374,13 @@ impl SimDriver {
                 Ok(Work::Fill { dst, pattern })
             }
             DeviceOp::Kernel(launch) => {
+                let nth = state.kernels;
+                state.kernels += 1;
+                if self.faults.has(Fault::Kernel { nth })
+                    || self.faults.draws(1, nth, self.faults.kernel_per_mille)
+                {
+                    return Err(self.fault("kernel launch failed"));
+                }
                 let kernel = &launch.kernel;
                 if launch.args.len() != kernel.global_slots {
                     return Err(self.driver_error(format!(
@@ -344,6 +462,14 @@ impl Driver for SimDriver {
 
     fn alloc(&self, bytes: usize) -> Result<AllocId, ExecError> {
         let mut state = self.state.lock();
+        if state.lost {
+            return Err(self.lost());
+        }
+        let nth = state.allocs;
+        state.allocs += 1;
+        if self.faults.has(Fault::Alloc { nth }) {
+            return Err(ExecError::OutOfMemory { device: self.info.name.clone(), requested: bytes });
+        }
         let total = state.allocated.checked_add(bytes);
         if total.is_none_or(|t| t > self.memory_bytes) {
             return Err(ExecError::OutOfMemory { device: self.info.name.clone(), requested: bytes });
@@ -383,7 +509,10 @@ impl Driver for SimDriver {
         let ended_ns = started_ns.saturating_add(self.latency_ns);
         let seq = state.next_seq;
         state.next_seq += 1;
-        let work = self.prepare(&state, sub.op).unwrap_or_else(Work::Invalid);
+        if state.lost {
+            return Err(self.lost());
+        }
+        let work = self.prepare(&mut state, sub.op).unwrap_or_else(Work::Invalid);
         let node = Arc::new(Node {
             instance: self.instance,
             id: sub.id,
@@ -401,25 +530,32 @@ impl Driver for SimDriver {
     fn poll(&self) {
         let mut arena = self.poller.lock();
         loop {
-            let Some(Pending { node, work, preserve, waits }) = ({
+            let Some((pending, lost)) = ({
                 let mut state = self.state.lock();
                 let next = state.queue.pop_first().map(|(_, p)| p);
                 if let Some(p) = &next {
                     state.clock = state.clock.max(p.node.ended_ns);
+                    let nth = state.executed;
+                    state.executed += 1;
+                    if self.faults.has(Fault::DeviceLost { nth }) {
+                        state.lost = true;
+                    }
                 }
-                next
+                next.map(|p| (p, state.lost))
             }) else {
                 break;
             };
+            let (Pending { node, work, preserve, waits }, lost) = (pending, lost);
             let failed = waits.iter().find_map(|w| match w.outcome.get() {
                 Some(Ok(())) => None,
                 Some(Err(e)) => Some(e.as_dependency_of(format!("op {}", w.id.0).into())),
                 None => unreachable!("a wait-list entry ends before its waiter"),
             });
             drop(waits);
-            let result = match failed {
-                Some(e) => Err(e),
-                None => self.execute(work, preserve, &mut arena),
+            let result = match (lost, failed) {
+                (true, _) => Err(self.lost()),
+                (false, Some(e)) => Err(e),
+                (false, None) => self.execute(work, preserve, &mut arena),
             };
             let _ = node.outcome.set(result.clone());
             self.ctx.complete(Completion {
