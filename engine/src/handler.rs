@@ -94,6 +94,7 @@ pub struct Handler {
     error: Option<Error>,
     name: Option<Arc<str>>,
     readback: Option<(ReadbackSlot, Arc<HostStorage>)>,
+    item_cost_ns: Option<f64>,
 }
 
 /// Resolves a range expression over `len` elements to `start..end`.
@@ -124,6 +125,7 @@ impl Handler {
             error: None,
             name: None,
             readback: None,
+            item_cost_ns: None,
         }
     }
 
@@ -169,6 +171,13 @@ impl Handler {
     /// Names the command (errors, traces and profiles use it).
     pub fn name(&mut self, name: impl Into<Arc<str>>) -> &mut Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Declares the virtual cost of one work-item of this command group's kernel, in
+    /// nanoseconds, for simulated devices' cost models (ignored elsewhere).
+    pub fn item_cost_ns(&mut self, ns: f64) -> &mut Self {
+        self.item_cost_ns = Some(ns);
         self
     }
 
@@ -465,6 +474,7 @@ impl Handler {
                     phases,
                     global_slots: self.requirements.len(),
                     scratch: std::mem::take(&mut self.scratch),
+                    item_cost_ns: self.item_cost_ns,
                 };
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }

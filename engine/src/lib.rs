@@ -64,7 +64,7 @@ pub use gantry_driver::{
     HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write, Zeroable,
 };
 #[cfg(feature = "sim")]
-pub use gantry_sim::{Fault, FaultPlan, SimConfig};
+pub use gantry_sim::{CostModel, Fault, FaultPlan, SimConfig};
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;

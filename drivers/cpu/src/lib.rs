@@ -462,6 +462,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
+                item_cost_ns: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -534,6 +535,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
+                item_cost_ns: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {

@@ -41,7 +41,8 @@ pub struct Scratch {
 }
 
 /// A kernel whose image is Rust code: its phases run in order for a whole work-group,
-/// so a barrier between them holds.
+/// so a barrier between them holds. Cloning shares the phases.
+#[derive(Clone)]
 pub struct ClosureKernel {
     /// Name used in errors, traces and profiles.
     pub name: Arc<str>,
@@ -53,6 +54,9 @@ pub struct ClosureKernel {
     pub global_slots: usize,
     /// Scratch slots (local and private accessors number these from 0).
     pub scratch: Vec<Scratch>,
+    /// Virtual cost of one work-item on simulated devices, in nanoseconds (`None`:
+    /// the device's default).
+    pub item_cost_ns: Option<f64>,
 }
 
 impl std::fmt::Debug for ClosureKernel {
@@ -156,6 +160,7 @@ mod tests {
             ],
             global_slots: 1,
             scratch: vec![Scratch { kind: ScratchKind::Local, bytes: 16 }],
+            item_cost_ns: None,
         };
         let geometry = NdRange::new(16, 4).geometry().unwrap();
         let globals = [Binding { ptr: buf.as_mut_ptr().cast(), len: 64 }];

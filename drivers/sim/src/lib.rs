@@ -12,10 +12,14 @@
 //!   device memory in either direction (or within either); kernels and fills may only
 //!   bind device memory. The total of live allocations is capped by
 //!   [`SimConfig::memory_bytes`].
-//! * **Time.** Every operation takes [`SimConfig::latency_ns`] of virtual time. It
-//!   starts at the later of the virtual clock at submission and the end of everything
-//!   in its wait-list, so the device is infinitely parallel: independent operations
-//!   overlap, dependent ones queue behind each other.
+//! * **Time.** An operation takes [`SimConfig::latency_ns`] plus what the
+//!   [`CostModel`] charges for its work: work-items over compute units (at the
+//!   kernel's declared per-item cost or the device's default), bytes over memory or
+//!   link bandwidth, whichever is slower. It starts at the latest of the virtual clock
+//!   at submission, the end of everything in its wait-list, and the moment an engine
+//!   of its class (compute for kernels and fills, copy for copies) is free. With the
+//!   default model (no per-item or per-byte cost, unlimited engines) every operation
+//!   takes exactly the latency and independent ones overlap freely.
 //! * **Execution.** [`Driver::submit`] only records an operation. [`Driver::poll`] runs
 //!   every recorded operation on the calling thread in order of (virtual end time,
 //!   submission order), advancing the virtual clock to each one's end and reporting
@@ -48,7 +52,7 @@ use smallvec::SmallVec;
 /// assert_eq!(config.name, "sim");
 /// assert_eq!(config.memory_bytes, 1 << 30);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     /// Device name, reported in [`DeviceInfo::name`] and in errors.
     pub name: String,
@@ -59,6 +63,77 @@ pub struct SimConfig {
     pub memory_bytes: usize,
     /// Faults to inject.
     pub faults: FaultPlan,
+    /// How long work takes and how much of it can overlap.
+    pub cost: CostModel,
+}
+
+/// The simulated device's cost model. Zero means free (costs) or unlimited (engines).
+///
+/// ```
+/// use gantry_sim::CostModel;
+/// // A small discrete GPU: 64 lanes at 1 ns per work-item, 500 GB/s of memory,
+/// // a 25 GB/s host link, one compute and two copy engines.
+/// let gpu = CostModel {
+///     item_ns: 1.0,
+///     compute_units: 64,
+///     memory_bytes_per_ns: 500.0,
+///     link_bytes_per_ns: 25.0,
+///     compute_engines: 1,
+///     copy_engines: 2,
+/// };
+/// assert_eq!(gpu.kernel_ns(6400, None, 0), 100);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CostModel {
+    /// Cost of one work-item when the kernel declares none, in nanoseconds.
+    pub item_ns: f64,
+    /// Work-items that run at once.
+    pub compute_units: u32,
+    /// Device memory bandwidth, in bytes per nanosecond (GB/s): bounds kernels (by the
+    /// bytes their arguments span), fills and device-to-device copies.
+    pub memory_bytes_per_ns: f64,
+    /// Host↔device link bandwidth, in bytes per nanosecond: bounds copies with one
+    /// side in host memory.
+    pub link_bytes_per_ns: f64,
+    /// Kernels and fills that may run at once.
+    pub compute_engines: u32,
+    /// Copies that may run at once.
+    pub copy_engines: u32,
+}
+
+fn per(bytes: usize, bytes_per_ns: f64) -> f64 {
+    if bytes_per_ns > 0.0 {
+        bytes as f64 / bytes_per_ns
+    } else {
+        0.0
+    }
+}
+
+impl CostModel {
+    /// Virtual time of a kernel's work (beyond the fixed latency): compute or memory,
+    /// whichever bounds it.
+    pub fn kernel_ns(&self, items: usize, item_ns: Option<f64>, bytes: usize) -> u64 {
+        let lanes = self.compute_units.max(1) as f64;
+        let compute = items as f64 * item_ns.unwrap_or(self.item_ns) / lanes;
+        compute.max(per(bytes, self.memory_bytes_per_ns)).ceil() as u64
+    }
+    /// Virtual time of a copy of `bytes`, over the link when one side is host memory.
+    pub fn copy_ns(&self, bytes: usize, over_link: bool) -> u64 {
+        let bw = if over_link { self.link_bytes_per_ns } else { self.memory_bytes_per_ns };
+        per(bytes, bw).ceil() as u64
+    }
+    /// Virtual time of a fill of `bytes`.
+    pub fn fill_ns(&self, bytes: usize) -> u64 {
+        per(bytes, self.memory_bytes_per_ns).ceil() as u64
+    }
+}
+
+/// Which engines an operation occupies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    Compute,
+    Copy,
+    None,
 }
 
 /// One planned fault. Counts start at 0 and count only this device's operations.
@@ -142,7 +217,13 @@ impl FaultPlan {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self { name: "sim".into(), latency_ns: 1_000, memory_bytes: 1 << 30, faults: FaultPlan::default() }
+        Self {
+            name: "sim".into(),
+            latency_ns: 1_000,
+            memory_bytes: 1 << 30,
+            faults: FaultPlan::default(),
+            cost: CostModel::default(),
+        }
     }
 }
 
@@ -160,6 +241,7 @@ pub struct SimDriver {
     latency_ns: u64,
     memory_bytes: usize,
     faults: FaultPlan,
+    cost: CostModel,
     state: Mutex<State>,
     /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
     /// is the scratch memory every kernel launch reuses.
@@ -189,6 +271,9 @@ struct State {
     executed: u64,
     /// Set once the device is lost.
     lost: bool,
+    /// When each compute and copy engine is next free (empty: unlimited engines).
+    compute_free: Vec<u64>,
+    copy_free: Vec<u64>,
 }
 
 /// One submitted operation, as the scheduler holds it (its [`gantry_driver::OpHandle`]).
@@ -240,6 +325,8 @@ enum Work {
     Copy {
         src: Region,
         dst: Region,
+        /// One side is host memory: the copy crosses the host link.
+        over_link: bool,
     },
     Fill {
         dst: Region,
@@ -271,7 +358,12 @@ impl SimDriver {
             latency_ns: config.latency_ns.max(1),
             memory_bytes: config.memory_bytes,
             faults: config.faults,
-            state: Mutex::new(State::default()),
+            cost: config.cost,
+            state: Mutex::new(State {
+                compute_free: vec![0; config.cost.compute_engines as usize],
+                copy_free: vec![0; config.cost.copy_engines as usize],
+                ..State::default()
+            }),
             poller: Mutex::new(Arena::default()),
         }
     }
@@ -337,6 +429,20 @@ impl SimDriver {
         Ok(Region { storage, offset: slice.offset, len: slice.len })
     }
 
+    /// The engine class an operation occupies and its virtual work time.
+    fn cost_of(&self, work: &Work) -> (Engine, u64) {
+        match work {
+            Work::Marker | Work::Invalid(_) => (Engine::None, 0),
+            Work::Copy { src, over_link, .. } => (Engine::Copy, self.cost.copy_ns(src.len, *over_link)),
+            Work::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
+            Work::Kernel(k) => {
+                let bytes = k.regions.iter().map(|r| r.len).sum();
+                let items = k.launch.geometry.global_size();
+                (Engine::Compute, self.cost.kernel_ns(items, k.launch.kernel.item_cost_ns, bytes))
+            }
+        }
+    }
+
     /// Resolves an operation's memory against the allocation table.
     fn prepare(&self, state: &mut State, op: DeviceOp) -> Result<Work, ExecError> {
         match op {
@@ -354,9 +460,10 @@ impl SimDriver {
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
                     );
                 }
+                let over_link = matches!(src.mem, MemRef::Host(_)) || matches!(dst.mem, MemRef::Host(_));
                 let src = self.resolve(state, &src, None)?;
                 let dst = self.resolve(state, &dst, None)?;
-                Ok(Work::Copy { src, dst })
+                Ok(Work::Copy { src, dst, over_link })
             }
             DeviceOp::Fill { dst, pattern } => {
                 let whole = match pattern.len() {
@@ -414,7 +521,7 @@ impl SimDriver {
         match work {
             Work::Invalid(e) => Err(e),
             Work::Marker => Ok(()),
-            Work::Copy { src, dst } => {
+            Work::Copy { src, dst, .. } => {
                 let (s, d) = (src.binding(), dst.binding());
                 // SAFETY: both regions are bounds-checked, of equal length, and kept
                 // alive by their `Arc`s; the scheduler orders conflicting commands and
@@ -505,14 +612,26 @@ impl Driver for SimDriver {
             }
         }
         let mut state = self.state.lock();
-        let started_ns = waits.iter().map(|w| w.ended_ns).fold(state.clock, u64::max);
-        let ended_ns = started_ns.saturating_add(self.latency_ns);
-        let seq = state.next_seq;
-        state.next_seq += 1;
         if state.lost {
             return Err(self.lost());
         }
+        let ready_ns = waits.iter().map(|w| w.ended_ns).fold(state.clock, u64::max);
+        let seq = state.next_seq;
+        state.next_seq += 1;
         let work = self.prepare(&mut state, sub.op).unwrap_or_else(Work::Invalid);
+        let (engine, work_ns) = self.cost_of(&work);
+        let engines = match engine {
+            Engine::Compute => &mut state.compute_free,
+            Engine::Copy => &mut state.copy_free,
+            Engine::None => &mut Vec::new(),
+        };
+        // The engine of this class that frees first (ties: the lowest index).
+        let slot = (0..engines.len()).min_by_key(|&i| engines[i]);
+        let started_ns = slot.map_or(ready_ns, |i| ready_ns.max(engines[i]));
+        let ended_ns = started_ns.saturating_add(self.latency_ns).saturating_add(work_ns);
+        if let Some(i) = slot {
+            engines[i] = ended_ns;
+        }
         let node = Arc::new(Node {
             instance: self.instance,
             id: sub.id,
@@ -630,6 +749,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
+                item_cost_ns: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
@@ -1027,6 +1147,7 @@ mod tests {
                 phases: launch.kernel.phases.clone(),
                 global_slots: 1,
                 scratch: vec![Scratch { kind: ScratchKind::Local, bytes }],
+                item_cost_ns: None,
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
@@ -1034,5 +1155,79 @@ mod tests {
         let done = drain(&rx);
         assert!(done[0].result.is_ok());
         assert!(matches!(&done[1].result, Err(ExecError::Driver { .. })));
+    }
+
+    /// (start, end) of every completion, by op id.
+    fn spans(rx: &Receiver<Completion>) -> Vec<(u64, u64, u64)> {
+        let mut v: Vec<_> = drain(rx).into_iter().map(|c| (c.op.0, c.started_ns, c.ended_ns)).collect();
+        v.sort();
+        v
+    }
+
+    fn costed(cost: CostModel) -> (SimDriver, Receiver<Completion>) {
+        driver(SimConfig { latency_ns: 10, cost, ..Default::default() })
+    }
+
+    /// Copies cross the link at its bandwidth; one copy engine serializes independent
+    /// copies, two let them overlap.
+    #[test]
+    fn copy_engines_limit_overlap() {
+        for (engines, second) in [(1, (110, 220)), (2, (0, 110))] {
+            let (d, rx) =
+                costed(CostModel { link_bytes_per_ns: 10.0, copy_engines: engines, ..Default::default() });
+            let a = d.alloc(1000).unwrap();
+            let b = d.alloc(1000).unwrap();
+            let src = HostStorage::zeroed(1000);
+            let src = Arc::new(src);
+            submit(&d, 1, copy(host(&src, 0, 1000), dev(a, 0, 1000)), &[]);
+            submit(&d, 2, copy(host(&src, 0, 1000), dev(b, 0, 1000)), &[]);
+            d.poll();
+            assert_eq!(spans(&rx), vec![(1, 0, 110), (2, second.0, second.1)], "{engines} engines");
+        }
+    }
+
+    /// Kernels take work-items over compute units at the declared or default per-item
+    /// cost, or bytes over memory bandwidth when that is slower; kernels and copies use
+    /// different engines and overlap.
+    #[test]
+    fn kernels_are_compute_or_memory_bound() {
+        let model = CostModel {
+            item_ns: 1.0,
+            compute_units: 64,
+            memory_bytes_per_ns: 100.0,
+            link_bytes_per_ns: 10.0,
+            compute_engines: 1,
+            copy_engines: 1,
+        };
+        let (d, rx) = costed(model);
+        let n = 6400;
+        let buf = d.alloc(n * 4).unwrap();
+        // 6,400 items / 64 lanes = 100 ns of compute; 25,600 bytes / 100 = 256 ns of memory.
+        submit(&d, 1, add(n, dev(buf, 0, n * 4), 1), &[]);
+        let mut heavy = add(n, dev(buf, 0, n * 4), 1);
+        if let DeviceOp::Kernel(launch) = &mut heavy {
+            let mut k = (*launch.kernel).clone();
+            k.item_cost_ns = Some(10.0); // 1,000 ns of compute: compute-bound
+            launch.kernel = Arc::new(k);
+        }
+        submit(&d, 2, heavy, &[]);
+        let other = d.alloc(100).unwrap();
+        let src = Arc::new(HostStorage::zeroed(100));
+        submit(&d, 3, copy(host(&src, 0, 100), dev(other, 0, 100)), &[]);
+        d.poll();
+        assert_eq!(spans(&rx), vec![(1, 0, 266), (2, 266, 1276), (3, 0, 20)]);
+        assert_eq!(model.kernel_ns(n, None, 0), 100);
+    }
+
+    /// A dependent operation waits for its predecessor even with free engines.
+    #[test]
+    fn dependencies_outrank_free_engines() {
+        let (d, rx) =
+            costed(CostModel { memory_bytes_per_ns: 1.0, compute_engines: 4, ..Default::default() });
+        let buf = d.alloc(400).unwrap();
+        let first = submit(&d, 1, add(100, dev(buf, 0, 400), 1), &[]);
+        submit(&d, 2, add(100, dev(buf, 0, 400), 1), &[first]);
+        d.poll();
+        assert_eq!(spans(&rx), vec![(1, 0, 410), (2, 410, 820)]);
     }
 }
