@@ -91,6 +91,10 @@ impl EventShared {
         EventStatus::from_u8(self.status.load(Ordering::Acquire))
     }
 
+    fn status_seqcst(&self) -> EventStatus {
+        EventStatus::from_u8(self.status.load(Ordering::SeqCst))
+    }
+
     /// The error, once failed.
     pub fn error(&self) -> Option<&ExecError> {
         self.error.get()
@@ -105,9 +109,13 @@ impl EventShared {
         }
     }
 
+    // The status store and the waiter count load here, and the count increment and
+    // the status load in `block_until`, must be sequentially consistent: with weaker
+    // orderings each side may see the other's old value, nobody notifies, and a
+    // waiter sleeps on a finished event.
     fn set_status(&self, s: EventStatus) {
-        self.status.store(s as u8, Ordering::Release);
-        if self.waiters.load(Ordering::Acquire) > 0 {
+        self.status.store(s as u8, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock();
             self.cond.notify_all();
         }
@@ -142,9 +150,9 @@ impl EventShared {
         if self.status() >= at_least {
             return;
         }
-        self.waiters.fetch_add(1, Ordering::AcqRel);
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
-        while self.status() < at_least {
+        while self.status_seqcst() < at_least {
             self.cond.wait(&mut g);
         }
         drop(g);
@@ -157,9 +165,9 @@ impl EventShared {
         if self.status() >= at_least {
             return true;
         }
-        self.waiters.fetch_add(1, Ordering::AcqRel);
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
-        if self.status() < at_least {
+        if self.status_seqcst() < at_least {
             self.cond.wait_for(&mut g, timeout);
         }
         drop(g);

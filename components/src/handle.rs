@@ -47,7 +47,8 @@ pub struct BufferCore {
     pub bytes: usize,
     /// The memory record entity, created at first use.
     pub record: EntitySlot,
-    /// The user dropped the last handle: the record goes once no command uses it.
+    /// The scheduler has ingested the drop of the last user handle (set in message
+    /// order): the record goes once no command uses it.
     pub dropped: AtomicBool,
 }
 

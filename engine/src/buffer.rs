@@ -25,7 +25,6 @@ impl Drop for BufferHandle {
     fn drop(&mut self) {
         // Commands still using the buffer keep its memory alive; the record goes once
         // they are done. A dropped runtime has nothing to tell.
-        self.core.dropped.store(true, std::sync::atomic::Ordering::Release);
         let _ = self.rt.send(Message::DropBuffer(self.core.clone()));
     }
 }

@@ -48,8 +48,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 spawned += 1;
             }
             Message::DropBuffer(buffer) => {
-                // The flag is already set; an idle record can go now, a busy one goes
-                // when its last command retires.
+                // Marked here, in message order, so commands submitted before the drop
+                // (maybe not resolved yet) still find the record. An idle record goes
+                // at the end of this flush, a busy one when its last command retires.
+                buffer.dropped.store(true, std::sync::atomic::Ordering::Release);
                 if let Some(rec) = buffer.record.get() {
                     world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
                 }
