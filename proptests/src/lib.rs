@@ -11,17 +11,27 @@
 //!   a *valid* program (ranges in bounds, no conflicting accessors in one command
 //!   group, waits only on earlier submissions), under [`GenOptions`].
 //! * [`run_model`]: executes a program serially, in submission order, on plain `Vec`s.
-//! * [`run_gantry`] / [`Session`]: executes it through Gantry under a [`Config`].
+//!   Its [`Outcome`] holds the final buffers, every mid-program `to_vec` snapshot,
+//!   every `copy_to_host` readback and a digest of what every host task read.
+//! * [`run_gantry`] / [`run_gantry_watched`] / [`Session`]: executes it through Gantry
+//!   under a [`Config`]; [`check`] compares the two, reporting a hang (with the
+//!   scheduler's live commands) after [`hang_timeout`].
+//! * [`Program::parse`]: reads a program back from its `Debug` form, so a failing
+//!   case printed by a property can be pasted into a regression test.
 //!
 //! The arithmetic of kernels and host tasks is order-sensitive ([`mix`]): a missing
 //! dependency, a stale device copy or a lost partial write shows up as wrong data.
+//!
+//! Environment: `GANTRY_PROPTEST_CASES=N` runs `N` cases per property (the tests'
+//! defaults total about 10,000 cases); `GANTRY_PROPTEST_TIMEOUT_MS` sets the hang
+//! timeout (default 10 s).
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use gantry::{
-    Accessor, CpuConfig, DiscardWrite, Event, HostAccessor, Item, NdRange, Queue,
-    QueueOptions, Read, ReadWrite, Readback, Runtime, SimConfig, Write,
+    Accessor, CpuConfig, DiscardWrite, Event, HostAccessor, Item, NdRange, Queue, QueueOptions, Read,
+    ReadWrite, Readback, Runtime, SimConfig, Write,
 };
 
 /// Maximal number of buffers of a program.
@@ -277,7 +287,7 @@ pub enum Op {
         /// What it does.
         cmd: Cmd,
     },
-    /// `event.wait()` on an earlier submission's event (op index).
+    /// `event.wait()` on an earlier submission's event (op index); printed `#k.wait()`.
     Wait(usize),
     /// `queue.wait()` on every Gantry queue of a program queue.
     QueueWait(usize),
@@ -292,6 +302,9 @@ pub enum Op {
         /// Salt.
         salt: u32,
     },
+    /// Drops the program's (only) handle of a buffer; commands submitted before still
+    /// use it. Later ops do not name it; its final contents are not compared.
+    Drop(usize),
 }
 
 impl fmt::Debug for Op {
@@ -315,11 +328,12 @@ impl fmt::Debug for Op {
                 }
                 Ok(())
             }
-            Op::Wait(k) => write!(f, "wait #{k}"),
+            Op::Wait(k) => write!(f, "#{k}.wait()"),
             Op::QueueWait(q) => write!(f, "q{q}.wait()"),
             Op::Flush => write!(f, "flush"),
             Op::Snapshot(b) => write!(f, "b{b}.to_vec()"),
             Op::HostUpdate { buf, salt } => write!(f, "b{buf}.write() salt={salt:#x}"),
+            Op::Drop(b) => write!(f, "drop b{b}"),
         }
     }
 }
@@ -395,14 +409,23 @@ pub struct GenOptions {
     pub host_sync: bool,
     /// Host transfers: `copy_from_host`, `copy_to_host`.
     pub transfers: bool,
+    /// Dropping buffer handles while commands still use them.
+    pub drops: bool,
 }
 
 impl GenOptions {
     /// Everything.
-    pub const ALL: GenOptions = GenOptions { sim: true, in_order: true, deps: true, host_sync: true, transfers: true };
+    pub const ALL: GenOptions =
+        GenOptions { sim: true, in_order: true, deps: true, host_sync: true, transfers: true, drops: true };
     /// Device commands only, on out-of-order CPU queues, no explicit dependencies.
-    pub const IMPLICIT_ONLY: GenOptions =
-        GenOptions { sim: false, in_order: false, deps: false, host_sync: false, transfers: true };
+    pub const IMPLICIT_ONLY: GenOptions = GenOptions {
+        sim: false,
+        in_order: false,
+        deps: false,
+        host_sync: false,
+        transfers: true,
+        drops: false,
+    };
 }
 
 /// A raw range: decoded against the buffers' lengths.
@@ -465,10 +488,11 @@ enum Kind {
     Flush,
     Snapshot,
     HostUpdate,
+    Drop,
 }
 
 /// Kinds and their weights; the simplest first, so shrinking a kind goes there.
-const KINDS: [(Kind, u8); 11] = [
+const KINDS: [(Kind, u8); 12] = [
     (Kind::Fill, 2),
     (Kind::Kernel, 6),
     (Kind::Copy, 3),
@@ -480,6 +504,7 @@ const KINDS: [(Kind, u8); 11] = [
     (Kind::Flush, 1),
     (Kind::Snapshot, 1),
     (Kind::HostUpdate, 1),
+    (Kind::Drop, 1),
 ];
 
 impl Kind {
@@ -487,13 +512,28 @@ impl Kind {
         match self {
             Kind::CopyFromHost | Kind::ReadBack => o.transfers,
             Kind::Wait | Kind::QueueWait | Kind::Flush | Kind::Snapshot | Kind::HostUpdate => o.host_sync,
+            Kind::Drop => o.drops,
             _ => true,
         }
     }
 }
 
-fn span(raw: &RawSpan, buffers: &[BufferSpec]) -> Span {
-    let buf = raw.buf as usize % buffers.len();
+/// The live buffers of a program being decoded: their specs and which are not dropped.
+struct Live<'a> {
+    specs: &'a [BufferSpec],
+    live: Vec<usize>,
+}
+
+impl Live<'_> {
+    /// The `raw`-th live buffer (modulo their number).
+    fn pick(&self, raw: u8) -> usize {
+        self.live[raw as usize % self.live.len()]
+    }
+}
+
+fn span(raw: &RawSpan, buffers: &Live<'_>) -> Span {
+    let buf = buffers.pick(raw.buf);
+    let buffers = buffers.specs;
     let len = buffers[buf].len;
     if raw.whole {
         return Span { buf, start: 0, end: len };
@@ -503,17 +543,23 @@ fn span(raw: &RawSpan, buffers: &[BufferSpec]) -> Span {
     Span { buf, start, end: start + n }
 }
 
+/// Write modes: half `ReadWrite` (accumulating: keeps earlier writes observable).
 fn wmode(m: u8) -> WMode {
-    match m % 3 {
+    match m % 4 {
         0 => WMode::Write,
-        1 => WMode::ReadWrite,
+        1 | 2 => WMode::ReadWrite,
         _ => WMode::DiscardWrite,
     }
 }
 
 /// Decodes accessors: writes first (each dropped if it overlaps an earlier write),
 /// then reads (each dropped if it overlaps a write).
-fn accessors(raw: &RawOp, buffers: &[BufferSpec], nreads: usize, nwrites: usize) -> (Vec<Span>, Vec<(Span, WMode)>) {
+fn accessors(
+    raw: &RawOp,
+    buffers: &Live<'_>,
+    nreads: usize,
+    nwrites: usize,
+) -> (Vec<Span>, Vec<(Span, WMode)>) {
     let mut writes: Vec<(Span, WMode)> = Vec::new();
     for k in 0..nwrites {
         let s = span(&raw.spans[k], buffers);
@@ -531,16 +577,20 @@ fn accessors(raw: &RawOp, buffers: &[BufferSpec], nreads: usize, nwrites: usize)
     (reads, writes)
 }
 
-fn copy(raw: &RawOp, buffers: &[BufferSpec]) -> Option<Cmd> {
+fn copy(raw: &RawOp, live: &Live<'_>) -> Option<Cmd> {
     let (a, b) = (&raw.spans[0], &raw.spans[1]);
-    let nb = buffers.len();
-    let src = a.buf as usize % nb;
-    let mut dst = b.buf as usize % nb;
+    let buffers = live.specs;
+    let src = live.pick(a.buf);
+    let mut dst = live.pick(b.buf);
     if src == dst && buffers[src].len < 2 {
-        if nb == 1 {
+        if live.live.len() == 1 {
             return None;
         }
-        dst = (src + 1) % nb;
+        dst = live.pick(a.buf.wrapping_add(1));
+        if dst == src {
+            // Still one single-element buffer: no room for a copy within it.
+            return None;
+        }
     }
     if src == dst {
         let l = buffers[src].len;
@@ -584,6 +634,7 @@ impl Program {
             queues.push(false);
         }
         let kinds: Vec<(Kind, u8)> = KINDS.iter().copied().filter(|(k, _)| k.allowed(opts)).collect();
+        let mut live = Live { specs: &buffers, live: (0..buffers.len()).collect() };
         let total: u32 = kinds.iter().map(|&(_, w)| w as u32).sum();
         let mut ops = Vec::new();
         let mut submits: Vec<usize> = Vec::new();
@@ -599,10 +650,10 @@ impl Program {
             }
             let nq = queues.len();
             let cmd = match kind {
-                Kind::Fill => Some(Cmd::Fill { span: span(&r.spans[0], &buffers), value: r.salt }),
+                Kind::Fill => Some(Cmd::Fill { span: span(&r.spans[0], &live), value: r.salt }),
                 Kind::Kernel => {
                     let (reads, writes) =
-                        accessors(r, &buffers, r.counts as usize % 3, 1 + (r.counts as usize / 3) % 2);
+                        accessors(r, &live, r.counts as usize % 3, 1 + (r.counts as usize / 3) % 2);
                     let launch = match r.aux % 5 {
                         0 => Launch::Flat,
                         k => Launch::Nd(1 << (k - 1)),
@@ -610,12 +661,14 @@ impl Program {
                     Some(Cmd::Kernel { reads, writes, salt: r.salt, launch })
                 }
                 Kind::HostTask => {
-                    let (reads, writes) = accessors(r, &buffers, r.counts as usize % 3, (r.counts as usize / 3) % 3);
+                    // Mostly one or two writes: a host task that writes nothing checks little.
+                    let nwrites = [0, 1, 1, 2, 2][(r.counts as usize / 3) % 5];
+                    let (reads, writes) = accessors(r, &live, r.counts as usize % 3, nwrites);
                     Some(Cmd::HostTask { reads, writes, salt: r.salt })
                 }
-                Kind::Copy => copy(r, &buffers),
-                Kind::CopyFromHost => Some(Cmd::CopyFromHost { dst: span(&r.spans[0], &buffers), salt: r.salt }),
-                Kind::ReadBack => Some(Cmd::ReadBack { src: span(&r.spans[0], &buffers) }),
+                Kind::Copy => copy(r, &live),
+                Kind::CopyFromHost => Some(Cmd::CopyFromHost { dst: span(&r.spans[0], &live), salt: r.salt }),
+                Kind::ReadBack => Some(Cmd::ReadBack { src: span(&r.spans[0], &live) }),
                 _ => None,
             };
             let op = match (kind, cmd) {
@@ -630,14 +683,19 @@ impl Program {
                     Op::Submit { queue: r.queue as usize % nq, dev, deps: deps.into_iter().collect(), cmd }
                 }
                 (Kind::Wait, _) if !submits.is_empty() => {
-                    // Favour recent submissions.
+                    // Counted back from the latest submission (shrinks towards it).
                     let back = r.aux as usize % submits.len();
                     Op::Wait(submits[submits.len() - 1 - back])
                 }
                 (Kind::QueueWait, _) => Op::QueueWait(r.queue as usize % nq),
                 (Kind::Flush, _) => Op::Flush,
-                (Kind::Snapshot, _) => Op::Snapshot(r.spans[0].buf as usize % buffers.len()),
-                (Kind::HostUpdate, _) => Op::HostUpdate { buf: r.spans[0].buf as usize % buffers.len(), salt: r.salt },
+                (Kind::Snapshot, _) => Op::Snapshot(live.pick(r.spans[0].buf)),
+                (Kind::HostUpdate, _) => Op::HostUpdate { buf: live.pick(r.spans[0].buf), salt: r.salt },
+                (Kind::Drop, _) if live.live.len() > 1 => {
+                    let b = live.pick(r.spans[0].buf);
+                    live.live.retain(|&x| x != b);
+                    Op::Drop(b)
+                }
                 _ => continue,
             };
             if matches!(op, Op::Submit { .. }) {
@@ -656,12 +714,15 @@ impl Program {
 /// What a run of a program produces.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// Final contents of every buffer.
+    /// Final contents of every buffer (empty for dropped ones).
     pub buffers: Vec<Vec<u32>>,
     /// `(op index, contents)` of every [`Op::Snapshot`].
     pub snapshots: Vec<(usize, Vec<u32>)>,
     /// `(op index, data)` of every [`Cmd::ReadBack`].
     pub readbacks: Vec<(usize, Vec<u32>)>,
+    /// `(op index, digest)` of what every [`Cmd::HostTask`] read ([`digest`] of its
+    /// read ranges, in order), sorted by op index.
+    pub host_reads: Vec<(usize, u32)>,
 }
 
 fn first_diff(a: &[u32], b: &[u32]) -> String {
@@ -671,7 +732,13 @@ fn first_diff(a: &[u32], b: &[u32]) -> String {
     let bad: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
     let shown: Vec<String> =
         bad.iter().take(6).map(|&i| format!("[{i}] model {:#010x} gantry {:#010x}", a[i], b[i])).collect();
-    format!("{} of {} elements differ at {:?}: {}", bad.len(), a.len(), &bad[..bad.len().min(16)], shown.join(", "))
+    format!(
+        "{} of {} elements differ at {:?}: {}",
+        bad.len(),
+        a.len(),
+        &bad[..bad.len().min(16)],
+        shown.join(", ")
+    )
 }
 
 impl Outcome {
@@ -694,6 +761,21 @@ impl Outcome {
                 out.push(format!("readback of #{op}: {}", first_diff(m, g)));
             }
         }
+        if self.host_reads != got.host_reads {
+            let bad: Vec<String> = self
+                .host_reads
+                .iter()
+                .zip(&got.host_reads)
+                .filter(|(m, g)| m != g)
+                .map(|(m, g)| if m.0 == g.0 { format!("#{}", m.0) } else { format!("#{} vs #{}", m.0, g.0) })
+                .collect();
+            out.push(format!(
+                "host tasks read different data: {} (model {} tasks, gantry {})",
+                bad.join(", "),
+                self.host_reads.len(),
+                got.host_reads.len()
+            ));
+        }
         if self.buffers.len() != got.buffers.len()
             || self.snapshots.len() != got.snapshots.len()
             || self.readbacks.len() != got.readbacks.len()
@@ -702,6 +784,11 @@ impl Outcome {
         }
         (!out.is_empty()).then(|| out.join("\n"))
     }
+}
+
+/// Order-sensitive digest of the read ranges of a host task.
+pub fn digest<'a>(reads: impl IntoIterator<Item = &'a [u32]>) -> u32 {
+    reads.into_iter().fold(0x5EED, |acc, r| r.iter().fold(mix(acc, r.len() as u32), |a, &x| mix(a, x)))
 }
 
 /// Kernel/host-task semantics on plain vectors.
@@ -731,10 +818,13 @@ fn model_compute(bufs: &mut [Vec<u32>], reads: &[Span], writes: &[(Span, WMode)]
 pub fn run_model(p: &Program) -> Outcome {
     let mut bufs: Vec<Vec<u32>> = p.buffers.iter().map(BufferSpec::contents).collect();
     let mut out = Outcome::default();
+    let mut dropped = Vec::new();
     for (i, op) in p.ops.iter().enumerate() {
         match op {
             Op::Submit { cmd, .. } => match cmd {
-                Cmd::Kernel { reads, writes, salt, .. } | Cmd::HostTask { reads, writes, salt } => {
+                Cmd::Kernel { reads, writes, salt, .. } => model_compute(&mut bufs, reads, writes, *salt),
+                Cmd::HostTask { reads, writes, salt } => {
+                    out.host_reads.push((i, digest(reads.iter().map(|s| &bufs[s.buf][s.start..s.end]))));
                     model_compute(&mut bufs, reads, writes, *salt)
                 }
                 Cmd::Copy { src, dst } => {
@@ -755,8 +845,12 @@ pub fn run_model(p: &Program) -> Outcome {
                     *x = mix(item_seed(*salt, k), *x);
                 }
             }
+            Op::Drop(b) => dropped.push(*b),
             Op::Wait(_) | Op::QueueWait(_) | Op::Flush => {}
         }
+    }
+    for b in dropped {
+        bufs[b].clear();
     }
     out.buffers = bufs;
     out
@@ -822,21 +916,23 @@ enum HW {
 /// A program being run through Gantry, op by op.
 pub struct Session {
     config: Config,
-    rt: Runtime,
-    /// Buffers of the program.
-    pub buffers: Vec<gantry::Buffer<u32>>,
+    rt: std::sync::Arc<Runtime>,
+    /// Buffers of the program (`None` once dropped).
+    pub buffers: Vec<Option<gantry::Buffer<u32>>>,
     /// `queues[q]`: the Gantry queues of program queue `q`, per device.
     queues: Vec<Vec<(Dev, Queue)>>,
     events: Vec<Option<Event>>,
     readbacks: Vec<(usize, Readback<u32>)>,
+    host_reads: std::sync::Arc<std::sync::Mutex<Vec<(usize, u32)>>>,
     snapshots: Vec<(usize, Vec<u32>)>,
+    progress: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Session {
     /// Builds the runtime, buffers and queues of `p`.
     pub fn new(p: &Program, config: Config) -> Session {
-        let rt = config.build();
-        let buffers = p.buffers.iter().map(|b| rt.buffer(&b.contents())).collect();
+        let rt = std::sync::Arc::new(config.build());
+        let buffers = p.buffers.iter().map(|b| Some(rt.buffer(&b.contents()))).collect();
         let queues = p
             .queues
             .iter()
@@ -850,12 +946,36 @@ impl Session {
                     .collect()
             })
             .collect();
-        Session { config, rt, buffers, queues, events: vec![None; p.ops.len()], readbacks: vec![], snapshots: vec![] }
+        Session {
+            config,
+            rt,
+            buffers,
+            queues,
+            events: vec![None; p.ops.len()],
+            readbacks: vec![],
+            snapshots: vec![],
+            host_reads: Default::default(),
+            progress: Default::default(),
+        }
     }
 
     /// The runtime.
     pub fn runtime(&self) -> &Runtime {
         &self.rt
+    }
+
+    /// A shared handle to the runtime (for inspecting it from another thread).
+    pub fn runtime_handle(&self) -> std::sync::Arc<Runtime> {
+        self.rt.clone()
+    }
+
+    /// What the session is doing (the op it runs, the event it waits for), shared.
+    pub fn progress_handle(&self) -> std::sync::Arc<std::sync::Mutex<String>> {
+        self.progress.clone()
+    }
+
+    fn set_progress(&self, what: impl FnOnce() -> String) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = what();
     }
 
     /// The event of submission `i`.
@@ -869,19 +989,23 @@ impl Session {
 
     /// Runs op `i` of the program.
     pub fn step(&mut self, i: usize, op: &Op) -> Result<(), String> {
+        self.set_progress(|| format!("op #{i} ({op:?})"));
         match op {
             Op::Submit { queue, dev, deps, cmd } => {
-                let deps: Vec<Event> =
-                    deps.iter().map(|&d| self.events[d].clone().expect("dependency on a submission")).collect();
+                let deps: Vec<Event> = deps
+                    .iter()
+                    .map(|&d| self.events[d].clone().expect("dependency on a submission"))
+                    .collect();
                 let q = self.queue(*queue, *dev).clone();
-                let bufs = &self.buffers;
+                let bufs = &Bufs(&self.buffers);
+                let host_reads = (i, self.host_reads.clone());
                 let mut readback = None;
                 let ev = q
                     .submit(|cg| {
                         for d in &deps {
                             cg.depends_on(d);
                         }
-                        build(cg, bufs, cmd, &mut readback);
+                        build(cg, bufs, cmd, &mut readback, host_reads);
                     })
                     .map_err(|e| format!("#{i}: submit failed: {e}"))?;
                 if let Some(rb) = readback {
@@ -890,7 +1014,8 @@ impl Session {
                 self.events[i] = Some(ev);
             }
             Op::Wait(k) => {
-                let ev = self.events[*k].as_ref().ok_or_else(|| format!("#{i}: wait on non-submission #{k}"))?;
+                let ev =
+                    self.events[*k].as_ref().ok_or_else(|| format!("#{i}: wait on non-submission #{k}"))?;
                 ev.wait().map_err(|e| format!("#{i}: waiting on #{k} failed: {e}"))?;
                 if !ev.is_complete() {
                     return Err(format!("#{i}: #{k} not complete after wait: {:?}", ev.status()));
@@ -903,11 +1028,15 @@ impl Session {
             }
             Op::Flush => self.rt.flush(),
             Op::Snapshot(b) => {
-                let v = self.buffers[*b].to_vec().map_err(|e| format!("#{i}: to_vec failed: {e}"))?;
+                let v = Bufs(&self.buffers)[*b].to_vec().map_err(|e| format!("#{i}: to_vec failed: {e}"))?;
                 self.snapshots.push((i, v));
             }
+            Op::Drop(b) => {
+                self.buffers[*b].take().ok_or_else(|| format!("#{i}: b{b} dropped twice"))?;
+            }
             Op::HostUpdate { buf, salt } => {
-                let mut w = self.buffers[*buf].write().map_err(|e| format!("#{i}: write() failed: {e}"))?;
+                let mut w =
+                    Bufs(&self.buffers)[*buf].write().map_err(|e| format!("#{i}: write() failed: {e}"))?;
                 for (k, x) in w.iter_mut().enumerate() {
                     *x = mix(item_seed(*salt, k), *x);
                 }
@@ -917,20 +1046,29 @@ impl Session {
     }
 
     /// Waits for everything, checks every event succeeded and returns the outcome.
-    pub fn finish(self) -> Result<Outcome, String> {
+    pub fn finish(mut self) -> Result<Outcome, String> {
         for (i, ev) in self.events.iter().enumerate() {
             if let Some(ev) = ev {
+                self.set_progress(|| format!("the final wait on #{i}'s event"));
                 ev.wait().map_err(|e| format!("#{i} failed: {e}"))?;
             }
         }
-        let mut out = Outcome { snapshots: self.snapshots, ..Default::default() };
+        let mut out = Outcome { snapshots: std::mem::take(&mut self.snapshots), ..Default::default() };
+        out.host_reads = std::mem::take(&mut *self.host_reads.lock().unwrap_or_else(|e| e.into_inner()));
+        out.host_reads.sort_unstable();
         for (i, b) in self.buffers.iter().enumerate() {
-            out.buffers.push(b.to_vec().map_err(|e| format!("final to_vec of b{i} failed: {e}"))?);
+            self.set_progress(|| format!("the final b{i}.to_vec()"));
+            out.buffers.push(match b {
+                Some(b) => b.to_vec().map_err(|e| format!("final to_vec of b{i} failed: {e}"))?,
+                None => vec![],
+            });
         }
         for (i, rb) in &self.readbacks {
-            let data = rb.take().ok_or_else(|| format!("readback of #{i} is empty after its event completed"))?;
+            let data =
+                rb.take().ok_or_else(|| format!("readback of #{i} is empty after its event completed"))?;
             out.readbacks.push((*i, data));
         }
+        self.set_progress(|| "the final wait_idle()".into());
         self.rt.wait_idle().map_err(|e| format!("wait_idle failed: {e}"))?;
         let stats = self.rt.stats();
         if stats.live_commands != 0 || stats.in_driver != 0 || stats.failed != 0 {
@@ -940,7 +1078,25 @@ impl Session {
     }
 }
 
-fn build(cg: &mut gantry::Handler, bufs: &[gantry::Buffer<u32>], cmd: &Cmd, readback: &mut Option<Readback<u32>>) {
+/// The program's buffers, indexed by program buffer index.
+struct Bufs<'a>(&'a [Option<gantry::Buffer<u32>>]);
+
+impl std::ops::Index<usize> for Bufs<'_> {
+    type Output = gantry::Buffer<u32>;
+    fn index(&self, b: usize) -> &gantry::Buffer<u32> {
+        self.0[b].as_ref().unwrap_or_else(|| panic!("b{b} used after its drop"))
+    }
+}
+
+type HostReads = (usize, std::sync::Arc<std::sync::Mutex<Vec<(usize, u32)>>>);
+
+fn build(
+    cg: &mut gantry::Handler,
+    bufs: &Bufs<'_>,
+    cmd: &Cmd,
+    readback: &mut Option<Readback<u32>>,
+    host_reads: HostReads,
+) {
     match cmd {
         Cmd::Kernel { reads, writes, salt, launch } => {
             let salt = *salt;
@@ -969,11 +1125,7 @@ fn build(cg: &mut gantry::Handler, bufs: &[gantry::Buffer<u32>], cmd: &Cmd, read
                 }
                 for (k, w) in wa.iter().enumerate() {
                     match *w {
-                        KW::W(a) if i < a.len() => {
-                            if write_mask(salt, k, i) {
-                                a.set(it, i, out_value(acc, k));
-                            }
-                        }
+                        KW::W(a) if i < a.len() && write_mask(salt, k, i) => a.set(it, i, out_value(acc, k)),
                         KW::D(a) if i < a.len() => a.set(it, i, out_value(acc, k)),
                         KW::Rw(a) if i < a.len() => a.set(it, i, rw_value(acc, k, a.get(it, i))),
                         _ => {}
@@ -982,7 +1134,9 @@ fn build(cg: &mut gantry::Handler, bufs: &[gantry::Buffer<u32>], cmd: &Cmd, read
             };
             match launch {
                 Launch::Flat => cg.parallel_for(n, body),
-                Launch::Nd(local) => cg.parallel_for_nd(NdRange::new(n.div_ceil(*local) * local, *local), body),
+                Launch::Nd(local) => {
+                    cg.parallel_for_nd(NdRange::new(n.div_ceil(*local) * local, *local), body)
+                }
             }
         }
         Cmd::HostTask { reads, writes, salt } => {
@@ -1002,7 +1156,10 @@ fn build(cg: &mut gantry::Handler, bufs: &[gantry::Buffer<u32>], cmd: &Cmd, read
                 .collect();
             cg.host_task(move |ctx| {
                 let read_data: Vec<&[u32]> = ra.iter().map(|a| a.as_slice(ctx)).collect();
-                let acc_of = |i: usize| read_data.iter().fold(item_seed(salt, i), |acc, r| mix(acc, r[i % r.len()]));
+                let (op, sink) = host_reads;
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push((op, digest(read_data.iter().copied())));
+                let acc_of =
+                    |i: usize| read_data.iter().fold(item_seed(salt, i), |acc, r| mix(acc, r[i % r.len()]));
                 for (k, w) in wa.iter_mut().enumerate() {
                     match w {
                         HW::W(a) => {
@@ -1026,7 +1183,9 @@ fn build(cg: &mut gantry::Handler, bufs: &[gantry::Buffer<u32>], cmd: &Cmd, read
                 }
             });
         }
-        Cmd::Copy { src, dst } => cg.copy_range(&bufs[src.buf], src.start, &bufs[dst.buf], dst.start, src.len()),
+        Cmd::Copy { src, dst } => {
+            cg.copy_range(&bufs[src.buf], src.start, &bufs[dst.buf], dst.start, src.len())
+        }
         Cmd::Fill { span, value } => cg.fill_range(&bufs[span.buf], span.start..span.end, *value),
         Cmd::CopyFromHost { dst, salt } => {
             let data: Vec<u32> = (0..dst.len()).map(|k| host_data(*salt, k)).collect();
@@ -1060,12 +1219,289 @@ pub fn run_gantry(p: &Program, config: Config) -> Vec<Vec<u32>> {
     }
 }
 
-/// Checks that Gantry under `config` produces the model's outcome for `p`.
+/// How long [`check`] lets one program run before it reports a hang: 10 s (programs
+/// take milliseconds), or `GANTRY_PROPTEST_TIMEOUT_MS` milliseconds.
+pub fn hang_timeout() -> std::time::Duration {
+    let ms = std::env::var("GANTRY_PROPTEST_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(10_000);
+    std::time::Duration::from_millis(ms)
+}
+
+/// Runs `p` through Gantry on a helper thread; a run that takes longer than `timeout`
+/// is reported as a hang naming the step it is blocked in (the helper thread and its
+/// runtime are leaked).
+pub fn run_gantry_watched(
+    p: &Program,
+    config: Config,
+    timeout: std::time::Duration,
+) -> Result<Outcome, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (rt_tx, rt_rx) = std::sync::mpsc::channel();
+    let p2 = p.clone();
+    std::thread::Builder::new()
+        .name("gantry-proptest-run".into())
+        .spawn(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut s = Session::new(&p2, config);
+                let progress = s.progress_handle();
+                let _ = rt_tx.send((s.runtime_handle(), progress.clone()));
+                for (i, op) in p2.ops.iter().enumerate() {
+                    s.step(i, op)?;
+                }
+                let out = s.finish();
+                *progress.lock().unwrap_or_else(|e| e.into_inner()) = "dropping the runtime".into();
+                out
+            }));
+            let _ = tx.send(result.unwrap_or_else(|e| Err(format!("panicked: {}", panic_text(&*e)))));
+        })
+        .expect("spawn");
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r,
+        Err(_) => {
+            let Ok((rt, progress)) = rt_rx.try_recv() else {
+                return Err(format!("{config:?}: hang: building the runtime took over {timeout:?}"));
+            };
+            let at = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let world = dump_world(&rt);
+            let stats = rt.stats();
+            let diagnosis = if stats.live_commands == 0 && stats.in_driver == 0 {
+                "\nnothing is left in the scheduler: the blocked call waits for an event that has already \
+                 finished (a lost wakeup, see regressions::event_wait_never_misses_completion)"
+            } else {
+                ""
+            };
+            Err(format!(
+                "{config:?}: hang: blocked for {timeout:?} in {at}{diagnosis}\nlive commands:\n{world}"
+            ))
+        }
+    }
+}
+
+/// The scheduler's live commands (kind, name, device, status, blockers, predecessors
+/// and successors by sequence number) and counters, for hang reports.
+pub fn dump_world(rt: &Runtime) -> String {
+    use gantry::components::{Command, CommandKind, Edges, Execution};
+    use gantry::ecs::entity::Entity;
+    rt.with_world(|w| {
+        let mut q = w.query::<(Entity, &Command, &Edges, &Execution)>();
+        // User commands (host accesses and barriers included) by sequence number,
+        // memory moves by entity.
+        let label_of: std::collections::HashMap<Entity, String> = q
+            .iter(w)
+            .map(|(e, c, _, _)| {
+                (
+                    e,
+                    if c.kind == CommandKind::MemoryMove {
+                        format!("move {e}")
+                    } else {
+                        format!("seq {}", c.seq)
+                    },
+                )
+            })
+            .collect();
+        let label = |e: &Entity| label_of.get(e).cloned().unwrap_or_else(|| format!("gone {e}"));
+        let mut rows: Vec<((u64, bool), String)> = Vec::new();
+        for (e, c, ed, x) in q.iter(w) {
+            let preds: Vec<String> = ed.preds.iter().map(label).collect();
+            let succs: Vec<String> = ed
+                .succs
+                .iter()
+                .map(|s| format!("{}{}", label(&s.entity), if s.on_submit { " (on submit)" } else { "" }))
+                .collect();
+            rows.push((
+                (c.seq, c.kind == CommandKind::MemoryMove),
+                format!(
+                    "  {} {:?} `{}` device {} {:?}, event {:?}, blockers {}, preds [{}], succs [{}]",
+                    label(&e),
+                    c.kind,
+                    c.name,
+                    c.device,
+                    x.status,
+                    x.event.status(),
+                    ed.blockers,
+                    preds.join(", "),
+                    succs.join(", ")
+                ),
+            ));
+        }
+        rows.sort_by_key(|r| r.0);
+        let stats = *w.resource::<gantry::Stats>();
+        rows.into_iter().map(|r| r.1).chain([format!("  {stats:?}")]).collect::<Vec<_>>().join("\n")
+    })
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
+/// Checks that Gantry under `config` produces the model's outcome for `p` (within
+/// [`hang_timeout`]).
 pub fn check(p: &Program, config: Config) -> Result<(), String> {
     let model = run_model(p);
-    let got = run_gantry_outcome(p, config)?;
+    let got = run_gantry_watched(p, config, hang_timeout())?;
     match model.mismatch(&got) {
         None => Ok(()),
         Some(m) => Err(format!("{config:?}: Gantry differs from the model:\n{m}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Parsing the Debug form back (for regression tests)
+// ---------------------------------------------------------------------------------
+
+fn num(s: &str) -> Result<u64, String> {
+    let s = s.trim_end_matches([',', ';', ')']);
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("bad number `{s}`: {e}"))
+}
+
+fn parse_span(s: &str) -> Result<Span, String> {
+    let s = s.trim_end_matches([',', ';']);
+    let err = || format!("bad range `{s}`");
+    let rest = s.strip_prefix('b').ok_or_else(err)?;
+    let (b, rest) = rest.split_once('[').ok_or_else(err)?;
+    let (a, e) = rest.trim_end_matches(']').split_once("..").ok_or_else(err)?;
+    Ok(Span { buf: num(b)? as usize, start: num(a)? as usize, end: num(e)? as usize })
+}
+
+fn parse_list(s: &str) -> Vec<&str> {
+    let inner = s.trim().strip_prefix('[').and_then(|s| s.strip_suffix(']')).unwrap_or(s).trim();
+    if inner.is_empty() {
+        vec![]
+    } else {
+        inner.split(", ").map(str::trim).collect()
+    }
+}
+
+fn parse_salt(w: &str) -> Result<u32, String> {
+    Ok(num(w.strip_prefix("salt=").ok_or_else(|| format!("expected salt=, got `{w}`"))?)? as u32)
+}
+
+fn parse_cmd(w: &[&str]) -> Result<Cmd, String> {
+    let (kind, rest) = w.split_first().ok_or("empty command")?;
+    let words = |from: usize, to: usize| rest[from.min(rest.len())..to.min(rest.len())].join(" ");
+    match *kind {
+        "kernel" | "kernel(nd" | "host_task" => {
+            let (launch, rest) = if *kind == "kernel(nd" {
+                (Launch::Nd(num(rest.get(1).ok_or("nd local")?)? as usize), &rest[2..])
+            } else {
+                (Launch::Flat, rest)
+            };
+            let salt = parse_salt(rest.first().ok_or("salt")?)?;
+            let r = rest.iter().position(|&x| x == "reads").ok_or("reads")?;
+            let wr = rest.iter().position(|&x| x == "writes").ok_or("writes")?;
+            let reads = parse_list(&rest[r + 1..wr].join(" "))
+                .into_iter()
+                .map(parse_span)
+                .collect::<Result<_, _>>()?;
+            let writes = parse_list(&rest[wr + 1..].join(" "))
+                .into_iter()
+                .map(|x| {
+                    let (s, m) = x.split_once(' ').ok_or_else(|| format!("bad write `{x}`"))?;
+                    let m = match m {
+                        "w" => WMode::Write,
+                        "rw" => WMode::ReadWrite,
+                        "discard" => WMode::DiscardWrite,
+                        _ => return Err(format!("bad mode `{m}`")),
+                    };
+                    Ok((parse_span(s)?, m))
+                })
+                .collect::<Result<_, String>>()?;
+            Ok(if *kind == "host_task" {
+                Cmd::HostTask { reads, writes, salt }
+            } else {
+                Cmd::Kernel { reads, writes, salt, launch }
+            })
+        }
+        "copy" => Ok(Cmd::Copy { src: parse_span(&words(0, 1))?, dst: parse_span(&words(2, 3))? }),
+        "fill" => Ok(Cmd::Fill { span: parse_span(&words(0, 1))?, value: num(&words(2, 3))? as u32 }),
+        "copy_from_host" => {
+            Ok(Cmd::CopyFromHost { salt: parse_salt(&words(0, 1))?, dst: parse_span(&words(2, 3))? })
+        }
+        "copy_to_host" => Ok(Cmd::ReadBack { src: parse_span(&words(0, 1))? }),
+        k => Err(format!("unknown command `{k}`")),
+    }
+}
+
+fn parse_op(w: &[&str]) -> Result<Op, String> {
+    let first = *w.first().ok_or("empty op")?;
+    let target = |s: &str| num(s.trim_start_matches('#'));
+    if first == "flush" {
+        return Ok(Op::Flush);
+    }
+    if first == "drop" {
+        return Ok(Op::Drop(num(w.get(1).ok_or("drop what")?.trim_start_matches('b'))? as usize));
+    }
+    if let Some(x) = first.strip_suffix(".wait()") {
+        return Ok(match x.strip_prefix('#') {
+            Some(k) => Op::Wait(num(k)? as usize),
+            None => Op::QueueWait(num(x.trim_start_matches('q'))? as usize),
+        });
+    }
+    if let Some(b) = first.strip_suffix(".to_vec()") {
+        return Ok(Op::Snapshot(num(b.trim_start_matches('b'))? as usize));
+    }
+    if let Some(b) = first.strip_suffix(".write()") {
+        let salt = parse_salt(w.get(1).ok_or("salt")?)?;
+        return Ok(Op::HostUpdate { buf: num(b.trim_start_matches('b'))? as usize, salt });
+    }
+    let (q, d) = first.split_once('@').ok_or_else(|| format!("unknown op `{first}`"))?;
+    let queue = num(q.trim_start_matches('q'))? as usize;
+    let dev = match d {
+        "cpu" => Dev::Cpu,
+        "sim" => Dev::Sim,
+        _ => return Err(format!("unknown device `{d}`")),
+    };
+    let after = w.iter().position(|&x| x == "after").unwrap_or(w.len());
+    let deps = if after < w.len() {
+        parse_list(&w[after + 1..].join(" "))
+            .into_iter()
+            .map(|d| target(d).map(|d| d as usize))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![]
+    };
+    Ok(Op::Submit { queue, dev, deps, cmd: parse_cmd(&w[1..after])? })
+}
+
+impl Program {
+    /// Parses the `Debug` form of a program (as printed by a failing property, also
+    /// with its line breaks collapsed, as in a `.proptest-regressions` file). Anything
+    /// after the closing brace is ignored.
+    pub fn parse(text: &str) -> Result<Program, String> {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let pos = |w: &str| words.iter().position(|&x| x == w).ok_or_else(|| format!("missing `{w}`"));
+        let (b, q) = (pos("buffers:")?, pos("queues:")?);
+        let is_marker =
+            |w: &str| w.len() > 1 && w.starts_with('#') && w[1..].bytes().all(|c| c.is_ascii_digit());
+        let end = words.iter().position(|w| w.starts_with('}')).unwrap_or(words.len());
+        let first_op = words.iter().position(|&w| is_marker(w)).unwrap_or(end);
+        let mut buffers = Vec::new();
+        for chunk in words[b + 1..q].chunks(3) {
+            let [name, _, seed] = chunk else { return Err(format!("bad buffer `{chunk:?}`")) };
+            let len = name.split_once('[').ok_or("buffer length")?.1.trim_end_matches(']');
+            buffers.push(BufferSpec { len: num(len)? as usize, seed: num(seed)? as u32 });
+        }
+        let queues = words[q + 1..first_op].chunks(2).map(|c| c.get(1) == Some(&"in-order;")).collect();
+        let mut ops = Vec::new();
+        let mut i = first_op;
+        while i < end {
+            let next = (i + 1..end).find(|&j| is_marker(words[j])).unwrap_or(end);
+            let index = num(&words[i][1..])? as usize;
+            if index != ops.len() {
+                return Err(format!("op #{index} out of order"));
+            }
+            ops.push(parse_op(&words[i + 1..next]).map_err(|e| format!("op #{index}: {e}"))?);
+            i = next;
+        }
+        Ok(Program { buffers, queues, ops })
     }
 }
