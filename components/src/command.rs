@@ -39,6 +39,22 @@ pub enum CommandKind {
 }
 
 impl CommandKind {
+    /// A short, stable name (`kernel`, `memory_move`, …) for traces and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommandKind::Kernel => "kernel",
+            CommandKind::HostTask => "host_task",
+            CommandKind::Copy => "copy",
+            CommandKind::CopyFromHost => "copy_from_host",
+            CommandKind::CopyToHost => "copy_to_host",
+            CommandKind::Fill => "fill",
+            CommandKind::MemoryMove => "memory_move",
+            CommandKind::Marker => "empty",
+            CommandKind::Barrier => "barrier",
+            CommandKind::HostAccess => "host_access",
+        }
+    }
+
     /// Whether a driver executes it. Markers and barriers go to their device's driver
     /// (as GPU runtimes record stream events) so they complete on its clock; host
     /// accesses are run by the scheduler and the user.

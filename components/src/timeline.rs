@@ -31,6 +31,8 @@ pub struct Slice {
     /// Ids of the commands it depended on (those still unfinished when it was
     /// resolved).
     pub preds: SmallVec<[u64; 4]>,
+    /// Bytes it moved (copies, fills and memory moves: the destination's size).
+    pub bytes: u64,
     /// Its error, if it failed.
     pub error: Option<String>,
 }

@@ -8,24 +8,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use gantry_components::{CommandKind, Slice, Timeline};
+use gantry_components::{Slice, Timeline};
 use gantry_driver::DeviceInfo;
 use serde_json::{json, Value};
-
-fn kind_name(kind: CommandKind) -> &'static str {
-    match kind {
-        CommandKind::Kernel => "kernel",
-        CommandKind::HostTask => "host_task",
-        CommandKind::Copy => "copy",
-        CommandKind::CopyFromHost => "copy_from_host",
-        CommandKind::CopyToHost => "copy_to_host",
-        CommandKind::Fill => "fill",
-        CommandKind::MemoryMove => "memory_move",
-        CommandKind::Marker => "empty",
-        CommandKind::Barrier => "barrier",
-        CommandKind::HostAccess => "host_access",
-    }
-}
 
 fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
@@ -59,12 +44,12 @@ pub(crate) fn chrome_trace(timeline: &Timeline, devices: &[DeviceInfo]) -> Strin
     let mut flow = 0u64;
     for s in &timeline.slices {
         let mut args =
-            json!({ "id": s.id, "kind": kind_name(s.kind), "queue": s.queue, "preds": s.preds.as_slice() });
+            json!({ "id": s.id, "kind": s.kind.name(), "queue": s.queue, "preds": s.preds.as_slice() });
         if let Some(e) = &s.error {
             args["error"] = json!(e);
         }
         events.push(json!({
-            "name": &*s.name, "cat": kind_name(s.kind), "ph": "X",
+            "name": &*s.name, "cat": s.kind.name(), "ph": "X",
             "ts": us(s.start_ns), "dur": us(s.end_ns.saturating_sub(s.start_ns)),
             "pid": s.device, "tid": s.lane, "args": args,
         }));

@@ -119,6 +119,14 @@ fn retire_entity(
     if let Some(t) = timeline {
         let cmd = q.command(world, e).expect("command");
         let preds = q.edges(world, e).expect("edges").preds.iter().map(|p| p.to_bits()).collect();
+        let reqs = &q.requirements(world, e).expect("requirements").0;
+        let bytes = match cmd.kind {
+            CommandKind::Copy | CommandKind::MemoryMove => reqs.get(1).map_or(0, |r| r.range.len()),
+            CommandKind::CopyFromHost | CommandKind::CopyToHost | CommandKind::Fill => {
+                reqs.first().map_or(0, |r| r.range.len())
+            }
+            _ => 0,
+        } as u64;
         t.slices.push(Slice {
             id: e.to_bits(),
             name: cmd.name.clone(),
@@ -129,6 +137,7 @@ fn retire_entity(
             start_ns: f.started_ns,
             end_ns: f.ended_ns,
             preds,
+            bytes,
             error: f.result.as_ref().err().map(|e| e.to_string()),
         });
     }

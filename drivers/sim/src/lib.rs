@@ -283,6 +283,9 @@ struct Node {
     id: OpId,
     started_ns: u64,
     ended_ns: u64,
+    /// The engine that runs it: 1.. for compute engines, then copy engines; 0 when
+    /// engines are unlimited or it needs none.
+    lane: u32,
     /// Set once the operation has executed (or failed without running).
     outcome: OnceLock<Result<(), ExecError>>,
 }
@@ -632,11 +635,17 @@ impl Driver for SimDriver {
         if let Some(i) = slot {
             engines[i] = ended_ns;
         }
+        let lane = match (engine, slot) {
+            (Engine::Compute, Some(i)) => 1 + i as u32,
+            (Engine::Copy, Some(i)) => 1 + self.cost.compute_engines + i as u32,
+            _ => 0,
+        };
         let node = Arc::new(Node {
             instance: self.instance,
             id: sub.id,
             started_ns,
             ended_ns,
+            lane,
             outcome: OnceLock::new(),
         });
         let pending = Pending { node: node.clone(), work, preserve: sub.preserve_on_failure, waits };
@@ -682,7 +691,7 @@ impl Driver for SimDriver {
                 result,
                 started_ns: node.started_ns,
                 ended_ns: node.ended_ns,
-                lane: 0,
+                lane: node.lane,
             });
         }
     }

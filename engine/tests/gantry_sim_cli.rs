@@ -1,0 +1,87 @@
+//! The `gantry-sim` CLI: shipped workloads run deterministically (the same report
+//! twice), a policy system changes the schedule, traces are written, bad input is a
+//! clear error.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gantry-sim");
+
+fn repo(path: &str) -> String {
+    format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("gantry-sim runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn makespan(report: &str) -> f64 {
+    let line = report.lines().find(|l| l.starts_with("makespan:")).expect("makespan line");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn shipped_workloads_are_deterministic() {
+    for (workload, machine) in [
+        ("workloads/game_frame.json", "workloads/machines/gpu.json"),
+        ("workloads/stencil.json", "workloads/machines/gpu.json"),
+        ("workloads/multi_device.json", "workloads/machines/two_gpus.json"),
+    ] {
+        let args = [repo(workload), repo(machine)];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, first, err) = run(&args);
+        assert_eq!(code, 0, "{workload}: {err}");
+        assert!(first.contains("failed 0"), "{first}");
+        assert!(makespan(&first) > 0.0);
+        assert!(first.contains("compute engine 0: busy"), "{first}");
+        let (_, second, _) = run(&args);
+        assert_eq!(first, second, "{workload}: same files, same report");
+    }
+}
+
+#[test]
+fn ready_order_policy_changes_the_schedule() {
+    let (w, m) = (repo("workloads/game_frame.json"), repo("workloads/machines/gpu.json"));
+    let (_, fifo, _) = run(&[&w, &m]);
+    let (code, lifo, err) = run(&[&w, &m, "--ready", "lifo"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(lifo.contains("ready order lifo"));
+    assert_ne!(makespan(&fifo), makespan(&lifo), "{fifo}\n{lifo}");
+}
+
+#[test]
+fn writes_a_trace() {
+    let path = std::env::temp_dir().join(format!("gantry-sim-trace-{}.json", std::process::id()));
+    let (w, m) = (repo("workloads/multi_device.json"), repo("workloads/machines/two_gpus.json"));
+    let (code, _, err) = run(&[&w, &m, "--frames", "2", "--trace", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().iter().any(|e| e["name"] == "score"));
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let m = repo("workloads/machines/gpu.json");
+    let (code, _, err) = run(&["/nonexistent.json", &m]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent.json"), "{err}");
+    let bad = std::env::temp_dir().join(format!("gantry-sim-bad-{}.json", std::process::id()));
+    std::fs::write(
+        &bad,
+        r#"{"buffers": [], "queues": [{"name": "q", "device": 0}],
+            "commands": [{"op": "fill", "queue": "q", "dst": "missing", "value": 1}]}"#,
+    )
+    .unwrap();
+    let (code, _, err) = run(&[bad.to_str().unwrap(), &m]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown buffer `missing`"), "{err}");
+    let (code, _, err) = run(&[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("usage"), "{err}");
+    let _ = std::fs::remove_file(bad);
+}
