@@ -162,3 +162,34 @@ fn out_of_bounds_index_in_kernel_fails_the_command() {
     }
     assert_eq!(buf.to_vec().unwrap(), vec![0; 4]);
 }
+
+/// A command that fails while running inline (small work on the submitting thread)
+/// must not let its dependents run: they fail with the dependency's error instead.
+#[test]
+fn inline_failure_does_not_release_dependents() {
+    quiet_panics();
+    for mode in [Mode::Manual, Mode::Threaded] {
+        let rt = Runtime::builder().mode(mode).worker_threads(0).build();
+        let q = rt.queue();
+        let buf = rt.buffer(&[1u32; 4]);
+        let bad = q
+            .submit(|cg| {
+                let b = cg.read_write(&buf);
+                cg.single_task(move |it| {
+                    b.set(it, 0, 50);
+                    panic!("x")
+                });
+            })
+            .unwrap();
+        let dependent = q
+            .submit(|cg| {
+                let b = cg.read_write(&buf);
+                cg.single_task(move |it| b.set(it, 1, b.get(it, 0) + 1));
+            })
+            .unwrap();
+        assert!(bad.wait().is_err());
+        let err = dependent.wait().unwrap_err();
+        assert!(matches!(err, Error::Exec(ExecError::DependencyFailed { .. })), "{mode:?}: {err:?}");
+        assert_eq!(buf.to_vec().unwrap(), vec![1; 4], "{mode:?}: the dependent did not run");
+    }
+}

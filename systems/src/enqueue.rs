@@ -98,6 +98,9 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
             unblock_on_submit(world, q, e);
         }
         Ok(Accepted::Done(c)) => {
+            // Only a success releases same-driver successors now; after a failure they
+            // must not run, and retire fails them with the dependency's error.
+            let ok = c.result.is_ok();
             let done = Finished {
                 cmd: e,
                 result: c.result,
@@ -107,7 +110,9 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
             };
             world.resource_mut::<WorkLists>().finished.push(done);
             event.mark_submitted();
-            unblock_on_submit(world, q, e);
+            if ok {
+                unblock_on_submit(world, q, e);
+            }
         }
         Err(err) => {
             let now = world.resource::<SchedulerConfig>().now_ns();
