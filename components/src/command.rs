@@ -150,12 +150,16 @@ pub struct Requirement {
     pub space: MemSpace,
     /// The device allocation in `space`, if it is not host memory (set by resolution).
     pub alloc: Option<AllocId>,
+    /// Set by resolution when this write made `space` the valid copy although it held
+    /// none before (a whole-buffer discard-write): the resolution order and the spaces
+    /// that were valid, to restore if the command fails and leaves garbage behind.
+    pub valid_before: Option<(u64, SmallVec<[MemSpace; 2]>)>,
 }
 
 impl Requirement {
     /// A requirement not yet placed in a memory space.
     pub fn new(buffer: Arc<BufferCore>, mode: AccessMode, range: ByteRange) -> Self {
-        Self { buffer, mode, range, space: MemSpace::Host, alloc: None }
+        Self { buffer, mode, range, space: MemSpace::Host, alloc: None, valid_before: None }
     }
 }
 

@@ -128,6 +128,8 @@ pub struct Stats {
     pub moves: u64,
     /// Dependency edges created.
     pub edges: u64,
+    /// Requirements placed by resolution (orders placement snapshots).
+    pub placements: u64,
     /// Commands alive in the world.
     pub live_commands: u64,
     /// Operations handed to drivers whose completion has not arrived yet.

@@ -122,3 +122,37 @@ fn seeded_faults_are_deterministic() {
     }
     assert_eq!(run(), (failed, contents));
 }
+
+/// Found by the state-machine test: a kernel on the CPU reading a buffer whose last
+/// writer (a fill on the sim) was poisoned by an earlier failure must fail too.
+#[test]
+fn poisoned_device_writer_poisons_host_readers() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let cpu = rt.queue();
+    let sim = sim_queue(&rt, false);
+    let a = rt.buffer(&[0u32]);
+    let b = rt.buffer(&[1u32]);
+    let fk = cpu
+        .submit(|cg| {
+            let o = cg.read_write(&b);
+            cg.single_task(move |it| {
+                o.set(it, 0, 9);
+                panic!("x")
+            });
+        })
+        .unwrap();
+    let fill = sim.submit(|cg| cg.fill(&b, 0)).unwrap();
+    let k = cpu
+        .submit(|cg| {
+            let s = cg.read(&b);
+            let o = cg.elements_out(&a);
+            cg.parallel_for(1, move |it| *o.elem(it) = s.get(it, 0));
+        })
+        .unwrap();
+    rt.wait_idle().unwrap();
+    assert!(fk.wait().is_err());
+    assert!(fill.wait().is_err(), "{:?}", fill.wait());
+    assert!(k.wait().is_err(), "{:?}", k.wait());
+    assert_eq!(b.to_vec().unwrap(), vec![1]);
+    assert_eq!(a.to_vec().unwrap(), vec![0]);
+}

@@ -209,6 +209,9 @@ fn resolve_requirement(
         // Only this space now holds the current contents. Its producer (a move still
         // filling it) stays: readers of other ranges must still wait for the move.
         // The writer itself is found through the write leaves, per range.
+        let placed_over_nothing = !record.location(space).is_some_and(|l| l.valid);
+        let before: SmallVec<[MemSpace; 2]> =
+            record.locations.iter().filter(|l| l.valid).map(|l| l.space).collect();
         for loc in record.locations.iter_mut() {
             if loc.space == space {
                 loc.valid = true;
@@ -216,6 +219,11 @@ fn resolve_requirement(
                 loc.valid = false;
                 loc.producer = None;
             }
+        }
+        if placed_over_nothing {
+            let mut stats = world.resource_mut::<Stats>();
+            stats.placements += 1;
+            req.valid_before = Some((stats.placements, before));
         }
     } else {
         record.reads.push(gantry_components::Leaf { cmd: e, range: req.range });
@@ -297,6 +305,15 @@ fn insert_move(
     (src_req.space, src_req.alloc) = (from, src.alloc);
     let mut dst_req = Requirement::new(buffer, AccessMode::DiscardWrite, whole);
     (dst_req.space, dst_req.alloc) = (to, dst.alloc);
+    // The move makes `to` valid: remember what was valid before, to restore if the
+    // move fails or is failed by a dependency (its target then holds garbage).
+    let before = record.locations.iter().filter(|l| l.valid).map(|l| l.space).collect();
+    let order = {
+        let mut stats = world.resource_mut::<Stats>();
+        stats.placements += 1;
+        stats.placements
+    };
+    dst_req.valid_before = Some((order, before));
     let seq = world.resource::<Stats>().submitted;
     let m = world
         .spawn((

@@ -2,6 +2,8 @@
 //! scheduler's own, completes events, releases memory-record leaves, propagates
 //! failures to dependents and despawns finished commands and idle records.
 
+use std::sync::Arc;
+
 use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::{FromWorld, World};
@@ -11,7 +13,8 @@ use gantry_components::{
     CommandKind, DeviceId, Devices, Execution, Finished, Inbox, MemoryRecord, Slice, Stats, Status, Timeline,
     WorkLists,
 };
-use gantry_driver::ExecError;
+use gantry_driver::{ExecError, MemSpace};
+use smallvec::SmallVec;
 
 /// The retire stage system.
 pub fn retire(world: &mut World, mut queries: Local<Queries>) {
@@ -68,7 +71,8 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
         let device = q.command(world, f.cmd).expect("command").device;
         device_lost(world, q, device);
     }
-    let Some(succs) = retire_entity(world, q, &f, timeline) else {
+    let mut undos = Vec::new();
+    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos) else {
         return;
     };
     match f.result {
@@ -92,10 +96,11 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
                     ended_ns: f.ended_ns,
                     lane: 0,
                 };
-                if let Some(next) = retire_entity(world, q, &poisoned, timeline) {
+                if let Some(next) = retire_entity(world, q, &poisoned, timeline, &mut undos) {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
             }
+            apply_undos(world, q, undos);
         }
     }
 }
@@ -111,6 +116,7 @@ fn retire_entity(
     q: &mut Queries,
     f: &Finished,
     timeline: &mut Option<Timeline>,
+    undos: &mut Vec<Undo>,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
     let e = f.cmd;
     let exec = q.execution(world, e)?;
@@ -143,9 +149,8 @@ fn retire_entity(
     }
     let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
     let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
-    let failed_move = !ok && q.command(world, e).is_some_and(|c| c.kind == CommandKind::MemoryMove);
-    if failed_move {
-        undo_move(world, q, &reqs);
+    if !ok {
+        undos_of(&reqs, undos);
     }
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
@@ -170,16 +175,37 @@ fn retire_entity(
     Some(succs)
 }
 
-/// A failed move left garbage at its target; its source still holds the last valid
-/// contents (every later writer of the buffer depends on the move, so it failed too).
-fn undo_move(world: &mut World, q: &mut Queries, reqs: &[gantry_components::Requirement]) {
-    let [src, dst] = reqs else { return };
-    let Some(mut record) = src.buffer.record.get().and_then(|r| q.record_mut(world, r)) else { return };
-    for loc in record.locations.iter_mut() {
-        if loc.space == src.space {
-            loc.valid = true;
-        } else if loc.space == dst.space {
-            loc.valid = false;
+/// A validity state to restore after a failure: (resolution order, buffer, the
+/// spaces holding its last valid contents).
+type Undo = (u64, Arc<gantry_components::BufferCore>, SmallVec<[MemSpace; 2]>);
+
+/// What a failed command's failure means for its buffers' validity.
+///
+/// Resolution marks a space valid before the command that fills it has run: a memory
+/// move, or a whole-buffer discard-write into a space that held no valid copy. When
+/// such a command fails (or is failed by a dependency), its target holds garbage.
+/// Every command resolved after it that relied on that placement depended on it and
+/// failed in the same cascade, so the valid set from before the *earliest* such
+/// placement in the cascade is the truth again ([`apply_undos`]).
+fn undos_of(reqs: &[gantry_components::Requirement], out: &mut Vec<Undo>) {
+    for r in reqs {
+        if let Some((order, before)) = &r.valid_before {
+            out.push((*order, r.buffer.clone(), before.clone()));
+        }
+    }
+}
+
+fn apply_undos(world: &mut World, q: &mut Queries, mut undos: Vec<Undo>) {
+    undos.sort_by_key(|u| u.0);
+    let mut done: SmallVec<[u64; 4]> = SmallVec::new();
+    for (_, buffer, valid) in undos {
+        if done.contains(&buffer.id) {
+            continue;
+        }
+        done.push(buffer.id);
+        let Some(mut record) = buffer.record.get().and_then(|rec| q.record_mut(world, rec)) else { continue };
+        for loc in record.locations.iter_mut() {
+            loc.valid = valid.contains(&loc.space);
         }
     }
 }
@@ -238,7 +264,7 @@ pub fn abandon_all(world: &mut World) {
     for e in live {
         let f =
             Finished { cmd: e, result: Err(ExecError::RuntimeDropped), started_ns: 0, ended_ns: 0, lane: 0 };
-        retire_entity(world, q, &f, &mut timeline);
+        retire_entity(world, q, &f, &mut timeline, &mut Vec::new());
     }
     if let Some(t) = timeline {
         world.insert_resource(t);
