@@ -221,9 +221,7 @@ fn resolve_requirement(
             }
         }
         if placed_over_nothing {
-            let mut stats = world.resource_mut::<Stats>();
-            stats.placements += 1;
-            req.valid_before = Some((stats.placements, before));
+            req.valid_before = Some((next_placement(world), before));
         }
     } else {
         record.reads.push(gantry_components::Leaf { cmd: e, range: req.range });
@@ -280,6 +278,13 @@ fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace
     insert_move(world, q, rec, source, space)
 }
 
+/// The resolution order of a placement snapshot (see `Requirement::valid_before`).
+fn next_placement(world: &mut World) -> u64 {
+    let mut stats = world.resource_mut::<Stats>();
+    stats.placements += 1;
+    stats.placements
+}
+
 /// Spawns a memory move from `from` to `to` of a buffer's whole contents.
 fn insert_move(
     world: &mut World,
@@ -308,12 +313,7 @@ fn insert_move(
     // The move makes `to` valid: remember what was valid before, to restore if the
     // move fails or is failed by a dependency (its target then holds garbage).
     let before = record.locations.iter().filter(|l| l.valid).map(|l| l.space).collect();
-    let order = {
-        let mut stats = world.resource_mut::<Stats>();
-        stats.placements += 1;
-        stats.placements
-    };
-    dst_req.valid_before = Some((order, before));
+    dst_req.valid_before = Some((next_placement(world), before));
     let seq = world.resource::<Stats>().submitted;
     let m = world
         .spawn((
@@ -346,7 +346,6 @@ fn insert_move(
     let target = record.location_mut(to).expect("location");
     target.valid = true;
     target.producer = Some(m);
-    let _ = dst;
     connect(world, q, m, preds);
     Ok(())
 }
