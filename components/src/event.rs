@@ -158,22 +158,6 @@ impl EventShared {
         drop(g);
         self.waiters.fetch_sub(1, Ordering::AcqRel);
     }
-
-    /// Blocks until the status is at least `at_least` or `timeout` passes; returns
-    /// whether the status was reached.
-    pub fn block_until_for(&self, at_least: EventStatus, timeout: std::time::Duration) -> bool {
-        if self.status() >= at_least {
-            return true;
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = self.lock.lock();
-        if self.status_seqcst() < at_least {
-            self.cond.wait_for(&mut g, timeout);
-        }
-        drop(g);
-        self.waiters.fetch_sub(1, Ordering::AcqRel);
-        self.status() >= at_least
-    }
 }
 
 #[cfg(test)]

@@ -168,14 +168,22 @@ impl LeafSet {
 pub struct Location {
     /// The memory space.
     pub space: MemSpace,
-    /// The device owning the allocation (none for host memory).
-    pub device: Option<DeviceId>,
     /// The allocation (none for host memory).
     pub alloc: Option<AllocId>,
     /// Whether it holds the current contents (once `producer` has finished).
     pub valid: bool,
     /// The unfinished memory move that fills it, if any.
     pub producer: Option<Entity>,
+}
+
+impl Location {
+    /// The device owning the allocation (none for host memory).
+    pub fn device(&self) -> Option<DeviceId> {
+        match self.space {
+            MemSpace::Device(d) => Some(d),
+            MemSpace::Host => None,
+        }
+    }
 }
 
 /// The memory record of one buffer.
@@ -200,7 +208,6 @@ impl MemoryRecord {
             writes: LeafSet::default(),
             locations: SmallVec::from_iter([Location {
                 space: MemSpace::Host,
-                device: None,
                 alloc: None,
                 valid: true,
                 producer: None,

@@ -17,13 +17,11 @@ pub struct QueueState {
     /// Commands submitted since the last barrier that may still be unfinished; a
     /// barrier depends on all of them and then replaces them.
     pub since_barrier: Vec<Entity>,
-    /// The user dropped the queue.
-    pub dropped: bool,
 }
 
 impl QueueState {
     /// Fresh state for a queue.
     pub fn new(core: Arc<QueueCore>) -> Self {
-        Self { core, last: None, since_barrier: Vec::new(), dropped: false }
+        Self { core, last: None, since_barrier: Vec::new() }
     }
 }

@@ -247,7 +247,6 @@ fn ensure_location(
     let alloc = world.resource::<Devices>().0[d as usize].driver.alloc(bytes)?;
     q.record_mut(world, rec).expect("memory record").locations.push(Location {
         space,
-        device: Some(d),
         alloc: Some(alloc),
         valid: false,
         producer: None,

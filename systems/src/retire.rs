@@ -221,7 +221,7 @@ fn device_lost(world: &mut World, q: &mut Queries, device: DeviceId) {
     tracing::warn!(device, "device lost: its buffer copies are dropped and new work is refused");
     let mut records = world.query::<&mut MemoryRecord>();
     for mut record in records.iter_mut(world) {
-        record.locations.retain(|l| l.device != Some(device));
+        record.locations.retain(|l| l.device() != Some(device));
         if !record.locations.iter().any(|l| l.valid) {
             let host = record.location_mut(gantry_driver::MemSpace::Host).expect("host copy");
             host.valid = true;
@@ -241,7 +241,7 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
         if !(record.buffer.is_dropped() && record.is_idle()) {
             continue;
         }
-        let allocs: Vec<_> = record.locations.iter().filter_map(|l| Some((l.device?, l.alloc?))).collect();
+        let allocs: Vec<_> = record.locations.iter().filter_map(|l| Some((l.device()?, l.alloc?))).collect();
         let buffer = record.buffer.clone();
         for (d, a) in allocs {
             world.resource::<Devices>().0[d as usize].driver.free(a);

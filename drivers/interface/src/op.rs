@@ -84,19 +84,6 @@ pub enum DeviceOp {
     Marker,
 }
 
-impl DeviceOp {
-    /// Short name of the operation kind.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            DeviceOp::Kernel(_) => "kernel",
-            DeviceOp::Copy { .. } => "copy",
-            DeviceOp::Fill { .. } => "fill",
-            DeviceOp::HostTask(_) => "host task",
-            DeviceOp::Marker => "marker",
-        }
-    }
-}
-
 /// An operation handed to [`Driver::submit`](crate::Driver::submit).
 pub struct Submission<'a> {
     /// Reported back in the completion.
