@@ -2,32 +2,57 @@
 //! the predecessors that driver is still running (markers and barriers included);
 //! host accesses start running (their user is woken).
 
+use std::sync::Arc;
+
 use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, Devices, Finished, Requirement, SchedulerConfig, Status, Work, WorkLists,
+    CommandKind, Devices, Finished, Requirement, SchedulerConfig, Stats, Status, Work, WorkLists,
 };
 use gantry_driver::{
-    Accepted, DeviceOp, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
+    Accepted, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
     Submission,
 };
 use smallvec::SmallVec;
+
+/// What one run of the stage reads once instead of once per command, and what it
+/// writes back once at the end.
+struct Pass {
+    drivers: SmallVec<[Arc<dyn Driver>; 4]>,
+    preserve_on_failure: bool,
+    /// Commands that finished inside `submit` (or were refused).
+    finished: Vec<Finished>,
+    /// Commands now running on a driver.
+    in_driver: u64,
+}
 
 /// The enqueue stage system.
 pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
+    let mut pass = Pass {
+        drivers: world.resource::<Devices>().0.iter().map(|d| d.driver.clone()).collect(),
+        preserve_on_failure: world.resource::<SchedulerConfig>().preserve_on_failure,
+        finished: Vec::new(),
+        in_driver: 0,
+    };
     loop {
         let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
         if ready.is_empty() {
             break;
         }
         for e in ready {
-            enqueue_command(world, q, e);
+            enqueue_command(world, q, &mut pass, e);
         }
+    }
+    if pass.in_driver > 0 {
+        world.resource_mut::<Stats>().in_driver += pass.in_driver;
+    }
+    if !pass.finished.is_empty() {
+        world.resource_mut::<WorkLists>().finished.append(&mut pass.finished);
     }
 }
 
@@ -44,13 +69,15 @@ fn args(reqs: &[Requirement]) -> SmallVec<[MemArg; 4]> {
     reqs.iter().map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
 }
 
-fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> DeviceOp {
+/// The device operation for `work`; `name` is needed (and given) for host tasks only.
+fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceOp {
     match work {
         Work::Kernel { kernel, geometry } => {
             DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) })
         }
         Work::HostTask { run, tag } => {
-            DeviceOp::HostTask(HostTask { name: name.clone(), tag, run: run.into_inner(), args: args(reqs) })
+            let name = name.expect("host tasks are built with their name");
+            DeviceOp::HostTask(HostTask { name, tag, run: run.into_inner(), args: args(reqs) })
         }
         Work::Copy | Work::Move { .. } => DeviceOp::Copy { src: slice(&reqs[0]), dst: slice(&reqs[1]) },
         Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
@@ -60,7 +87,7 @@ fn build_op(work: Work, reqs: &[Requirement], name: &std::sync::Arc<str>) -> Dev
     }
 }
 
-fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
+fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entity) {
     let Some(mut exec) = q.execution_mut(world, e) else {
         return;
     };
@@ -71,7 +98,8 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
     let work = exec.work.take().expect("work enqueued twice");
     let event = exec.event.clone();
     let cmd = q.command(world, e).expect("command");
-    let (kind, device, name) = (cmd.kind, cmd.device, cmd.name.clone());
+    let (kind, device) = (cmd.kind, cmd.device);
+    let name = (kind == CommandKind::HostTask).then(|| cmd.name.clone());
     if kind == CommandKind::HostAccess {
         event.mark_running(world.resource::<SchedulerConfig>().now_ns());
         return;
@@ -87,13 +115,13 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
             (same_device && exec.status == Status::Submitted).then(|| exec.handle.clone()).flatten()
         })
         .collect();
-    let op = build_op(work, &q.requirements(world, e).expect("requirements").0, &name);
-    let driver = world.resource::<Devices>().0[device as usize].driver.clone();
-    let preserve_on_failure = world.resource::<SchedulerConfig>().preserve_on_failure;
-    match driver.submit(Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure }) {
+    let op = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
+    let preserve_on_failure = pass.preserve_on_failure;
+    let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure };
+    match pass.drivers[device as usize].submit(submission) {
         Ok(Accepted::Pending(handle)) => {
             q.execution_mut(world, e).expect("execution").handle = Some(handle);
-            world.resource_mut::<gantry_components::Stats>().in_driver += 1;
+            pass.in_driver += 1;
             event.mark_submitted();
             unblock_on_submit(world, q, e);
         }
@@ -108,7 +136,7 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
                 ended_ns: c.ended_ns,
                 lane: c.lane,
             };
-            world.resource_mut::<WorkLists>().finished.push(done);
+            pass.finished.push(done);
             event.mark_submitted();
             if ok {
                 unblock_on_submit(world, q, e);
@@ -117,16 +145,17 @@ fn enqueue_command(world: &mut World, q: &mut Queries, e: Entity) {
         Err(err) => {
             let now = world.resource::<SchedulerConfig>().now_ns();
             let failed = Finished { cmd: e, result: Err(err), started_ns: now, ended_ns: now, lane: 0 };
-            world.resource_mut::<WorkLists>().finished.push(failed);
+            pass.finished.push(failed);
         }
     }
 }
 
 /// Successors on the same driver stop being blocked once this command is submitted.
 fn unblock_on_submit(world: &mut World, q: &mut Queries, e: Entity) {
-    let succs = q.edges(world, e).expect("edges").succs.clone();
-    for s in succs.iter().filter(|s| s.on_submit) {
-        crate::retire::unblock(world, q, s.entity);
+    let succs = &q.edges(world, e).expect("edges").succs;
+    let released: SmallVec<[Entity; 4]> = succs.iter().filter(|s| s.on_submit).map(|s| s.entity).collect();
+    for s in released {
+        crate::retire::unblock(world, q, s);
     }
 }
 

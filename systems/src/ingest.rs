@@ -14,13 +14,14 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
     let rx = world.resource::<Inbox>().messages.clone();
-    let mut spawned = 0u64;
+    let first_seq = world.resource::<Stats>().submitted;
+    let mut new_commands = Vec::new();
     let mut messages = 0u64;
     while let Ok(msg) = rx.try_recv() {
         messages += 1;
         match msg {
             Message::Submit(desc) => {
-                let seq = world.resource::<Stats>().submitted + spawned;
+                let seq = first_seq + new_commands.len() as u64;
                 let event = desc.event;
                 let e = world
                     .spawn((
@@ -44,8 +45,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     .id();
                 q.refresh(world);
                 event.command.set(e);
-                world.resource_mut::<WorkLists>().resolve.push(e);
-                spawned += 1;
+                new_commands.push(e);
             }
             Message::DropBuffer(buffer) => {
                 // Marked here, in message order, so commands submitted before the drop
@@ -78,6 +78,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 }
             }
         }
+    }
+    let spawned = new_commands.len() as u64;
+    if spawned > 0 {
+        world.resource_mut::<WorkLists>().resolve.extend(new_commands);
     }
     if messages > 0 {
         let mut stats = world.resource_mut::<Stats>();

@@ -84,11 +84,10 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
         return;
     };
     let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
-    let (space, lost, name) = {
-        let d = &world.resource::<Devices>().0[device as usize];
-        (d.space, d.is_lost(), d.info.name.clone())
-    };
-    if lost {
+    let d = &world.resource::<Devices>().0[device as usize];
+    let (space, in_driver_waits) = (d.space, d.info.caps.in_driver_waits);
+    if d.is_lost() {
+        let name = d.info.name.clone();
         return fail_now(world, q, e, ExecError::DeviceLost { device: name });
     }
     let mut reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("command").0);
@@ -146,7 +145,7 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
         }
     }
 
-    connect(world, q, e, preds);
+    connect(world, q, e, preds, in_driver_waits);
 }
 
 /// The queue-state entity of `q`, spawned at first use.
@@ -345,7 +344,8 @@ fn insert_move(
     let target = record.location_mut(to).expect("location");
     target.valid = true;
     target.producer = Some(m);
-    connect(world, q, m, preds);
+    let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
+    connect(world, q, m, preds, in_driver_waits);
     Ok(())
 }
 
@@ -354,8 +354,9 @@ fn event_slot(world: &mut World, q: &mut Queries, e: Entity) {
     ev.command.set(e);
 }
 
-/// Adds edges from `preds` to `e` and decides whether `e` is ready.
-fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds) {
+/// Adds edges from `preds` to `e` and decides whether `e` is ready. `in_driver_waits`:
+/// `e`'s driver orders wait-lists itself.
+fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds, in_driver_waits: bool) {
     if preds.len() > 1 {
         preds.sort_unstable();
         preds.dedup();
@@ -364,7 +365,6 @@ fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds) {
         let c = q.command(world, e).expect("command");
         (c.device, c.kind)
     };
-    let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
     let mut blockers = 0u32;
     let mut live = SmallVec::<[Entity; 4]>::new();
     for p in preds {
@@ -383,7 +383,9 @@ fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds) {
         }
         live.push(p);
     }
-    world.resource_mut::<Stats>().edges += live.len() as u64;
+    if !live.is_empty() {
+        world.resource_mut::<Stats>().edges += live.len() as u64;
+    }
     let mut edges = q.edges_mut(world, e).expect("edges");
     edges.preds = live;
     edges.blockers = blockers;
