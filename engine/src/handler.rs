@@ -481,13 +481,7 @@ impl Handler {
             Some(Action::HostTask { name, run }) => {
                 (CommandKind::HostTask, Work::HostTask { run: SyncCell::new(run), tag: self.tag }, name)
             }
-            Some(Action::Copy) => {
-                let (s, d) = (&self.requirements[0], &self.requirements[1]);
-                if s.range.len() != d.range.len() {
-                    return Err(Error::LengthMismatch { src: s.range.len(), dst: d.range.len() });
-                }
-                (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy")))
-            }
+            Some(Action::Copy) => (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy"))),
             Some(Action::CopyFromHost(data)) => (
                 CommandKind::CopyFromHost,
                 Work::CopyFromHost(data),

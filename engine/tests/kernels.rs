@@ -159,3 +159,47 @@ fn struct_elements() {
     assert_eq!(got[10].pos, [13.0, 6.0, 9.0]);
     assert_eq!(got[n - 1].vel, [1.0, 2.0, 3.0]);
 }
+
+/// The `unsafe` slice path: each work-item writes only its own element through a raw
+/// slice (the SYCL contract), reading another buffer as a slice.
+#[test]
+fn unsafe_slices_under_the_sycl_contract() {
+    let rt = Runtime::builder().worker_threads(2).build();
+    let n = 10_000;
+    let input = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
+    let out = rt.buffer_zeroed::<u32>(n);
+    rt.queue()
+        .submit(|cg| {
+            let x = cg.read(&input);
+            let y = cg.write(&out);
+            cg.parallel_for(n, move |it| {
+                let i = it.global_linear_id();
+                // SAFETY: nobody writes `input`; work-item `i` alone writes `out[i]`.
+                let (x, y) = unsafe { (x.as_slice(it), y.as_slice_mut(it)) };
+                y[i] = x[n - 1 - i] * 2;
+            });
+        })
+        .unwrap();
+    let expect: Vec<u32> = (0..n as u32).rev().map(|v| v * 2).collect();
+    assert_eq!(out.to_vec().unwrap(), expect);
+}
+
+/// A host task's discard-write accessor overwrites the range; the runtime does not
+/// need its previous contents on the host.
+#[test]
+fn host_discard_write() {
+    let rt = Runtime::builder().sim(gantry::SimConfig::default()).build();
+    let sim = rt.queue_with(gantry::QueueOptions { device: 1, in_order: true }).unwrap();
+    let buf = rt.buffer(&[1u32; 8]);
+    sim.submit(|cg| cg.fill(&buf, 5)).unwrap();
+    let q = rt.queue();
+    q.submit(|cg| {
+        let mut o = cg.host_discard_write(&buf);
+        cg.host_task(move |ctx| o.as_mut_slice(ctx).copy_from_slice(&[9; 8]));
+    })
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![9; 8]);
+    assert_eq!(rt.stats().moves, 0, "nothing moved back for a discard-write");
+}

@@ -165,3 +165,27 @@ fn timestamps_are_ordered() {
     assert!(t.submitted_ns <= t.started_ns && t.started_ns <= t.ended_ns, "{t:?}");
     assert!(rt.now_ns() >= t.ended_ns);
 }
+
+/// Non-blocking results, queue properties and the default device.
+#[test]
+fn try_result_default_device_and_queue_properties() {
+    let rt =
+        Runtime::builder().mode(Mode::Manual).sim(gantry::SimConfig::default()).default_device(1).build();
+    let q = rt.in_order_queue();
+    assert!(q.is_in_order() && !rt.queue().is_in_order());
+    assert_eq!(q.device(), 1, "queues go to the default device");
+    let buf = rt.buffer_zeroed::<u32>(4);
+    let ev = q.submit(|cg| cg.fill(&buf, 3)).unwrap();
+    assert_eq!(ev.try_result(), None, "pending until a flush in manual mode");
+    ev.wait().unwrap();
+    assert_eq!(ev.try_result(), Some(Ok(())));
+    let bad = q
+        .submit(|cg| {
+            let b = cg.read_write(&buf);
+            cg.single_task(move |it| b.set(it, 9, 1)); // out of bounds: fails
+        })
+        .unwrap();
+    assert!(bad.wait().is_err());
+    assert!(matches!(bad.try_result(), Some(Err(Error::Exec(ExecError::KernelPanicked { .. })))));
+    assert_eq!(buf.to_vec().unwrap(), vec![3; 4]);
+}
