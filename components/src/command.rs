@@ -133,7 +133,9 @@ pub struct Command {
     pub queue: Option<Arc<QueueCore>>,
     /// The device that executes it.
     pub device: DeviceId,
-    /// Global submission order.
+    /// Submission order of user commands (0, 1, …). A memory move carries the number
+    /// of commands ingested when it was inserted, so it can share a value with a user
+    /// command; timelines identify commands by entity instead.
     pub seq: u64,
 }
 
