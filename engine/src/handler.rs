@@ -9,8 +9,8 @@ use bytemuck::Pod;
 use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
 use gantry_driver::{
     phase, AccessMode, Accessor, ClosureKernel, DiscardWrite, ElemAccessor, Geometry, HostAccessor, HostCtx,
-    HostStorage, Item, LocalAccessor, Mode, NdRange, PhaseFn, PrivateAccessor, Range, Read, ReadWrite,
-    Scratch, ScratchKind, Write,
+    HostStorage, Item, LocalAccessor, Mode, NdRange, Phase, PrivateAccessor, Range, Read, ReadWrite, Scratch,
+    ScratchKind, Write,
 };
 use smallvec::SmallVec;
 
@@ -29,7 +29,7 @@ macro_rules! static_name {
 
 /// The action a command group performs.
 enum Action {
-    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[PhaseFn; 2]> },
+    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[Phase; 2]> },
     HostTask { name: Arc<str>, run: Box<dyn FnOnce(&HostCtx<'_>) + Send> },
     Copy,
     CopyFromHost(Arc<HostStorage>),
@@ -474,7 +474,7 @@ impl Handler {
                     phases,
                     global_slots: self.requirements.len(),
                     scratch: std::mem::take(&mut self.scratch),
-                    item_cost_ns: self.item_cost_ns,
+                    cost: gantry_driver::ItemCost::of(self.item_cost_ns),
                 };
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }

@@ -206,7 +206,7 @@ fn bind(inner: &Inner, mem: &MemSlice) -> Result<Binding, ExecError> {
                 )));
             }
             // SAFETY: offset is within the allocation (checked above).
-            Ok(Binding { ptr: unsafe { storage.as_ptr().add(mem.offset) }, len: mem.len })
+            Ok(Binding::new(unsafe { storage.as_ptr().add(mem.offset) }, mem.len))
         }
         MemRef::Device(_) => Err(inner.unsupported("device memory")),
     }
@@ -462,7 +462,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                item_cost_ns: None,
+                cost: gantry_driver::ItemCost::default(),
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -535,7 +535,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                item_cost_ns: None,
+                cost: gantry_driver::ItemCost::default(),
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {

@@ -217,7 +217,7 @@ impl<T: Pod, M: Mode> Accessor<T, M> {
     /// Dereferencing it is subject to the SYCL contract: no element may be written by
     /// one work-item while another reads or writes it without atomics.
     pub unsafe fn as_ptr(&self, it: &Item<'_>) -> *mut T {
-        it.binding(self.slot, self.tag).ptr.cast()
+        it.region(self.slot, self.tag).ptr.cast()
     }
 }
 
@@ -228,7 +228,7 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn get(&self, it: &Item<'_>, i: usize) -> T {
-        let p = element::<T>(it.binding(self.slot, self.tag), i);
+        let p = it.element_ptr(self.slot, self.tag, i, size_of::<T>()).cast::<T>();
         // SAFETY: in bounds and aligned (ranges start at element boundaries of an
         // aligned allocation); relaxed atomics make concurrent access race-free.
         unsafe { load_relaxed(p) }
@@ -239,7 +239,7 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
     /// # Safety
     /// No work-item may write any element of the range while the slice lives.
     pub unsafe fn as_slice<'a>(&self, it: &Item<'a>) -> &'a [T] {
-        let b = it.binding(self.slot, self.tag);
+        let b = it.region(self.slot, self.tag);
         // SAFETY: the binding is live for the launch ('a); exclusivity is the caller's.
         unsafe { std::slice::from_raw_parts(b.ptr.cast(), b.len / size_of::<T>().max(1)) }
     }
@@ -252,7 +252,7 @@ impl<T: Pod, M: Writable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn set(&self, it: &Item<'_>, i: usize, v: T) {
-        let p = element::<T>(it.binding(self.slot, self.tag), i);
+        let p = it.element_ptr(self.slot, self.tag, i, size_of::<T>()).cast::<T>();
         // SAFETY: in bounds and aligned; relaxed atomics make concurrent access race-free.
         unsafe { store_relaxed(p, v) }
     }
@@ -265,7 +265,7 @@ impl<T: Pod, M: Writable> Accessor<T, M> {
     /// within one work-item.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_slice_mut<'a>(&self, it: &Item<'a>) -> &'a mut [T] {
-        let b = it.binding(self.slot, self.tag);
+        let b = it.region(self.slot, self.tag);
         // SAFETY: the binding is live for the launch; exclusivity is the caller's.
         unsafe { std::slice::from_raw_parts_mut(b.ptr.cast(), b.len / size_of::<T>().max(1)) }
     }
@@ -300,10 +300,13 @@ impl<T: Pod, M: Writable> ElemAccessor<T, M> {
     /// This work-item's element. Borrowing the item mutably keeps the reference unique.
     #[inline(always)]
     pub fn elem<'i>(&self, it: &'i mut Item<'_>) -> &'i mut T {
-        let p = element::<T>(it.binding(self.inner.slot, self.inner.tag), it.global_linear_id());
+        let p = it.element_ptr(self.inner.slot, self.inner.tag, it.global_linear_id(), size_of::<T>());
+        let p = p.cast::<T>();
         // SAFETY: each work-item has a distinct global linear id and runs once per
         // launch; no other accessor of this command group overlaps a writable range;
-        // `it` stays mutably borrowed while the reference lives.
+        // `it` stays mutably borrowed while the reference lives. Internalized memory
+        // (fusion) may map two work-items of one group to one element, but a group's
+        // work-items run one at a time on one thread and the borrow ends with the item.
         unsafe { &mut *p }
     }
 }

@@ -1,14 +1,19 @@
 //! The work-item a kernel closure receives, and the per-work-group context a driver
 //! hands to each kernel phase.
 
-use crate::memory::Binding;
-use crate::range::{linearize, Geometry};
+use crate::memory::{Binding, Internal};
+use crate::range::{delinearize, linearize, Geometry};
 
 /// What a driver passes to a kernel phase for one work-group: the launch geometry,
 /// which group this is, and the resolved memory of every accessor slot.
 pub struct GroupCtx<'a> {
-    /// The launch geometry.
+    /// The kernel's own geometry: the ids and ranges its work-items see.
     pub geometry: &'a Geometry,
+    /// The grid whose group `group` is being run, when it is not `geometry`: a kernel
+    /// fused with kernels of other ND-ranges (seed 000, "Work-item remapping"). Each
+    /// work-item of the grid's group keeps its global linear id and is mapped to the
+    /// kernel's global ids; work-items past the kernel's range skip it.
+    pub remap: Option<&'a Geometry>,
     /// This group's 3-D id.
     pub group: [usize; 3],
     /// One binding per buffer accessor slot.
@@ -19,19 +24,37 @@ pub struct GroupCtx<'a> {
     pub tag: u64,
 }
 
-impl GroupCtx<'_> {
-    /// First global id (without offset) of this group in each dimension.
+impl<'a> GroupCtx<'a> {
+    /// The context of group `group` of `geometry`.
+    pub fn new(
+        geometry: &'a Geometry,
+        group: [usize; 3],
+        bindings: &'a [Binding],
+        scratch: &'a [Binding],
+        tag: u64,
+    ) -> Self {
+        Self { geometry, remap: None, group, bindings, scratch, tag }
+    }
+
+    /// The grid the group's work-items come from.
+    #[inline]
+    pub fn grid(&self) -> &'a Geometry {
+        self.remap.unwrap_or(self.geometry)
+    }
+
+    /// First global id (without offset) of this group in each dimension of the grid.
     #[inline]
     pub fn base(&self) -> [usize; 3] {
-        let l = self.geometry.local_range();
+        let l = self.grid().local_range();
         [self.group[0] * l[0], self.group[1] * l[1], self.group[2] * l[2]]
     }
 
-    /// Work-items of this group in each dimension: the local range, clipped at the
-    /// global range for the partial last group of a plain range.
+    /// Work-items of this group in each dimension of the grid: the local range,
+    /// clipped at the global range for the partial last group of a plain range.
     #[inline]
     pub fn extent(&self) -> [usize; 3] {
-        let (l, g, b) = (self.geometry.local_range(), self.geometry.global_range(), self.base());
+        let grid = self.grid();
+        let (l, g, b) = (grid.local_range(), grid.global_range(), self.base());
         [l[0].min(g[0] - b[0]), l[1].min(g[1] - b[1]), l[2].min(g[2] - b[2])]
     }
 
@@ -40,7 +63,40 @@ impl GroupCtx<'_> {
     /// is as tight as a hand-written one.
     #[inline(always)]
     pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
-        items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag)
+        match self.remap {
+            None => items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag),
+            Some(grid) => {
+                remapped_items(f, self.geometry, grid, self.group, self.bindings, self.scratch, self.tag)
+            }
+        }
+    }
+
+    /// The work-item of this group at local id `local` (in the grid), or `None` if the
+    /// kernel's range does not reach it.
+    #[inline]
+    pub fn item_at(&self, local: [usize; 3], lin: usize) -> Option<Item<'a>> {
+        let b = self.base();
+        let rel = [b[0] + local[0], b[1] + local[1], b[2] + local[2]];
+        let rel = match self.remap {
+            None => rel,
+            Some(grid) => {
+                let glid = linearize(rel, grid.global_range());
+                if glid >= self.geometry.global_size() {
+                    return None;
+                }
+                delinearize(glid, self.geometry.global_range())
+            }
+        };
+        Some(Item {
+            rel,
+            local,
+            lin,
+            group: self.group,
+            geometry: self.geometry,
+            bindings: self.bindings,
+            scratch: self.scratch,
+            tag: self.tag,
+        })
     }
 }
 
@@ -57,16 +113,52 @@ fn items<F: Fn(&mut Item<'_>)>(
     scratch: &[Binding],
     tag: u64,
 ) {
-    let ctx = GroupCtx { geometry, group, bindings, scratch, tag };
+    let ctx = GroupCtx::new(geometry, group, bindings, scratch, tag);
     let base = ctx.base();
     let ext = ctx.extent();
-    let mut item = Item { rel: base, local: [0; 3], group, geometry, bindings, scratch, tag };
+    let mut item = Item { rel: base, local: [0; 3], lin: 0, group, geometry, bindings, scratch, tag };
     for i0 in 0..ext[0] {
         for i1 in 0..ext[1] {
             for i2 in 0..ext[2] {
                 item.rel = [base[0] + i0, base[1] + i1, base[2] + i2];
                 item.local = [i0, i1, i2];
                 f(&mut item);
+                item.lin += 1;
+            }
+        }
+    }
+}
+
+/// The loop for a kernel fused into a grid of another shape: global ids are mapped
+/// through the global linear id (seed 000: `global_id(0) = GLID / (GS(1) * GS(2))`,
+/// and so on); local and group ids are the grid's, which the fusion rules keep
+/// unchanged for kernels with a work-group size.
+#[inline(never)]
+fn remapped_items<F: Fn(&mut Item<'_>)>(
+    f: &F,
+    geometry: &Geometry,
+    grid: &Geometry,
+    group: [usize; 3],
+    bindings: &[Binding],
+    scratch: &[Binding],
+    tag: u64,
+) {
+    let ctx = GroupCtx { geometry, remap: Some(grid), group, bindings, scratch, tag };
+    let base = ctx.base();
+    let ext = ctx.extent();
+    let (grid_global, own_global, total) =
+        (grid.global_range(), geometry.global_range(), geometry.global_size());
+    let mut item = Item { rel: base, local: [0; 3], lin: 0, group, geometry, bindings, scratch, tag };
+    for i0 in 0..ext[0] {
+        for i1 in 0..ext[1] {
+            for i2 in 0..ext[2] {
+                let glid = linearize([base[0] + i0, base[1] + i1, base[2] + i2], grid_global);
+                if glid < total {
+                    item.rel = delinearize(glid, own_global);
+                    item.local = [i0, i1, i2];
+                    f(&mut item);
+                }
+                item.lin += 1;
             }
         }
     }
@@ -81,7 +173,7 @@ fn items<F: Fn(&mut Item<'_>)>(
 /// ```
 /// # use gantry_driver::{Geometry, GroupCtx, Range};
 /// let geometry = Geometry::for_range(Range::d2(2, 3)).unwrap();
-/// let group = GroupCtx { geometry: &geometry, group: [1, 0, 0], bindings: &[], scratch: &[], tag: 0 };
+/// let group = GroupCtx::new(&geometry, [1, 0, 0], &[], &[], 0);
 /// let ids = std::cell::RefCell::new(Vec::new());
 /// group.for_each_item(&|it| ids.borrow_mut().push((it.global_id(0), it.global_id(1), it.global_linear_id())));
 /// let ids = ids.into_inner();
@@ -90,6 +182,8 @@ fn items<F: Fn(&mut Item<'_>)>(
 pub struct Item<'a> {
     rel: [usize; 3],
     local: [usize; 3],
+    /// Local linear id in the grid being run (indexes per-work-item scratch).
+    lin: usize,
     group: [usize; 3],
     geometry: &'a Geometry,
     bindings: &'a [Binding],
@@ -132,7 +226,7 @@ impl<'a> Item<'a> {
     /// Linear id within the work-group.
     #[inline]
     pub fn local_linear_id(&self) -> usize {
-        linearize(self.local, self.geometry.local_range())
+        self.lin
     }
     /// Work-group extent in dimension `d`.
     #[inline]
@@ -161,6 +255,41 @@ impl<'a> Item<'a> {
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
         assert!(tag == self.tag, "accessor used in a kernel of a different command group");
         self.bindings[slot as usize]
+    }
+
+    /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes:
+    /// bounds-checked in ordinary memory, `i % n` in internalized memory of `n`
+    /// elements (seed 000, "Internalization").
+    #[inline(always)]
+    pub(crate) fn element_ptr(&self, slot: u32, tag: u64, i: usize, size: usize) -> *mut u8 {
+        let b = self.binding(slot, tag);
+        let n = b.len / size.max(1);
+        match b.internal {
+            Internal::No => {
+                assert!(i < n, "accessor index {i} out of bounds for {n} elements");
+                // SAFETY: i < n, so the offset stays inside the binding.
+                unsafe { b.ptr.add(i * size) }
+            }
+            // SAFETY (both): the scratch region holds `n` elements per group (local)
+            // or per work-item (private), and `lin` is below the grid's local size.
+            Internal::Local => unsafe { b.ptr.add((i % n) * size) },
+            Internal::Private => unsafe { b.ptr.add((self.lin * n + i % n) * size) },
+        }
+    }
+
+    /// The memory of buffer accessor slot `slot` this work-item sees: the whole range,
+    /// or the internalized region (a private one is this work-item's own).
+    #[inline]
+    pub(crate) fn region(&self, slot: u32, tag: u64) -> Binding {
+        let b = self.binding(slot, tag);
+        match b.internal {
+            Internal::Private => Binding {
+                // SAFETY: the group's region holds `len` bytes per work-item.
+                ptr: unsafe { b.ptr.add(self.lin * b.len) },
+                ..b
+            },
+            _ => b,
+        }
     }
 
     /// The binding of scratch slot `slot`.

@@ -2,6 +2,7 @@
 //! and private) they declare, and the one routine every driver uses to run a
 //! work-group of them.
 
+use std::any::TypeId;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -10,16 +11,66 @@ use crate::item::{GroupCtx, Item};
 use crate::memory::Binding;
 use crate::range::Geometry;
 
-/// One barrier-separated phase of a kernel, erased. The per-item loop is inside, made
-/// generic over the user's closure by [`phase`], so the closure is inlined into it.
-pub type PhaseFn = Arc<dyn Fn(&GroupCtx<'_>) + Send + Sync>;
+/// One barrier-separated phase of a kernel, erased twice: as a whole work-group
+/// loop (the per-item loop is inside, made generic over the user's closure by
+/// [`phase`], so the closure is inlined into it) and as a single work-item body, which
+/// fusion without barriers calls for each work-item of several kernels in turn.
+#[derive(Clone)]
+pub struct Phase {
+    /// Runs the phase for every work-item of a group.
+    pub group: Arc<dyn Fn(&GroupCtx<'_>) + Send + Sync>,
+    /// Runs the phase for one work-item (`None` for phases that are whole-group code,
+    /// like a fused kernel's).
+    pub item: Option<Arc<dyn Fn(&mut Item<'_>) + Send + Sync>>,
+    /// The closure's type: equal for every submission of the same code, so fusion can
+    /// cache by it.
+    pub code: TypeId,
+}
 
 /// Wraps a per-work-item closure as a phase.
-pub fn phase<F>(f: F) -> PhaseFn
+pub fn phase<F>(f: F) -> Phase
 where
     F: Fn(&mut Item<'_>) + Send + Sync + 'static,
 {
-    Arc::new(move |g: &GroupCtx<'_>| g.for_each_item(&f))
+    let f = Arc::new(f);
+    let g = f.clone();
+    Phase {
+        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&*g)),
+        item: Some(f),
+        code: TypeId::of::<F>(),
+    }
+}
+
+/// The virtual cost of one work-item on a simulated device: `ns` plus `default_items`
+/// times the device's default per-item cost. A kernel that declares its cost has
+/// `default_items == 0`; one that does not has `ns == 0, default_items == 1`; a fused
+/// kernel sums its parts, weighted by their share of the fused grid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ItemCost {
+    /// Declared nanoseconds per work-item.
+    pub ns: f64,
+    /// How many work-items' worth of the device default to add.
+    pub default_items: f64,
+}
+
+impl ItemCost {
+    /// `Some(ns)`: that cost; `None`: the device's default.
+    pub fn of(ns: Option<f64>) -> Self {
+        match ns {
+            Some(ns) => Self { ns, default_items: 0.0 },
+            None => Self { ns: 0.0, default_items: 1.0 },
+        }
+    }
+    /// The cost per work-item on a device whose default is `default_ns`.
+    pub fn resolve(&self, default_ns: f64) -> f64 {
+        self.ns + self.default_items * default_ns
+    }
+}
+
+impl Default for ItemCost {
+    fn default() -> Self {
+        Self::of(None)
+    }
 }
 
 /// Which kind of scratch memory a slot is.
@@ -49,14 +100,13 @@ pub struct ClosureKernel {
     /// Tag of the command group whose accessors the phases use.
     pub tag: u64,
     /// The phases, in order.
-    pub phases: SmallVec<[PhaseFn; 2]>,
+    pub phases: SmallVec<[Phase; 2]>,
     /// Number of accessor slots bound to buffer memory (slots `0..global_slots`).
     pub global_slots: usize,
     /// Scratch slots (local and private accessors number these from 0).
     pub scratch: Vec<Scratch>,
-    /// Virtual cost of one work-item on simulated devices, in nanoseconds (`None`:
-    /// the device's default).
-    pub item_cost_ns: Option<f64>,
+    /// Virtual cost of one work-item on simulated devices.
+    pub cost: ItemCost,
 }
 
 impl std::fmt::Debug for ClosureKernel {
@@ -116,20 +166,14 @@ impl ClosureKernel {
                     ScratchKind::Local => s.bytes,
                     ScratchKind::Private => s.bytes * local_size,
                 };
-                scratch.push(Binding { ptr: p, len });
+                scratch.push(Binding::new(p, len));
                 // SAFETY: the arena holds the sum of all rounded regions.
                 p = unsafe { p.add(len.next_multiple_of(LINE)) };
             }
         }
-        let ctx = GroupCtx {
-            geometry,
-            group: geometry.group_id(group),
-            bindings: globals,
-            scratch: &scratch,
-            tag: self.tag,
-        };
+        let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, &scratch, self.tag);
         for phase in &self.phases {
-            phase(&ctx);
+            (phase.group)(&ctx);
         }
     }
 }
@@ -160,10 +204,10 @@ mod tests {
             ],
             global_slots: 1,
             scratch: vec![Scratch { kind: ScratchKind::Local, bytes: 16 }],
-            item_cost_ns: None,
+            cost: ItemCost::default(),
         };
         let geometry = NdRange::new(16, 4).geometry().unwrap();
-        let globals = [Binding { ptr: buf.as_mut_ptr().cast(), len: 64 }];
+        let globals = [Binding::new(buf.as_mut_ptr().cast(), 64)];
         let mut arena = Arena::default();
         for g in 0..geometry.group_count() {
             kernel.run_group(&geometry, g, &globals, &mut arena);

@@ -9,7 +9,8 @@
 //! * [`kernel`]: closure kernels as barrier-separated phases with scratch memory;
 //! * [`memory`]: host storage, device allocations and slices;
 //! * [`op`]: the [`DeviceOp`]s a driver runs and the [`Completion`]s it reports;
-//! * [`driver`]: the [`Driver`] trait itself.
+//! * [`driver`]: the [`Driver`] trait itself;
+//! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler.
 //!
 //! Backends live beside this crate (`gantry-cpu`, `gantry-sim`). The scheduler reaches
 //! them only through [`Driver`].
@@ -19,6 +20,7 @@
 pub mod access;
 pub mod driver;
 pub mod error;
+pub mod fusion;
 pub mod item;
 pub mod kernel;
 pub mod memory;
@@ -33,8 +35,8 @@ pub use bytemuck::{Pod, Zeroable};
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
-pub use kernel::{phase, Arena, ClosureKernel, PhaseFn, Scratch, ScratchKind};
-pub use memory::{AllocId, Binding, HostStorage, MemRef, MemSlice, MemSpace, HOST_ALIGN};
+pub use kernel::{phase, Arena, ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
+pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
     fill_bytes, Accepted, Completion, DeviceOp, HostTask, KernelLaunch, MemArg, OpHandle, OpId, Snapshot,
     Submission,

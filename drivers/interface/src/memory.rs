@@ -140,13 +140,28 @@ impl MemSlice {
     }
 }
 
+/// Where an accessor slot's memory lives inside a fused kernel that internalized it
+/// (seed 000, "Internalization"): element `i` is found at `i % (len / size_of::<T>())`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Internal {
+    /// Ordinary memory: `ptr` is the first element, indexes are bounds-checked.
+    #[default]
+    No,
+    /// Work-group scratch shared by the group's work-items.
+    Local,
+    /// Per-work-item scratch: `ptr` is the group's region, `len` bytes per work-item.
+    Private,
+}
+
 /// A resolved pointer and length (bytes) for one accessor slot of one launch.
 #[derive(Clone, Copy, Debug)]
 pub struct Binding {
     /// First byte of the accessor's range.
     pub ptr: *mut u8,
-    /// Bytes available from `ptr`.
+    /// Bytes available from `ptr` (per work-item for [`Internal::Private`]).
     pub len: usize,
+    /// Whether fusion moved the slot into scratch memory.
+    pub internal: Internal,
 }
 
 // SAFETY: a Binding is an address handed to the threads executing one launch; the
@@ -158,5 +173,11 @@ unsafe impl Sync for Binding {}
 
 impl Binding {
     /// A binding for no memory (an unused slot).
-    pub const EMPTY: Binding = Binding { ptr: std::ptr::null_mut(), len: 0 };
+    pub const EMPTY: Binding = Binding { ptr: std::ptr::null_mut(), len: 0, internal: Internal::No };
+
+    /// Ordinary memory of `len` bytes at `ptr`.
+    #[inline]
+    pub const fn new(ptr: *mut u8, len: usize) -> Self {
+        Self { ptr, len, internal: Internal::No }
+    }
 }

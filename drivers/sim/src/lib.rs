@@ -81,7 +81,7 @@ pub struct SimConfig {
 ///     compute_engines: 1,
 ///     copy_engines: 2,
 /// };
-/// assert_eq!(gpu.kernel_ns(6400, None, 0), 100);
+/// assert_eq!(gpu.kernel_ns(6400, &gantry_driver::ItemCost::default(), 0), 100);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CostModel {
@@ -112,9 +112,9 @@ fn per(bytes: usize, bytes_per_ns: f64) -> f64 {
 impl CostModel {
     /// Virtual time of a kernel's work (beyond the fixed latency): compute or memory,
     /// whichever bounds it.
-    pub fn kernel_ns(&self, items: usize, item_ns: Option<f64>, bytes: usize) -> u64 {
+    pub fn kernel_ns(&self, items: usize, cost: &gantry_driver::ItemCost, bytes: usize) -> u64 {
         let lanes = self.compute_units.max(1) as f64;
-        let compute = items as f64 * item_ns.unwrap_or(self.item_ns) / lanes;
+        let compute = items as f64 * cost.resolve(self.item_ns) / lanes;
         compute.max(per(bytes, self.memory_bytes_per_ns)).ceil() as u64
     }
     /// Virtual time of a copy of `bytes`, over the link when one side is host memory.
@@ -312,7 +312,7 @@ impl Region {
         // SAFETY: `offset + len <= storage.len()` was checked when the region was
         // resolved, so the pointer stays within (or one past the end of) the allocation.
         let ptr = unsafe { self.storage.as_ptr().add(self.offset) };
-        Binding { ptr, len: self.len }
+        Binding::new(ptr, self.len)
     }
 }
 
@@ -441,7 +441,7 @@ impl SimDriver {
             Work::Kernel(k) => {
                 let bytes = k.regions.iter().map(|r| r.len).sum();
                 let items = k.launch.geometry.global_size();
-                (Engine::Compute, self.cost.kernel_ns(items, k.launch.kernel.item_cost_ns, bytes))
+                (Engine::Compute, self.cost.kernel_ns(items, &k.launch.kernel.cost, bytes))
             }
         }
     }
@@ -758,7 +758,7 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                item_cost_ns: None,
+                cost: gantry_driver::ItemCost::default(),
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
@@ -1156,7 +1156,7 @@ mod tests {
                 phases: launch.kernel.phases.clone(),
                 global_slots: 1,
                 scratch: vec![Scratch { kind: ScratchKind::Local, bytes }],
-                item_cost_ns: None,
+                cost: gantry_driver::ItemCost::default(),
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
@@ -1216,7 +1216,7 @@ mod tests {
         let mut heavy = add(n, dev(buf, 0, n * 4), 1);
         if let DeviceOp::Kernel(launch) = &mut heavy {
             let mut k = (*launch.kernel).clone();
-            k.item_cost_ns = Some(10.0); // 1,000 ns of compute: compute-bound
+            k.cost = gantry_driver::ItemCost::of(Some(10.0)); // 1,000 ns of compute: compute-bound
             launch.kernel = Arc::new(k);
         }
         submit(&d, 2, heavy, &[]);
@@ -1225,7 +1225,7 @@ mod tests {
         submit(&d, 3, copy(host(&src, 0, 100), dev(other, 0, 100)), &[]);
         d.poll();
         assert_eq!(spans(&rx), vec![(1, 0, 266), (2, 266, 1276), (3, 0, 20)]);
-        assert_eq!(model.kernel_ns(n, None, 0), 100);
+        assert_eq!(model.kernel_ns(n, &gantry_driver::ItemCost::default(), 0), 100);
     }
 
     /// A dependent operation waits for its predecessor even with free engines.

@@ -1,0 +1,1145 @@
+//! Kernel fusion (seed 000, "Fusion Process"): what the scheduler hands a fusion
+//! compiler, the ND-range rules and work-item remapping, internalization, and the
+//! compiler for closure kernels.
+//!
+//! The scheduler describes the listed kernels in a [`FusionRequest`]: each kernel with
+//! its geometry and one [`FusionArg`] per accessor slot (buffer, byte range, element
+//! size, promotion hint). A [`FusionCompiler`] answers with a [`Fused`] kernel —
+//! its geometry, its arguments (one per buffer, the *identical-argument groups* of the
+//! seed: every slot of every kernel on one buffer is passed once) and the buffers it
+//! internalized — or a [`FusionError`] naming why the kernels cannot be fused.
+//!
+//! [`ClosureFusion`] fuses closure kernels: the fused kernel runs, per work-group,
+//! each kernel's phases in list order (the group barrier between phases is the barrier
+//! fusion inserts), or, without barriers, each work-item's bodies back to back. Its
+//! plans are cached by the kernels' code, ranges and argument layout, so fusing the
+//! same chain every frame costs a lookup.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use gantry_driver::fusion::{ClosureFusion, FusionArg, FusionCompiler, FusionKernel, FusionRequest};
+//! use gantry_driver::{phase, Accessor, Arena, Binding, ClosureKernel, Geometry, ItemCost, Range, ReadWrite};
+//!
+//! // Two kernels over one buffer: x = x + 1, then x = x * 2.
+//! let kernel = |tag: u64, f: fn(u32) -> u32| {
+//!     let acc = Accessor::<u32, ReadWrite>::new(0, tag, 8);
+//!     Arc::new(ClosureKernel {
+//!         name: "step".into(),
+//!         tag,
+//!         phases: smallvec::smallvec![phase(move |it| {
+//!             let i = it.global_linear_id();
+//!             acc.set(it, i, f(acc.get(it, i)))
+//!         })],
+//!         global_slots: 1,
+//!         scratch: vec![],
+//!         cost: ItemCost::default(),
+//!     })
+//! };
+//! let geometry = Geometry::for_range(Range::d1(8)).unwrap();
+//! let arg = FusionArg::new(1, 0..32, 4);
+//! let request = FusionRequest {
+//!     kernels: vec![
+//!         FusionKernel { kernel: kernel(1, |x| x + 1), geometry, args: vec![arg.clone()] },
+//!         FusionKernel { kernel: kernel(2, |x| x * 2), geometry, args: vec![arg] },
+//!     ],
+//!     barriers: true,
+//! };
+//! let fused = ClosureFusion::new().fuse(&request).unwrap();
+//! assert_eq!(fused.args.len(), 1, "one argument per buffer");
+//! let mut data = [1u32; 8];
+//! let globals = [Binding::new(data.as_mut_ptr().cast(), 32)];
+//! fused.kernel.run_group(&fused.geometry, 0, &globals, &mut Arena::default());
+//! assert_eq!(data, [4; 8]);
+//! ```
+
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
+
+use crate::item::{GroupCtx, Item};
+use crate::kernel::{ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
+use crate::memory::{Binding, Internal};
+use crate::range::{Geometry, NdRange, Range};
+
+/// A hint that a buffer's contents are only needed inside the fused kernel (seed 000,
+/// "Internalization Behavior"): the user asserts each element is touched by one
+/// work-group (local) or one work-item (private), and that the contents are not needed
+/// afterwards. They are then not written back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Promotion {
+    /// Keep the buffer in global memory.
+    #[default]
+    None,
+    /// Promote to work-group local memory of `elements / work-groups` elements.
+    Local,
+    /// Promote to per-work-item private memory of `elements / global size` elements.
+    Private,
+}
+
+/// One accessor slot of a kernel to fuse.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FusionArg {
+    /// The buffer's identity: slots with equal ids are one argument of the fused kernel.
+    pub buffer: u64,
+    /// First byte of the slot's range in the buffer.
+    pub start: usize,
+    /// One past its last byte.
+    pub end: usize,
+    /// Bytes per element.
+    pub elem_size: usize,
+    /// The promotion hint (from the accessor, or inherited from the buffer).
+    pub promotion: Promotion,
+}
+
+impl FusionArg {
+    /// A slot over bytes `range` of `buffer`, with no promotion.
+    pub fn new(buffer: u64, range: std::ops::Range<usize>, elem_size: usize) -> Self {
+        Self { buffer, start: range.start, end: range.end, elem_size, promotion: Promotion::None }
+    }
+    /// The same slot with a promotion hint.
+    pub fn promoted(mut self, promotion: Promotion) -> Self {
+        self.promotion = promotion;
+        self
+    }
+    fn bytes(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// One kernel of a fusion list.
+#[derive(Clone, Debug)]
+pub struct FusionKernel {
+    /// The kernel.
+    pub kernel: Arc<ClosureKernel>,
+    /// Its geometry.
+    pub geometry: Geometry,
+    /// One per global slot, in slot order.
+    pub args: Vec<FusionArg>,
+}
+
+/// The kernels of a fusion list, in order, and the fusion properties.
+#[derive(Clone, Debug)]
+pub struct FusionRequest {
+    /// The kernels, in list order (a kernel may appear more than once).
+    pub kernels: Vec<FusionKernel>,
+    /// Insert a work-group barrier between the kernels (`false`: the `no_barriers`
+    /// property).
+    pub barriers: bool,
+}
+
+/// Why kernels cannot be fused. The scheduler then cancels the fusion and runs them
+/// unfused, with correct results.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FusionError {
+    /// The fusion list holds no kernel.
+    #[error("the fusion list is empty")]
+    Empty,
+    /// Two kernels give different work-group sizes.
+    #[error("different local sizes: `{first}` has {first_local:?}, `{second}` has {second_local:?}")]
+    DifferentLocalSizes {
+        /// The first kernel with a local size.
+        first: String,
+        /// Its local range.
+        first_local: [usize; 3],
+        /// A kernel with another one.
+        second: String,
+        /// That kernel's local range.
+        second_local: [usize; 3],
+    },
+    /// The fused grid's global size is not a multiple of the work-group size.
+    #[error(
+        "non-uniform work-group sizes: global range {global:?} is not a multiple of local range {local:?}"
+    )]
+    NonUniformWorkGroups {
+        /// The fused global range.
+        global: [usize; 3],
+        /// The work-group size.
+        local: [usize; 3],
+    },
+    /// A kernel with a work-group size would need its global ids remapped because its
+    /// dimension count differs from the fused grid's.
+    #[error("different dimension counts: `{kernel}` has {dims} dimensions, the fused grid {fused_dims}")]
+    DifferentDimensions {
+        /// The kernel.
+        kernel: String,
+        /// Its dimension count.
+        dims: usize,
+        /// The fused grid's.
+        fused_dims: usize,
+    },
+    /// A kernel with a work-group size would need its global ids remapped because its
+    /// global size differs from the fused grid's in dimensions 2..N.
+    #[error(
+        "different global sizes in dimensions 2..N: `{kernel}` has {global:?}, the fused grid {fused:?}"
+    )]
+    DifferentGlobalSizes {
+        /// The kernel.
+        kernel: String,
+        /// Its global range.
+        global: [usize; 3],
+        /// The fused grid's.
+        fused: [usize; 3],
+    },
+    /// The kernels' global offsets differ, or are non-zero where ids must be remapped.
+    #[error("different offsets: `{kernel}` has {offset:?}, the fused grid {fused:?}")]
+    DifferentOffsets {
+        /// The kernel.
+        kernel: String,
+        /// Its offset.
+        offset: [usize; 3],
+        /// The fused grid's (all zero when remapping is needed).
+        fused: [usize; 3],
+    },
+}
+
+/// Why a promotion hint was not followed (the buffer stays in global memory).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PromotionMismatch {
+    /// Some accessors of the buffer carry no hint (none + anything = none).
+    NotAllPromoted,
+    /// Some accessors ask for local and others for private memory.
+    LocalAndPrivate,
+    /// Local promotion of an accessor in a kernel without a work-group size.
+    NoWorkGroupSize {
+        /// The kernel.
+        kernel: String,
+    },
+    /// The accessors cover different ranges of the buffer.
+    DifferentRanges,
+    /// The promoted size (elements / work-groups or / work-items) is not whole, or not
+    /// the same for every kernel using the buffer.
+    Sizes,
+}
+
+/// Something fusion did differently from what was asked, without failing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FusionWarning {
+    /// A buffer's promotion hint was dropped.
+    PromotionDropped {
+        /// The buffer.
+        buffer: u64,
+        /// Why.
+        reason: PromotionMismatch,
+    },
+}
+
+impl std::fmt::Display for FusionWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FusionWarning::PromotionDropped { buffer, reason } => {
+                write!(f, "buffer {buffer} is not internalized: ")?;
+                match reason {
+                    PromotionMismatch::NotAllPromoted => write!(f, "not every accessor asks for promotion"),
+                    PromotionMismatch::LocalAndPrivate => {
+                        write!(f, "accessors ask for local and for private")
+                    }
+                    PromotionMismatch::NoWorkGroupSize { kernel } => {
+                        write!(f, "kernel `{kernel}` has no work-group size for local memory")
+                    }
+                    PromotionMismatch::DifferentRanges => write!(f, "accessors cover different ranges"),
+                    PromotionMismatch::Sizes => write!(f, "the promoted sizes differ or are not whole"),
+                }
+            }
+        }
+    }
+}
+
+/// An argument of the fused kernel: the union of the slots on one buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedArg {
+    /// The buffer.
+    pub buffer: u64,
+    /// First byte of the union (hull) of the slots' ranges.
+    pub start: usize,
+    /// One past its last byte.
+    pub end: usize,
+    /// The slots it stands for: (kernel index, slot).
+    pub uses: SmallVec<[(u32, u32); 2]>,
+}
+
+/// A buffer the fused kernel keeps in scratch memory instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InternalArg {
+    /// The buffer.
+    pub buffer: u64,
+    /// Local or private.
+    pub kind: Promotion,
+    /// Bytes per work-group (local) or per work-item (private).
+    pub bytes: usize,
+    /// The slots it stands for: (kernel index, slot).
+    pub uses: SmallVec<[(u32, u32); 2]>,
+}
+
+/// A fused kernel and how to call it.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    /// The kernel; its global slots are `args`, in order.
+    pub kernel: Arc<ClosureKernel>,
+    /// The fused grid.
+    pub geometry: Geometry,
+    /// Its arguments, one per buffer kept in global memory.
+    pub args: Vec<FusedArg>,
+    /// The internalized buffers (not arguments; not written back).
+    pub internal: Vec<InternalArg>,
+    /// What was not done as asked.
+    pub warnings: Vec<FusionWarning>,
+    /// Whether the plan came from the cache.
+    pub cached: bool,
+}
+
+/// Turns a fusion list into one kernel. The closure compiler is [`ClosureFusion`];
+/// an LLVM JIT plugs in here for kernels with an IR image.
+pub trait FusionCompiler: Send + Sync {
+    /// Fuses the request's kernels, in order.
+    fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError>;
+}
+
+/// Where a kernel's accessor slot points inside the fused kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotSource {
+    /// Bytes `offset..offset + len` of fused argument `index`.
+    Arg { index: u32, offset: usize, len: usize },
+    /// Internal (scratch) buffer `index`.
+    Internal { index: u32 },
+}
+
+/// Everything about a fusion that does not depend on the kernels' captured data or
+/// the buffers' identities: computed once per distinct chain and cached.
+#[derive(Debug)]
+struct Plan {
+    geometry: Geometry,
+    /// Per kernel: whether its ids are remapped from the fused grid.
+    remap: Vec<bool>,
+    /// Per fused argument: (canonical buffer, start, end, uses).
+    args: Vec<(usize, usize, usize, SmallVec<[(u32, u32); 2]>)>,
+    /// Per internal buffer: (canonical buffer, kind, bytes, uses).
+    internal: Vec<(usize, Promotion, usize, SmallVec<[(u32, u32); 2]>)>,
+    /// Per kernel, per slot.
+    slots: Vec<Vec<SlotSource>>,
+    /// Per kernel: index of its first own scratch slot in the fused kernel's scratch.
+    scratch_base: Vec<usize>,
+    scratch: Vec<Scratch>,
+    cost: ItemCost,
+    /// Warnings, with canonical buffer numbers.
+    warnings: Vec<(usize, PromotionMismatch)>,
+}
+
+/// The cache key: per kernel, its code, geometry, scratch and argument layout with
+/// buffers numbered in order of first appearance.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PlanKey {
+    barriers: bool,
+    kernels:
+        Vec<(SmallVec<[TypeId; 2]>, Geometry, Vec<Scratch>, Vec<(usize, usize, usize, usize, Promotion)>)>,
+}
+
+/// Numbers the request's buffers in order of first appearance.
+fn canonical_buffers(request: &FusionRequest) -> Vec<u64> {
+    let mut order: Vec<u64> = Vec::new();
+    for a in request.kernels.iter().flat_map(|k| &k.args) {
+        if !order.contains(&a.buffer) {
+            order.push(a.buffer);
+        }
+    }
+    order
+}
+
+fn key_of(request: &FusionRequest, buffers: &[u64]) -> PlanKey {
+    let canon = |b: u64| buffers.iter().position(|&x| x == b).expect("buffer numbered");
+    PlanKey {
+        barriers: request.barriers,
+        kernels: request
+            .kernels
+            .iter()
+            .map(|k| {
+                (
+                    k.kernel.phases.iter().map(|p| p.code).collect(),
+                    k.geometry,
+                    k.kernel.scratch.clone(),
+                    k.args
+                        .iter()
+                        .map(|a| (canon(a.buffer), a.start, a.end, a.elem_size, a.promotion))
+                        .collect(),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn range_of(dims: usize, e: [usize; 3]) -> Range {
+    match dims {
+        1 => Range::d1(e[0]),
+        2 => Range::d2(e[0], e[1]),
+        _ => Range::d3(e[0], e[1], e[2]),
+    }
+}
+
+/// The fused grid (seed 000, "Fusing kernels with different nd-ranges"): the largest
+/// kernel's global range, with the common work-group size if any kernel has one; and
+/// per kernel whether its ids must be mapped from the grid.
+fn fused_geometry(kernels: &[FusionKernel]) -> Result<(Geometry, Vec<bool>), FusionError> {
+    let name = |k: &FusionKernel| k.kernel.name.to_string();
+    let first = kernels.first().ok_or(FusionError::Empty)?;
+    let offset = first.geometry.offset();
+    for k in kernels {
+        if k.geometry.offset() != offset {
+            return Err(FusionError::DifferentOffsets {
+                kernel: name(k),
+                offset: k.geometry.offset(),
+                fused: offset,
+            });
+        }
+    }
+    let nd = kernels.iter().find(|k| k.geometry.is_nd());
+    if let Some(n) = nd {
+        for k in kernels.iter().filter(|k| k.geometry.is_nd()) {
+            if k.geometry.local_range() != n.geometry.local_range() {
+                return Err(FusionError::DifferentLocalSizes {
+                    first: name(n),
+                    first_local: n.geometry.local_range(),
+                    second: name(k),
+                    second_local: k.geometry.local_range(),
+                });
+            }
+        }
+    }
+    // The largest launch; the first of equals.
+    let big =
+        kernels
+            .iter()
+            .fold(first, |a, k| if k.geometry.global_size() > a.geometry.global_size() { k } else { a });
+    let geometry = match nd {
+        None => Geometry::for_range_with_offset(
+            range_of(big.geometry.dims(), big.geometry.global_range()),
+            offset,
+        )
+        .expect("a valid kernel's range is valid"),
+        Some(n) => {
+            if big.geometry.dims() != n.geometry.dims() {
+                return Err(FusionError::DifferentDimensions {
+                    kernel: name(n),
+                    dims: n.geometry.dims(),
+                    fused_dims: big.geometry.dims(),
+                });
+            }
+            let dims = n.geometry.dims();
+            let nd_range = NdRange {
+                global: range_of(dims, big.geometry.global_range()),
+                local: range_of(dims, n.geometry.local_range()),
+                offset,
+            };
+            nd_range.geometry().map_err(|_| FusionError::NonUniformWorkGroups {
+                global: big.geometry.global_range(),
+                local: n.geometry.local_range(),
+            })?
+        }
+    };
+    let mut remap = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let (own, grid) = (k.geometry.global_range(), geometry.global_range());
+        // Ids need real remapping (not just skipping work-items past the kernel's
+        // range) when the shape differs beyond the slowest dimension.
+        let reshaped = k.geometry.dims() != geometry.dims() || own[1..] != grid[1..];
+        if reshaped && k.geometry.is_nd() {
+            return Err(if k.geometry.dims() != geometry.dims() {
+                FusionError::DifferentDimensions {
+                    kernel: name(k),
+                    dims: k.geometry.dims(),
+                    fused_dims: geometry.dims(),
+                }
+            } else {
+                FusionError::DifferentGlobalSizes { kernel: name(k), global: own, fused: grid }
+            });
+        }
+        if reshaped && offset != [0; 3] {
+            return Err(FusionError::DifferentOffsets { kernel: name(k), offset, fused: [0; 3] });
+        }
+        remap.push(own != grid || k.geometry.dims() != geometry.dims());
+    }
+    Ok((geometry, remap))
+}
+
+/// Decides whether the slots `uses` on one buffer can be internalized, and how large
+/// the scratch is: bytes per work-group (local) or per work-item (private).
+fn promotion_of(
+    kernels: &[FusionKernel],
+    uses: &[(u32, u32)],
+) -> Result<Option<(Promotion, usize)>, PromotionMismatch> {
+    let arg = |&(k, s): &(u32, u32)| &kernels[k as usize].args[s as usize];
+    let hints: SmallVec<[Promotion; 4]> = uses.iter().map(|u| arg(u).promotion).collect();
+    if hints.iter().all(|&h| h == Promotion::None) {
+        return Ok(None);
+    }
+    if hints.contains(&Promotion::None) {
+        return Err(PromotionMismatch::NotAllPromoted);
+    }
+    if hints.contains(&Promotion::Local) && hints.contains(&Promotion::Private) {
+        return Err(PromotionMismatch::LocalAndPrivate);
+    }
+    let kind = hints[0];
+    let first = arg(&uses[0]);
+    let mut size = None;
+    for u in uses {
+        let a = arg(u);
+        if (a.start, a.end) != (first.start, first.end) {
+            return Err(PromotionMismatch::DifferentRanges);
+        }
+        let g = &kernels[u.0 as usize].geometry;
+        let parts = match kind {
+            Promotion::Local if !g.is_nd() => {
+                return Err(PromotionMismatch::NoWorkGroupSize {
+                    kernel: kernels[u.0 as usize].kernel.name.to_string(),
+                })
+            }
+            Promotion::Local => g.group_count(),
+            _ => g.global_size(),
+        };
+        let bytes = a.bytes();
+        let elem = a.elem_size.max(1);
+        if !bytes.is_multiple_of(parts) || !(bytes / parts).is_multiple_of(elem) || bytes / parts == 0 {
+            return Err(PromotionMismatch::Sizes);
+        }
+        if *size.get_or_insert(bytes / parts) != bytes / parts {
+            return Err(PromotionMismatch::Sizes);
+        }
+    }
+    Ok(Some((kind, size.expect("at least one use"))))
+}
+
+fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
+    let kernels = &request.kernels;
+    let (geometry, remap) = fused_geometry(kernels)?;
+    let mut slots: Vec<Vec<SlotSource>> =
+        kernels.iter().map(|k| vec![SlotSource::Internal { index: u32::MAX }; k.args.len()]).collect();
+    let (mut args, mut internal, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
+    let mut scratch = Vec::new();
+    for (canon, &buffer) in buffers.iter().enumerate() {
+        let uses: SmallVec<[(u32, u32); 2]> = kernels
+            .iter()
+            .enumerate()
+            .flat_map(|(k, kd)| {
+                kd.args
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.buffer == buffer)
+                    .map(move |(s, _)| (k as u32, s as u32))
+            })
+            .collect();
+        match promotion_of(kernels, &uses) {
+            Ok(Some((kind, bytes))) => {
+                let index = internal.len() as u32;
+                for &(k, s) in &uses {
+                    slots[k as usize][s as usize] = SlotSource::Internal { index };
+                }
+                let scratch_kind =
+                    if kind == Promotion::Local { ScratchKind::Local } else { ScratchKind::Private };
+                scratch.push(Scratch { kind: scratch_kind, bytes });
+                internal.push((canon, kind, bytes, uses));
+                continue;
+            }
+            Ok(None) => {}
+            Err(reason) => warnings.push((canon, reason)),
+        }
+        let arg = |&(k, s): &(u32, u32)| &kernels[k as usize].args[s as usize];
+        let start = uses.iter().map(|u| arg(u).start).min().expect("a buffer has a use");
+        let end = uses.iter().map(|u| arg(u).end).max().expect("a buffer has a use");
+        let index = args.len() as u32;
+        for u in &uses {
+            let a = arg(u);
+            slots[u.0 as usize][u.1 as usize] =
+                SlotSource::Arg { index, offset: a.start - start, len: a.bytes() };
+        }
+        args.push((canon, start, end, uses));
+    }
+    let mut scratch_base = Vec::with_capacity(kernels.len());
+    let mut cost = ItemCost { ns: 0.0, default_items: 0.0 };
+    let grid_size = geometry.global_size() as f64;
+    for k in kernels {
+        scratch_base.push(scratch.len());
+        scratch.extend(k.kernel.scratch.iter().copied());
+        let share = k.geometry.global_size() as f64 / grid_size;
+        cost.ns += k.kernel.cost.ns * share;
+        cost.default_items += k.kernel.cost.default_items * share;
+    }
+    Ok(Plan { geometry, remap, args, internal, slots, scratch_base, scratch, cost, warnings })
+}
+
+/// One kernel inside a fused kernel.
+struct Part {
+    kernel: Arc<ClosureKernel>,
+    geometry: Geometry,
+    remap: bool,
+    slots: Vec<SlotSource>,
+    scratch_base: usize,
+}
+
+impl Part {
+    /// The kernel's bindings for one group, from the fused kernel's.
+    fn bindings(
+        &self,
+        globals: &[Binding],
+        scratch: &[Binding],
+        internal: &[Internal],
+    ) -> SmallVec<[Binding; 8]> {
+        self.slots
+            .iter()
+            .map(|s| match *s {
+                SlotSource::Arg { index, offset, len } => {
+                    let b = globals[index as usize];
+                    // SAFETY: the fused argument is the hull of this slot's range.
+                    Binding::new(unsafe { b.ptr.add(offset) }, len)
+                }
+                SlotSource::Internal { index } => {
+                    Binding { internal: internal[index as usize], ..scratch[index as usize] }
+                }
+            })
+            .collect()
+    }
+
+    fn ctx<'a>(&'a self, grid: &'a GroupCtx<'a>, bindings: &'a [Binding]) -> GroupCtx<'a> {
+        let n = self.kernel.scratch.len();
+        GroupCtx {
+            geometry: &self.geometry,
+            remap: self.remap.then_some(grid.geometry),
+            group: grid.group,
+            bindings,
+            scratch: &grid.scratch[self.scratch_base..self.scratch_base + n],
+            tag: self.kernel.tag,
+        }
+    }
+}
+
+/// The body of a fused closure kernel.
+struct FusedBody {
+    parts: Vec<Part>,
+    barriers: bool,
+    /// Per internal buffer: how its scratch is addressed, and its bytes per work-item
+    /// for private ones.
+    internal: Vec<(Internal, usize)>,
+}
+
+impl FusedBody {
+    fn run_group(&self, ctx: &GroupCtx<'_>) {
+        // Internal buffers come first in the fused scratch list. A private one's
+        // binding is the group's region with the per-work-item size as its length.
+        let kinds: SmallVec<[Internal; 4]> = self.internal.iter().map(|i| i.0).collect();
+        let mut scratch: SmallVec<[Binding; 8]> = SmallVec::from_slice(ctx.scratch);
+        for (i, &(kind, per_item)) in self.internal.iter().enumerate() {
+            if kind == Internal::Private {
+                scratch[i].len = per_item;
+            }
+        }
+        let grid = GroupCtx { scratch: &scratch, ..*ctx };
+        let mut i = 0;
+        while i < self.parts.len() {
+            let interleave =
+                |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].item.is_some();
+            if interleave(&self.parts[i]) {
+                let end = i + self.parts[i..].iter().take_while(|p| interleave(p)).count();
+                if end - i > 1 {
+                    self.run_interleaved(&grid, &self.parts[i..end], &kinds);
+                    i = end;
+                    continue;
+                }
+            }
+            let part = &self.parts[i];
+            let bindings = part.bindings(grid.bindings, grid.scratch, &kinds);
+            let sub = part.ctx(&grid, &bindings);
+            for phase in &part.kernel.phases {
+                (phase.group)(&sub);
+            }
+            i += 1;
+        }
+    }
+
+    /// Without barriers: each work-item runs the single-phase kernels' bodies back to
+    /// back.
+    fn run_interleaved(&self, grid: &GroupCtx<'_>, parts: &[Part], kinds: &[Internal]) {
+        let bindings: SmallVec<[SmallVec<[Binding; 8]>; 4]> =
+            parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, kinds)).collect();
+        let subs: SmallVec<[GroupCtx<'_>; 4]> =
+            parts.iter().zip(&bindings).map(|(p, b)| p.ctx(grid, b)).collect();
+        let bodies: SmallVec<[&(dyn Fn(&mut Item<'_>) + Send + Sync); 4]> =
+            parts.iter().filter_map(|p| p.kernel.phases[0].item.as_deref()).collect();
+        let ext = grid.extent();
+        let mut lin = 0;
+        for i0 in 0..ext[0] {
+            for i1 in 0..ext[1] {
+                for i2 in 0..ext[2] {
+                    for (sub, body) in subs.iter().zip(&bodies) {
+                        if let Some(mut it) = sub.item_at([i0, i1, i2], lin) {
+                            body(&mut it);
+                        }
+                    }
+                    lin += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Counters of a [`ClosureFusion`]'s plan cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Fusions answered from the cache.
+    pub hits: u64,
+    /// Fusions planned anew.
+    pub misses: u64,
+}
+
+/// The fusion compiler for closure kernels, with a plan cache.
+#[derive(Default)]
+pub struct ClosureFusion {
+    cache: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl std::fmt::Debug for ClosureFusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClosureFusion").field("stats", &self.stats()).finish()
+    }
+}
+
+impl ClosureFusion {
+    /// A compiler with an empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cache hits and misses so far.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
+    }
+
+    fn plan_for(&self, request: &FusionRequest, buffers: &[u64]) -> Result<(Arc<Plan>, bool), FusionError> {
+        let key = key_of(request, buffers);
+        if let Some(p) = self.cache.lock().expect("fusion cache").get(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok((p.clone(), true));
+        }
+        let p = Arc::new(plan(request, buffers)?);
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.cache.lock().expect("fusion cache").insert(key, p.clone());
+        Ok((p, false))
+    }
+}
+
+impl FusionCompiler for ClosureFusion {
+    fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
+        let buffers = canonical_buffers(request);
+        let (plan, cached) = self.plan_for(request, &buffers)?;
+        let parts = request
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(i, k)| Part {
+                kernel: k.kernel.clone(),
+                geometry: k.geometry,
+                remap: plan.remap[i],
+                slots: plan.slots[i].clone(),
+                scratch_base: plan.scratch_base[i],
+            })
+            .collect();
+        let internal = plan
+            .internal
+            .iter()
+            .map(|&(_, kind, bytes, _)| {
+                (if kind == Promotion::Local { Internal::Local } else { Internal::Private }, bytes)
+            })
+            .collect();
+        let body = Arc::new(FusedBody { parts, barriers: request.barriers, internal });
+        let mut name = String::from("fused(");
+        for (i, k) in request.kernels.iter().enumerate() {
+            if i > 0 {
+                name.push('+');
+            }
+            name.push_str(&k.kernel.name);
+        }
+        name.push(')');
+        let kernel = ClosureKernel {
+            name: name.into(),
+            tag: 0,
+            phases: smallvec::smallvec![Phase {
+                group: Arc::new(move |ctx: &GroupCtx<'_>| body.run_group(ctx)),
+                item: None,
+                code: TypeId::of::<FusedBody>(),
+            }],
+            global_slots: plan.args.len(),
+            scratch: plan.scratch.clone(),
+            cost: plan.cost,
+        };
+        Ok(Fused {
+            kernel: Arc::new(kernel),
+            geometry: plan.geometry,
+            args: plan
+                .args
+                .iter()
+                .map(|(c, start, end, uses)| FusedArg {
+                    buffer: buffers[*c],
+                    start: *start,
+                    end: *end,
+                    uses: uses.clone(),
+                })
+                .collect(),
+            internal: plan
+                .internal
+                .iter()
+                .map(|(c, kind, bytes, uses)| InternalArg {
+                    buffer: buffers[*c],
+                    kind: *kind,
+                    bytes: *bytes,
+                    uses: uses.clone(),
+                })
+                .collect(),
+            warnings: plan
+                .warnings
+                .iter()
+                .map(|(c, reason)| FusionWarning::PromotionDropped {
+                    buffer: buffers[*c],
+                    reason: reason.clone(),
+                })
+                .collect(),
+            cached,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::access::{Accessor, Read, ReadWrite, Write};
+    use crate::item::Item;
+    use crate::kernel::{phase, Arena};
+
+    /// A single-phase kernel named `name` whose one-slot-per-buffer accessors are
+    /// built by the test.
+    fn kernel(
+        name: &str,
+        tag: u64,
+        slots: usize,
+        f: impl Fn(&mut Item<'_>) + Send + Sync + 'static,
+    ) -> Arc<ClosureKernel> {
+        Arc::new(ClosureKernel {
+            name: name.into(),
+            tag,
+            phases: smallvec::smallvec![phase(f)],
+            global_slots: slots,
+            scratch: vec![],
+            cost: ItemCost::default(),
+        })
+    }
+
+    fn range(n: usize) -> Geometry {
+        Geometry::for_range(Range::d1(n)).unwrap()
+    }
+
+    fn nd(global: impl Into<Range>, local: impl Into<Range>) -> Geometry {
+        NdRange::new(global, local).geometry().unwrap()
+    }
+
+    /// Runs a fused kernel over host vectors, one per buffer id.
+    fn run(fused: &Fused, buffers: &mut HashMap<u64, Vec<u32>>) {
+        let globals: Vec<Binding> = fused
+            .args
+            .iter()
+            .map(|a| {
+                let v = buffers.get_mut(&a.buffer).unwrap();
+                // SAFETY: the hull lies inside the vector.
+                Binding::new(unsafe { v.as_mut_ptr().cast::<u8>().add(a.start) }, a.end - a.start)
+            })
+            .collect();
+        let mut arena = Arena::default();
+        for g in 0..fused.geometry.group_count() {
+            fused.kernel.run_group(&fused.geometry, g, &globals, &mut arena);
+        }
+    }
+
+    fn request(kernels: Vec<FusionKernel>) -> FusionRequest {
+        FusionRequest { kernels, barriers: true }
+    }
+
+    fn whole(buffer: u64, n: usize) -> FusionArg {
+        FusionArg::new(buffer, 0..n * 4, 4)
+    }
+
+    fn error_of(geometries: &[Geometry]) -> FusionError {
+        let kernels = geometries
+            .iter()
+            .enumerate()
+            .map(|(i, g)| FusionKernel {
+                kernel: kernel(&format!("k{i}"), i as u64, 0, |_| {}),
+                geometry: *g,
+                args: vec![],
+            })
+            .collect();
+        ClosureFusion::new().fuse(&request(kernels)).unwrap_err()
+    }
+
+    #[test]
+    fn illegal_nd_range_combinations_name_the_reason() {
+        assert_eq!(ClosureFusion::new().fuse(&request(vec![])).unwrap_err(), FusionError::Empty);
+        assert!(matches!(error_of(&[nd(16, 4), nd(16, 8)]), FusionError::DifferentLocalSizes { .. }));
+        // A plain range of 18 is the largest launch: 18 items in groups of 4 do not divide.
+        assert!(matches!(error_of(&[nd(16, 4), range(18)]), FusionError::NonUniformWorkGroups { .. }));
+        assert!(matches!(
+            error_of(&[nd([4, 4], [2, 2]), nd([2, 4], [2, 2]), range(32)]),
+            FusionError::DifferentDimensions { .. }
+        ));
+        assert!(matches!(
+            error_of(&[nd([4, 8], [2, 2]), nd([2, 4], [2, 2])]),
+            FusionError::DifferentGlobalSizes { .. }
+        ));
+        let shifted = NdRange::new(16, 4).with_offset([4, 0, 0]).geometry().unwrap();
+        assert!(matches!(error_of(&[nd(16, 4), shifted]), FusionError::DifferentOffsets { .. }));
+        // Equal non-zero offsets are fine when no ids are remapped.
+        let plain_shifted = Geometry::for_range_with_offset(Range::d1(8), [2, 0, 0]).unwrap();
+        let ok = [plain_shifted, plain_shifted];
+        let kernels =
+            ok.iter().map(|g| FusionKernel { kernel: kernel("k", 0, 0, |_| {}), geometry: *g, args: vec![] });
+        assert!(ClosureFusion::new().fuse(&request(kernels.collect())).is_ok());
+        // Remapping a reshaped plain kernel with non-zero offsets is not.
+        let a = Geometry::for_range_with_offset(Range::d2(2, 4), [1, 1, 0]).unwrap();
+        let b = Geometry::for_range_with_offset(Range::d1(8), [1, 1, 0]).unwrap();
+        assert!(matches!(error_of(&[a, b]), FusionError::DifferentOffsets { .. }));
+    }
+
+    /// Kernels of different shapes fuse into the largest grid; each sees its own ids
+    /// and ranges, and work-items past a kernel's range skip it.
+    #[test]
+    fn work_items_are_remapped_per_kernel() {
+        let seen: Arc<Mutex<Vec<(usize, [usize; 3], usize, usize)>>> = Default::default();
+        let log = |k: usize| {
+            let seen = seen.clone();
+            move |it: &mut Item<'_>| {
+                seen.lock().unwrap().push((
+                    k,
+                    [it.global_id(0), if it.dims() > 1 { it.global_id(1) } else { 0 }, 0],
+                    it.global_linear_id(),
+                    it.global_range(0),
+                ))
+            }
+        };
+        let kernels = vec![
+            FusionKernel { kernel: kernel("line", 1, 0, log(0)), geometry: range(10), args: vec![] },
+            FusionKernel {
+                kernel: kernel("grid", 2, 0, log(1)),
+                geometry: Geometry::for_range(Range::d2(3, 8)).unwrap(),
+                args: vec![],
+            },
+            FusionKernel {
+                kernel: kernel("cube", 3, 0, log(2)),
+                geometry: Geometry::for_range(Range::d3(2, 2, 3)).unwrap(),
+                args: vec![],
+            },
+        ];
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        assert_eq!(fused.geometry.global_range(), [3, 8, 1], "the largest kernel's grid");
+        run(&fused, &mut HashMap::new());
+        let seen = seen.lock().unwrap();
+        for (k, total, dims_range0) in [(0, 10, 10), (1, 24, 3), (2, 12, 2)] {
+            let mut lin: Vec<usize> = seen.iter().filter(|s| s.0 == k).map(|s| s.2).collect();
+            lin.sort();
+            assert_eq!(lin, (0..total).collect::<Vec<_>>(), "kernel {k} runs each of its items once");
+            assert!(seen.iter().filter(|s| s.0 == k).all(|s| s.3 == dims_range0));
+        }
+        // The 1-D kernel's global id is the global linear id.
+        assert!(seen.iter().filter(|s| s.0 == 0).all(|s| s.1[0] == s.2));
+        // The 2-D kernel keeps its own (row, column).
+        assert!(seen.iter().filter(|s| s.0 == 1).all(|s| s.1[0] * 8 + s.1[1] == s.2));
+    }
+
+    /// x -> tmp -> out with tmp private: the output is right and tmp is not touched.
+    #[test]
+    fn private_internalization_keeps_values_per_work_item() {
+        let n = 2048;
+        let (x, tmp, out) = (
+            Accessor::<u32, Read>::new(0, 1, n),
+            Accessor::<u32, Write>::new(1, 1, n),
+            Accessor::<u32, Write>::new(1, 2, n),
+        );
+        let tmp_in = Accessor::<u32, Read>::new(0, 2, n);
+        let k1 = kernel("double", 1, 2, move |it| {
+            let i = it.global_linear_id();
+            tmp.set(it, i, x.get(it, i) * 2)
+        });
+        let k2 = kernel("inc", 2, 2, move |it| {
+            let i = it.global_linear_id();
+            out.set(it, i, tmp_in.get(it, i) + 1)
+        });
+        let kernels = vec![
+            FusionKernel {
+                kernel: k1,
+                geometry: range(n),
+                args: vec![whole(10, n), whole(11, n).promoted(Promotion::Private)],
+            },
+            FusionKernel {
+                kernel: k2,
+                geometry: range(n),
+                args: vec![whole(11, n).promoted(Promotion::Private), whole(12, n)],
+            },
+        ];
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        assert_eq!(fused.internal.len(), 1);
+        assert_eq!(
+            (fused.internal[0].buffer, fused.internal[0].kind, fused.internal[0].bytes),
+            (11, Promotion::Private, 4)
+        );
+        assert_eq!(fused.args.iter().map(|a| a.buffer).collect::<Vec<_>>(), vec![10, 12]);
+        let mut bufs = HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n]), (12, vec![0; n])]);
+        run(&fused, &mut bufs);
+        assert_eq!(bufs[&12], (0..n as u32).map(|v| v * 2 + 1).collect::<Vec<_>>());
+        assert_eq!(bufs[&11], vec![7; n], "not written back");
+    }
+
+    /// Local internalization of an ND-range chain: each group's slice lives in local
+    /// memory of elements / groups.
+    #[test]
+    fn local_internalization_uses_group_scratch() {
+        let n = 64;
+        let (x, tmp) = (Accessor::<u32, Read>::new(0, 1, n), Accessor::<u32, Write>::new(1, 1, n));
+        let (tmp_in, out) = (Accessor::<u32, Read>::new(0, 2, n), Accessor::<u32, Write>::new(1, 2, n));
+        let k1 = kernel("load", 1, 2, move |it| {
+            let i = it.global_linear_id();
+            tmp.set(it, i, x.get(it, i) + 100)
+        });
+        // Reads a neighbour inside the group: needs the barrier and group-shared memory.
+        let k2 = kernel("rotate", 2, 2, move |it| {
+            let l = it.local_range(0);
+            let j = it.group_id(0) * l + (it.local_id(0) + 1) % l;
+            out.set(it, it.global_linear_id(), tmp_in.get(it, j))
+        });
+        let kernels = vec![
+            FusionKernel {
+                kernel: k1,
+                geometry: nd(n, 8),
+                args: vec![whole(1, n), whole(2, n).promoted(Promotion::Local)],
+            },
+            FusionKernel {
+                kernel: k2,
+                geometry: nd(n, 8),
+                args: vec![whole(2, n).promoted(Promotion::Local), whole(3, n)],
+            },
+        ];
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        assert_eq!(
+            (fused.internal[0].kind, fused.internal[0].bytes),
+            (Promotion::Local, 32),
+            "64 elements / 8 groups"
+        );
+        let mut bufs = HashMap::from([(1, (0..n as u32).collect()), (2, vec![0; n]), (3, vec![0; n])]);
+        run(&fused, &mut bufs);
+        let expect: Vec<u32> = (0..n).map(|i| (i / 8 * 8 + (i % 8 + 1) % 8) as u32 + 100).collect();
+        assert_eq!(bufs[&3], expect);
+        assert_eq!(bufs[&2], vec![0; n], "not written back");
+    }
+
+    /// Mismatched hints fall back to global memory with a warning naming the reason.
+    #[test]
+    fn promotion_mismatches_fall_back_with_warnings() {
+        let n = 16;
+        let noop = || kernel("k", 0, 1, |_| {});
+        let case = |a: FusionArg, ga: Geometry, b: FusionArg, gb: Geometry| {
+            let kernels = vec![
+                FusionKernel { kernel: noop(), geometry: ga, args: vec![a] },
+                FusionKernel { kernel: noop(), geometry: gb, args: vec![b] },
+            ];
+            let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+            assert!(fused.internal.is_empty());
+            assert_eq!(fused.args.len(), 1);
+            match &fused.warnings[..] {
+                [FusionWarning::PromotionDropped { buffer: 5, reason }] => reason.clone(),
+                w => panic!("expected one warning, got {w:?}"),
+            }
+        };
+        let (p, l) = (whole(5, n).promoted(Promotion::Private), whole(5, n).promoted(Promotion::Local));
+        assert_eq!(case(p.clone(), range(n), whole(5, n), range(n)), PromotionMismatch::NotAllPromoted);
+        assert_eq!(case(p.clone(), nd(n, 4), l.clone(), nd(n, 4)), PromotionMismatch::LocalAndPrivate);
+        assert!(matches!(
+            case(l.clone(), range(n), l.clone(), range(n)),
+            PromotionMismatch::NoWorkGroupSize { .. }
+        ));
+        assert_eq!(case(p.clone(), range(n), p.clone(), range(8)), PromotionMismatch::Sizes);
+        let half = FusionArg::new(5, 0..32, 4).promoted(Promotion::Private);
+        assert_eq!(case(p, range(n), half, range(n)), PromotionMismatch::DifferentRanges);
+        assert_eq!(
+            case(
+                whole(5, 6).promoted(Promotion::Private),
+                range(4),
+                whole(5, 6).promoted(Promotion::Private),
+                range(4)
+            ),
+            PromotionMismatch::Sizes
+        );
+    }
+
+    /// A pair exchanging data inside a work-group: with the fusion barrier the second
+    /// kernel sees the first's writes of other work-items; without it, each work-item
+    /// runs both bodies before the next work-item starts.
+    #[test]
+    fn no_barriers_runs_bodies_back_to_back() {
+        let n = 16;
+        let make = |barriers: bool| {
+            let a = Accessor::<u32, Write>::new(0, 1, n);
+            let (a_in, b) = (Accessor::<u32, Read>::new(0, 2, n), Accessor::<u32, Write>::new(1, 2, n));
+            let k1 = kernel("write", 1, 1, move |it| {
+                a.set(it, it.global_linear_id(), 1 + it.global_linear_id() as u32)
+            });
+            let k2 = kernel("neighbour", 2, 2, move |it| {
+                let l = it.local_range(0);
+                let j = it.group_id(0) * l + (it.local_id(0) + 1) % l;
+                b.set(it, it.global_linear_id(), a_in.get(it, j))
+            });
+            let kernels = vec![
+                FusionKernel { kernel: k1, geometry: nd(n, 4), args: vec![whole(1, n)] },
+                FusionKernel { kernel: k2, geometry: nd(n, 4), args: vec![whole(1, n), whole(2, n)] },
+            ];
+            let fused = ClosureFusion::new().fuse(&FusionRequest { kernels, barriers }).unwrap();
+            let mut bufs = HashMap::from([(1, vec![0; n]), (2, vec![0; n])]);
+            run(&fused, &mut bufs);
+            bufs.remove(&2).unwrap()
+        };
+        let with: Vec<u32> = (0..n).map(|i| (i / 4 * 4 + (i % 4 + 1) % 4) as u32 + 1).collect();
+        assert_eq!(make(true), with);
+        // Without the barrier only the last work-item of each group finds its
+        // neighbour (the group's first) already written.
+        let without: Vec<u32> = (0..n).map(|i| if i % 4 == 3 { (i - 3) as u32 + 1 } else { 0 }).collect();
+        assert_eq!(make(false), without);
+    }
+
+    /// The same chain (same code, ranges and layout; new closures and buffers) is
+    /// planned once.
+    #[test]
+    fn plans_are_cached_by_code_and_layout() {
+        let fusion = ClosureFusion::new();
+        let chain = |tag: u64, b: u64| {
+            let acc = Accessor::<u32, ReadWrite>::new(0, tag, 8);
+            let k = kernel("inc", tag, 1, move |it| {
+                acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1)
+            });
+            request(vec![
+                FusionKernel { kernel: k.clone(), geometry: range(8), args: vec![whole(b, 8)] },
+                FusionKernel { kernel: k, geometry: range(8), args: vec![whole(b, 8)] },
+            ])
+        };
+        let first = fusion.fuse(&chain(1, 100)).unwrap();
+        let second = fusion.fuse(&chain(2, 200)).unwrap();
+        assert!(!first.cached && second.cached);
+        assert_eq!(fusion.stats(), CacheStats { hits: 1, misses: 1 });
+        let mut bufs = HashMap::from([(200, vec![5; 8])]);
+        run(&second, &mut bufs);
+        assert_eq!(bufs[&200], vec![7; 8], "the cached plan runs the new closures on the new buffer");
+        let other_range = request(vec![FusionKernel {
+            kernel: kernel("inc", 3, 1, |_| {}),
+            geometry: range(16),
+            args: vec![whole(1, 16)],
+        }]);
+        assert!(!fusion.fuse(&other_range).unwrap().cached);
+    }
+}
