@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
+use gantry_driver::fusion::Promotion;
 use gantry_driver::{AccessMode, AllocId, ClosureKernel, Geometry, HostCtx, HostStorage, MemSpace, OpHandle};
 use smallvec::SmallVec;
 
@@ -36,6 +37,9 @@ pub enum CommandKind {
     Barrier,
     /// A host access guard: runs while the user holds the data.
     HostAccess,
+    /// A fusion command (seed 000): completes after the kernels of its fusion list, or
+    /// after the kernel they were fused into.
+    Fusion,
 }
 
 impl CommandKind {
@@ -52,6 +56,7 @@ impl CommandKind {
             CommandKind::Marker => "empty",
             CommandKind::Barrier => "barrier",
             CommandKind::HostAccess => "host_access",
+            CommandKind::Fusion => "fusion",
         }
     }
 
@@ -156,12 +161,29 @@ pub struct Requirement {
     /// none before (a whole-buffer discard-write): the resolution order and the spaces
     /// that were valid, to restore if the command fails and leaves garbage behind.
     pub valid_before: Option<(u64, SmallVec<[MemSpace; 2]>)>,
+    /// Bytes per element of the accessor (fusion sizes promoted memory with it).
+    pub elem_size: u32,
+    /// The accessor's promotion hint for fusion.
+    pub promotion: Promotion,
+    /// Ordering only: the command holds the range's leaves but does not bind its memory
+    /// (a buffer a fused kernel internalized).
+    pub internal: bool,
 }
 
 impl Requirement {
     /// A requirement not yet placed in a memory space.
     pub fn new(buffer: Arc<BufferCore>, mode: AccessMode, range: ByteRange) -> Self {
-        Self { buffer, mode, range, space: MemSpace::Host, alloc: None, valid_before: None }
+        Self {
+            buffer,
+            mode,
+            range,
+            space: MemSpace::Host,
+            alloc: None,
+            valid_before: None,
+            elem_size: 1,
+            promotion: Promotion::None,
+            internal: false,
+        }
     }
 }
 
@@ -236,4 +258,6 @@ pub struct CommandDesc {
     pub work: Work,
     /// Its event.
     pub event: Arc<EventShared>,
+    /// The fusion list a kernel joins (submitted while its queue was fusing).
+    pub fusion: Option<Arc<crate::fusion::FusionShared>>,
 }

@@ -1,9 +1,10 @@
 //! The shared halves of user handles: what a user thread and the scheduler both see.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
+use gantry_driver::fusion::Promotion;
 use gantry_driver::HostStorage;
 
 use crate::resources::DeviceId;
@@ -50,9 +51,29 @@ pub struct BufferCore {
     /// The scheduler has ingested the drop of the last user handle (set in message
     /// order): the record goes once no command uses it.
     pub dropped: AtomicBool,
+    /// The promotion hint its accessors inherit (a [`Promotion`] as `u8`).
+    pub promotion: AtomicU8,
 }
 
 impl BufferCore {
+    /// The promotion hint its accessors inherit.
+    pub fn promotion(&self) -> Promotion {
+        match self.promotion.load(Ordering::Relaxed) {
+            1 => Promotion::Local,
+            2 => Promotion::Private,
+            _ => Promotion::None,
+        }
+    }
+    /// Sets the promotion hint its accessors inherit.
+    pub fn set_promotion(&self, p: Promotion) {
+        let v = match p {
+            Promotion::None => 0,
+            Promotion::Local => 1,
+            Promotion::Private => 2,
+        };
+        self.promotion.store(v, Ordering::Relaxed);
+    }
+
     /// Whether the user dropped the last handle.
     pub fn is_dropped(&self) -> bool {
         self.dropped.load(Ordering::Acquire)

@@ -9,6 +9,7 @@
 //! | command | [`Command`], [`Requirements`], [`Edges`], [`Execution`] (holds its event) |
 //! | memory record | [`MemoryRecord`] |
 //! | queue | [`QueueState`] |
+//! | fusion list | [`FusionList`] (its kernels carry [`InFusion`]) |
 //!
 //! A user-facing event is the shared half of a command's [`Execution`]: its
 //! [`EventShared`] outlives the command entity, so waiting never needs the world, and
@@ -18,6 +19,7 @@
 
 pub mod command;
 pub mod event;
+pub mod fusion;
 pub mod handle;
 pub mod memory;
 pub mod queue;
@@ -30,6 +32,10 @@ pub use command::{
     SyncCell, Work,
 };
 pub use event::{EventShared, EventStatus, Timestamps};
+pub use fusion::{
+    warn_fusion, CancelReason, FusionList, FusionOutcome, FusionProps, FusionShared, FusionStatus, Fusions,
+    InFusion, ListStatus,
+};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
 pub use queue::QueueState;

@@ -151,6 +151,37 @@ impl LeafSet {
         }
     }
 
+    /// Removes every leaf whose command `gone` names; returns the hull of their ranges,
+    /// if any was removed.
+    pub fn remove_commands(&mut self, gone: impl Fn(Entity) -> bool) -> Option<ByteRange> {
+        let mut hull: Option<ByteRange> = None;
+        let mut widen = |r: &ByteRange| {
+            let h = hull.get_or_insert(*r);
+            h.start = h.start.min(r.start);
+            h.end = h.end.max(r.end);
+        };
+        match &mut self.index {
+            None => self.list.retain(|l| {
+                let g = gone(l.cmd);
+                if g {
+                    widen(&l.range);
+                }
+                !g
+            }),
+            Some(index) => {
+                index.retain(|_, l| {
+                    let g = gone(l.cmd);
+                    if g {
+                        widen(&l.range);
+                    }
+                    !g
+                });
+                self.shrink();
+            }
+        }
+        hull
+    }
+
     /// Back to the short list once the index is small again.
     fn shrink(&mut self) {
         if let Some(index) = &self.index {

@@ -9,6 +9,7 @@ use crossbeam_channel::Receiver;
 use gantry_driver::{Completion, DeviceInfo, Driver, ExecError, MemSpace};
 
 use crate::command::CommandDesc;
+use crate::fusion::{FusionProps, FusionShared};
 use crate::handle::{BufferCore, QueueCore};
 
 /// Index of a device in the runtime's device list.
@@ -25,6 +26,12 @@ pub enum Message {
     DropQueue(Arc<QueueCore>),
     /// The user released a host access guard (the command entity).
     ReleaseHostAccess(Entity),
+    /// A queue entered fusion mode.
+    StartFusion(Arc<QueueCore>, Arc<FusionShared>),
+    /// The user cancelled a fusion (the reason is in its shared state).
+    CancelFusion(Arc<FusionShared>),
+    /// The user completed a fusion.
+    CompleteFusion(Arc<FusionShared>, FusionProps),
 }
 
 /// Channels the scheduler drains each flush.
@@ -88,6 +95,8 @@ pub struct WorkLists {
     pub finished: Vec<Finished>,
     /// Buffers whose records may be despawned.
     pub maybe_idle_records: Vec<Entity>,
+    /// Commands resolved this flush, kept for fusion-sync while a fusion is active.
+    pub resolved: Vec<Entity>,
 }
 
 impl WorkLists {

@@ -84,6 +84,13 @@ impl<T> Buffer<T> {
         self.handle.core.id
     }
 
+    /// Sets the promotion hint every accessor of this buffer inherits when its kernel
+    /// is fused (see [`Handler::promote`](crate::Handler::promote)); an accessor's own
+    /// hint overrides it.
+    pub fn set_promotion(&self, promotion: gantry_driver::fusion::Promotion) {
+        self.handle.core.set_promotion(promotion);
+    }
+
     pub(crate) fn core(&self) -> &Arc<BufferCore> {
         &self.handle.core
     }
@@ -128,6 +135,7 @@ impl<T: Pod> Buffer<T> {
             waits: SmallVec::new(),
             work: Work::HostAccess,
             event: event.clone(),
+            fusion: None,
         }))?;
         rt.wait_for(&event, EventStatus::Running)?;
         if let Some(e) = event.error() {

@@ -11,6 +11,12 @@ use thiserror::Error;
 /// [`Error::Exec`].
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum Error {
+    /// `start_fusion` on a queue that is already fusing.
+    #[error("queue {0} is already in fusion mode")]
+    AlreadyFusing(u64),
+    /// `complete_fusion` on a queue that never started a fusion.
+    #[error("queue {0} has no fusion to complete")]
+    NotFusing(u64),
     /// A range or ND-range is invalid (zero extent, local size not dividing, …).
     #[error("invalid range: {0}")]
     Range(#[from] RangeError),

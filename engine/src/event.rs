@@ -2,7 +2,9 @@
 
 use std::sync::{Arc, Weak};
 
-use gantry_components::{EventShared, EventStatus, Timestamps};
+use gantry_components::{
+    CancelReason, EventShared, EventStatus, FusionShared, FusionStatus, Message, Timestamps,
+};
 use gantry_driver::ExecError;
 
 use crate::error::{Error, Result};
@@ -31,6 +33,9 @@ use crate::runtime::Shared;
 pub struct Event {
     pub(crate) shared: Arc<EventShared>,
     pub(crate) rt: Weak<Shared>,
+    /// Set for the event of a fusion: waiting on it while the fusion is collecting
+    /// kernels cancels the fusion (seed 000).
+    pub(crate) fusion: Option<Arc<FusionShared>>,
 }
 
 impl std::fmt::Debug for Event {
@@ -40,10 +45,24 @@ impl std::fmt::Debug for Event {
 }
 
 impl Event {
+    pub(crate) fn of_fusion(fusion: &Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
+        Self { shared: fusion.event.clone(), rt: Arc::downgrade(rt), fusion: Some(fusion.clone()) }
+    }
+
     /// Blocks until the command has finished. Returns its error, or that of a command
     /// it depended on, if it failed. In manual mode the calling thread runs the
     /// scheduler until then.
+    ///
+    /// Waiting on an event returned while its queue is fusing cancels the fusion: the
+    /// collected kernels run unfused.
     pub fn wait(&self) -> Result<()> {
+        if let (Some(f), Some(rt)) = (&self.fusion, self.rt.upgrade()) {
+            if f.status() == FusionStatus::Active {
+                f.cancel(CancelReason::HostWait, || {
+                    let _ = rt.send(Message::CancelFusion(f.clone()));
+                });
+            }
+        }
         if !self.status().is_final() {
             match self.rt.upgrade() {
                 Some(rt) => rt.wait_for(&self.shared, EventStatus::Complete)?,

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
+use gantry_driver::fusion::Promotion;
 use gantry_driver::{
-    phase, AccessMode, Accessor, ClosureKernel, DiscardWrite, ElemAccessor, Geometry, HostAccessor, HostCtx,
-    HostStorage, Item, LocalAccessor, Mode, NdRange, Phase, PrivateAccessor, Range, Read, ReadWrite, Scratch,
-    ScratchKind, Write,
+    phase, AccessMode, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, Geometry,
+    HostAccessor, HostCtx, HostStorage, Item, LocalAccessor, Mode, NdRange, Phase, PrivateAccessor, Range,
+    Read, ReadWrite, Scratch, ScratchKind, Write,
 };
 use smallvec::SmallVec;
 
@@ -164,7 +165,10 @@ impl Handler {
         let size = std::mem::size_of::<T>();
         let range = ByteRange { start: start * size, end: end * size };
         let slot = self.requirements.len();
-        self.requirements.push(Requirement::new(buf.core().clone(), mode, range));
+        let mut req = Requirement::new(buf.core().clone(), mode, range);
+        req.elem_size = size as u32;
+        req.promotion = buf.core().promotion();
+        self.requirements.push(req);
         (slot as u32, end - start)
     }
 
@@ -178,6 +182,43 @@ impl Handler {
     /// nanoseconds, for simulated devices' cost models (ignored elsewhere).
     pub fn item_cost_ns(&mut self, ns: f64) -> &mut Self {
         self.item_cost_ns = Some(ns);
+        self
+    }
+
+    /// Hints that, when this kernel is fused, the accessor's buffer range is only
+    /// needed inside the fused kernel (seed 000, "Internalization"): each element is
+    /// touched by one work-group ([`Promotion::Local`]) or one work-item
+    /// ([`Promotion::Private`]), and the contents are not needed afterwards, so they
+    /// are kept in scratch memory and not written back. Overrides the buffer's hint
+    /// ([`Buffer::set_promotion`]). Outside fusion it has no effect.
+    ///
+    /// ```
+    /// use gantry::{Promotion, Runtime, FusionProps};
+    /// let rt = Runtime::new();
+    /// let q = rt.in_order_queue();
+    /// let (x, tmp, out) = (rt.buffer(&[1u32; 256]), rt.buffer_zeroed::<u32>(256), rt.buffer_zeroed::<u32>(256));
+    /// q.start_fusion()?;
+    /// q.submit(|cg| {
+    ///     let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
+    ///     cg.promote(&t, Promotion::Private);
+    ///     cg.parallel_for(256, move |it| *t.elem(it) = x.get(it, it.global_linear_id()) + 1);
+    /// })?;
+    /// q.submit(|cg| {
+    ///     let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+    ///     cg.promote(&t, Promotion::Private);
+    ///     cg.parallel_for(256, move |it| *o.elem(it) = t.get(it, it.global_linear_id()) * 10);
+    /// })?;
+    /// q.complete_fusion(FusionProps::default())?.wait()?;
+    /// assert_eq!(out.to_vec()?, vec![20; 256]);
+    /// assert_eq!(tmp.to_vec()?, vec![0; 256], "internalized: never written back");
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn promote(&mut self, accessor: &impl BufferSlot, promotion: Promotion) -> &mut Self {
+        let (slot, tag) = accessor.slot_and_tag();
+        match self.requirements.get_mut(slot as usize) {
+            Some(r) if tag == self.tag => r.promotion = promotion,
+            _ => self.fail(Error::ForeignObject("an accessor")),
+        }
         self
     }
 

@@ -57,8 +57,13 @@ pub use handler::{Handler, Phases};
 pub use queue::{Queue, QueueOptions};
 pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
-pub use gantry_components::{EventStatus, Slice, Stage, Stats, Timeline, Timestamps};
+pub use gantry_components::{
+    CancelReason, EventStatus, FusionOutcome, FusionProps, Slice, Stage, Stats, Timeline, Timestamps,
+};
 pub use gantry_cpu::CpuConfig;
+pub use gantry_driver::fusion::{
+    CacheStats, ClosureFusion, FusionCompiler, FusionError, FusionWarning, Promotion, PromotionMismatch,
+};
 pub use gantry_driver::{
     AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,
     HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write, Zeroable,

@@ -2,7 +2,11 @@
 
 use std::sync::Arc;
 
-use gantry_components::{CommandDesc, CommandKind, EventShared, Message, QueueCore, Work};
+use gantry_components::{
+    warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
+    FusionShared, FusionStatus, Message, QueueCore, Work,
+};
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
@@ -22,6 +26,9 @@ pub struct QueueOptions {
 struct QueueHandle {
     core: Arc<QueueCore>,
     rt: Arc<Shared>,
+    /// The queue's latest fusion (seed 000: kept until the next `start_fusion`, so a
+    /// late `complete_fusion` still finds its event).
+    fusion: Mutex<Option<Arc<FusionShared>>>,
 }
 
 impl Drop for QueueHandle {
@@ -54,7 +61,7 @@ pub struct Queue {
 
 impl Queue {
     pub(crate) fn new(core: Arc<QueueCore>, rt: Arc<Shared>) -> Self {
-        Self { handle: Arc::new(QueueHandle { core, rt }) }
+        Self { handle: Arc::new(QueueHandle { core, rt, fusion: Mutex::new(None) }) }
     }
 
     /// The device its commands run on.
@@ -79,11 +86,146 @@ impl Queue {
         }
         let built = cg.finish(device)?;
         let on_host = built.kind == CommandKind::HostTask;
-        self.send(built.kind, built.name, built.work, built.requirements, built.waits, on_host, |event| {
-            if let Some((slot, storage)) = built.readback {
-                *slot.lock() = Some((storage, event.clone()));
+        if built.kind == CommandKind::Kernel {
+            if let Some(fusion) = self.active_fusion() {
+                // Sent under the fusion's lock, so the scheduler counts it in the list.
+                let mut parts = Some(built);
+                let sent = fusion.send_kernel(|| {
+                    let b = parts.take().expect("sent once");
+                    let f = Some(fusion.clone());
+                    self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, f, |_| {})
+                });
+                match sent {
+                    Some(result) => {
+                        result?;
+                        return Ok(Event::of_fusion(&fusion, rt));
+                    }
+                    // Cancelled meanwhile: submitted as an ordinary kernel.
+                    None => {
+                        let b = parts.take().expect("not sent");
+                        return self.send(
+                            b.kind,
+                            b.name,
+                            b.work,
+                            b.requirements,
+                            b.waits,
+                            false,
+                            None,
+                            |_| {},
+                        );
+                    }
+                }
             }
-        })
+        }
+        self.send(
+            built.kind,
+            built.name,
+            built.work,
+            built.requirements,
+            built.waits,
+            on_host,
+            None,
+            |event| {
+                if let Some((slot, storage)) = built.readback {
+                    *slot.lock() = Some((storage, event.clone()));
+                }
+            },
+        )
+    }
+
+    fn active_fusion(&self) -> Option<Arc<FusionShared>> {
+        self.handle.fusion.lock().clone().filter(|f| f.status() == FusionStatus::Active)
+    }
+
+    /// Puts the queue in fusion mode (seed 000): kernels submitted from now on are
+    /// collected, not run, and `submit` returns the fusion's event, which completes
+    /// after them. Other commands (copies, fills, host tasks, barriers) are not fused;
+    /// if one depends on a collected kernel, the fusion is cancelled early.
+    ///
+    /// ```
+    /// use gantry::{FusionOutcome, FusionProps, Runtime};
+    /// let rt = Runtime::new();
+    /// let q = rt.in_order_queue();
+    /// let buf = rt.buffer(&[1u32; 64]);
+    /// q.start_fusion()?;
+    /// for _ in 0..3 {
+    ///     q.submit(|cg| {
+    ///         let b = cg.elements_mut(&buf);
+    ///         cg.parallel_for(64, move |it| *b.elem(it) *= 2);
+    ///     })?;
+    /// }
+    /// q.complete_fusion(FusionProps::default())?.wait()?;
+    /// assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 3, .. })));
+    /// assert_eq!(buf.to_vec()?, vec![8; 64]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn start_fusion(&self) -> Result<()> {
+        let mut slot = self.handle.fusion.lock();
+        if slot.as_ref().is_some_and(|f| f.status() == FusionStatus::Active) {
+            return Err(Error::AlreadyFusing(self.handle.core.id));
+        }
+        let rt = &self.handle.rt;
+        let event = Arc::new(EventShared::new("fusion".into(), rt.id, rt.now_ns()));
+        let shared = Arc::new(FusionShared::new(self.handle.core.id, event));
+        rt.send(Message::StartFusion(self.handle.core.clone(), shared.clone()))?;
+        *slot = Some(shared);
+        Ok(())
+    }
+
+    /// Whether kernels submitted now join a fusion list (false after an early
+    /// cancellation).
+    pub fn is_in_fusion_mode(&self) -> bool {
+        self.active_fusion().is_some()
+    }
+
+    /// Ends fusion mode; the collected kernels run unfused, in order. Warns if the
+    /// queue is not in fusion mode.
+    pub fn cancel_fusion(&self) {
+        match self.active_fusion() {
+            Some(f) => self.cancel(&f, CancelReason::Requested),
+            None => self.warn_not_fusing("cancel_fusion"),
+        }
+    }
+
+    fn cancel(&self, f: &Arc<FusionShared>, reason: CancelReason) {
+        let rt = &self.handle.rt;
+        f.cancel(reason, || {
+            let _ = rt.send(Message::CancelFusion(f.clone()));
+        });
+    }
+
+    fn warn_not_fusing(&self, what: &str) {
+        let id = self.handle.core.id;
+        let why = match self.fusion_outcome() {
+            Some(FusionOutcome::Cancelled(reason)) => format!(" (its fusion was cancelled: {reason})"),
+            _ => String::new(),
+        };
+        warn_fusion(
+            &self.handle.rt.fusion_warnings,
+            format_args!("{what} on queue {id}, which is not in fusion mode{why}"),
+        );
+    }
+
+    /// Ends fusion mode by fusing the collected kernels into one (in order, with a
+    /// work-group barrier between them unless `props.barriers` is off) and returns the
+    /// event of the fusion, which completes after the fused kernel. If the kernels
+    /// cannot be fused, they run unfused (with a warning); if the fusion was cancelled
+    /// early, this warns and returns that fusion's event, which completes after its
+    /// kernels.
+    pub fn complete_fusion(&self, props: FusionProps) -> Result<Event> {
+        let rt = &self.handle.rt;
+        let fusion = self.handle.fusion.lock().clone().ok_or(Error::NotFusing(self.handle.core.id))?;
+        match fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props))) {
+            Some(sent) => sent?,
+            None => self.warn_not_fusing("complete_fusion"),
+        }
+        Ok(Event::of_fusion(&fusion, rt))
+    }
+
+    /// How the queue's latest fusion ended: fused (with the compiler's warnings) or
+    /// cancelled (with the reason); `None` while it is active or undecided.
+    pub fn fusion_outcome(&self) -> Option<FusionOutcome> {
+        self.handle.fusion.lock().as_ref().and_then(|f| f.outcome())
     }
 
     /// Submits a barrier: an event that completes when everything submitted to this
@@ -96,6 +238,7 @@ impl Queue {
             SmallVec::new(),
             SmallVec::new(),
             false,
+            None,
             |_| {},
         )
     }
@@ -103,6 +246,9 @@ impl Queue {
     /// Blocks until everything submitted to this queue so far has finished; returns
     /// the first error among them, if any.
     pub fn wait(&self) -> Result<()> {
+        if let Some(f) = self.active_fusion() {
+            self.cancel(&f, CancelReason::QueueWait);
+        }
         self.barrier()?.wait()
     }
 
@@ -115,6 +261,7 @@ impl Queue {
         requirements: SmallVec<[gantry_components::Requirement; 4]>,
         waits: SmallVec<[Arc<EventShared>; 1]>,
         on_host: bool,
+        fusion: Option<Arc<FusionShared>>,
         with_event: impl FnOnce(&Arc<EventShared>),
     ) -> Result<Event> {
         let rt = &self.handle.rt;
@@ -131,8 +278,9 @@ impl Queue {
             waits,
             work,
             event: event.clone(),
+            fusion,
         }))
         .map_err(|_| Error::RuntimeDropped)?;
-        Ok(Event { shared: event, rt: Arc::downgrade(rt) })
+        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None })
     }
 }

@@ -12,10 +12,11 @@ use bevy_ecs::world::World;
 use bytemuck::Pod;
 use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
-    BufferCore, Device, Devices, EventShared, EventStatus, Inbox, Message, QueueCore, SchedulerConfig, Stage,
-    Stats, Timeline, WorkLists,
+    BufferCore, Device, Devices, EventShared, EventStatus, Fusions, Inbox, Message, QueueCore,
+    SchedulerConfig, Stage, Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
+use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
 use parking_lot::{Condvar, Mutex};
 
@@ -55,7 +56,23 @@ pub struct RuntimeBuilder {
     preserve_on_failure: bool,
     default_device: DeviceId,
     timeline: bool,
+    fusion_warnings: Option<usize>,
+    fusion_compiler: Option<Compiler>,
 }
+
+/// A fusion compiler chosen by the user.
+#[derive(Clone)]
+struct Compiler(Arc<dyn FusionCompiler>);
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FusionCompiler")
+    }
+}
+
+/// How many fusion warnings appear when neither the builder nor
+/// `GANTRY_FUSION_WARNINGS` says.
+const DEFAULT_FUSION_WARNINGS: usize = 16;
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
@@ -67,6 +84,8 @@ impl Default for RuntimeBuilder {
             preserve_on_failure: true,
             default_device: 0,
             timeline: false,
+            fusion_warnings: None,
+            fusion_compiler: None,
         }
     }
 }
@@ -111,6 +130,18 @@ impl RuntimeBuilder {
         self.timeline = record;
         self
     }
+    /// How many fusion warnings (early cancellations, refused fusions, dropped
+    /// promotions) are printed through `tracing`; 0 silences them. Default: the
+    /// `GANTRY_FUSION_WARNINGS` environment variable, else 16.
+    pub fn fusion_warnings(mut self, limit: usize) -> Self {
+        self.fusion_warnings = Some(limit);
+        self
+    }
+    /// The fusion compiler (default: [`ClosureFusion`], which fuses closure kernels).
+    pub fn fusion_compiler(mut self, compiler: Arc<dyn FusionCompiler>) -> Self {
+        self.fusion_compiler = Some(Compiler(compiler));
+        self
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;
@@ -146,6 +177,19 @@ impl RuntimeBuilder {
         if self.timeline {
             world.insert_resource(Timeline::default());
         }
+        let warnings = self.fusion_warnings.unwrap_or_else(|| {
+            std::env::var("GANTRY_FUSION_WARNINGS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_FUSION_WARNINGS)
+        });
+        let fusion_warnings = Arc::new(std::sync::atomic::AtomicUsize::new(warnings));
+        let closure_fusion = Arc::new(ClosureFusion::new());
+        let compiler = match &self.fusion_compiler {
+            Some(c) => c.0.clone(),
+            None => closure_fusion.clone(),
+        };
+        world.insert_resource(Fusions::new(compiler, fusion_warnings.clone()));
         let (wake_tx, wake_rx) = unbounded::<()>();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -163,6 +207,8 @@ impl RuntimeBuilder {
             msg_rx,
             done_rx,
             wake_tx,
+            fusion_warnings,
+            closure_fusion: self.fusion_compiler.is_none().then_some(closure_fusion),
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
         let host_queue =
@@ -205,6 +251,10 @@ pub(crate) struct Shared {
     msg_rx: Receiver<Message>,
     done_rx: Receiver<Completion>,
     wake_tx: Sender<()>,
+    /// Fusion warnings still to print (shared with the scheduler).
+    pub(crate) fusion_warnings: Arc<std::sync::atomic::AtomicUsize>,
+    /// The default fusion compiler, for its cache statistics.
+    closure_fusion: Option<Arc<ClosureFusion>>,
 }
 
 /// The scheduler thread's last report: messages ingested, and whether it was idle.
@@ -440,6 +490,7 @@ impl Runtime {
             storage: Arc::new(storage),
             record: Default::default(),
             dropped: Default::default(),
+            promotion: Default::default(),
         });
         Buffer::new(core, len, self.shared.clone(), self.host_queue.clone())
     }
@@ -525,6 +576,12 @@ impl Runtime {
             std::io::Error::new(std::io::ErrorKind::NotFound, "the runtime records no timeline")
         })?;
         std::fs::write(path, json)
+    }
+
+    /// Hits and misses of the default fusion compiler's cache (`None` with a compiler
+    /// set by [`RuntimeBuilder::fusion_compiler`]).
+    pub fn fusion_cache_stats(&self) -> Option<CacheStats> {
+        self.shared.closure_fusion.as_ref().map(|c| c.stats())
     }
 
     /// Nanoseconds since the runtime started (the clock of submission timestamps and

@@ -66,7 +66,7 @@ fn slice(r: &Requirement) -> MemSlice {
 }
 
 fn args(reqs: &[Requirement]) -> SmallVec<[MemArg; 4]> {
-    reqs.iter().map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
+    reqs.iter().filter(|r| !r.internal).map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
 }
 
 /// The device operation for `work`; `name` is needed (and given) for host tasks only.

@@ -3,10 +3,16 @@
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 
+use std::sync::Arc;
+
+use bevy_ecs::entity::Entity;
+use smallvec::SmallVec;
+
 use crate::queries::Queries;
 use gantry_components::{
-    Command, Edges, Execution, Finished, Inbox, Message, Requirements, SchedulerConfig, Stats, Status,
-    WorkLists,
+    CancelReason, Command, CommandKind, Edges, Execution, Finished, FusionList, FusionOutcome, FusionShared,
+    Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements, SchedulerConfig, Stats, Status,
+    Work, WorkLists,
 };
 
 /// The ingest stage system.
@@ -23,40 +29,93 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
             Message::Submit(desc) => {
                 let seq = first_seq + new_commands.len() as u64;
                 let event = desc.event;
-                let e = world
-                    .spawn((
-                        Command {
-                            kind: desc.kind,
-                            name: desc.name,
-                            queue: Some(desc.queue),
-                            device: desc.device,
-                            seq,
-                        },
-                        Requirements(desc.requirements),
-                        Edges::default(),
-                        Execution {
-                            status: Status::New,
-                            work: Some(desc.work),
-                            handle: None,
-                            event: event.clone(),
-                            waits: desc.waits,
-                        },
-                    ))
-                    .id();
+                let list = desc.fusion.and_then(|f| f.list.get());
+                let buffers: SmallVec<[u64; 4]> = match list {
+                    Some(_) => desc.requirements.iter().map(|r| r.buffer.id).collect(),
+                    None => SmallVec::new(),
+                };
+                let bundle = (
+                    Command {
+                        kind: desc.kind,
+                        name: desc.name,
+                        queue: Some(desc.queue),
+                        device: desc.device,
+                        seq,
+                    },
+                    Requirements(desc.requirements),
+                    Edges::default(),
+                    Execution {
+                        status: Status::New,
+                        work: Some(desc.work),
+                        handle: None,
+                        event: event.clone(),
+                        waits: desc.waits,
+                    },
+                );
+                let e = match list {
+                    None => world.spawn(bundle).id(),
+                    Some(list) => world.spawn((bundle, InFusion { list })).id(),
+                };
                 q.refresh(world);
                 event.command.set(e);
                 new_commands.push(e);
+                if let Some(list) = list {
+                    let mut list = q.list_mut(world, list).expect("fusion list");
+                    list.kernels.push(e);
+                    for b in buffers {
+                        if !list.buffers.contains(&b) {
+                            list.buffers.push(b);
+                        }
+                    }
+                }
+            }
+            Message::StartFusion(queue, shared) => {
+                let seq = first_seq + new_commands.len() as u64;
+                start_fusion(world, q, queue, shared, seq);
+            }
+            Message::CancelFusion(shared) => {
+                let reason = match shared.outcome() {
+                    Some(FusionOutcome::Cancelled(r)) => r,
+                    _ => CancelReason::Requested,
+                };
+                if let Some(list) = shared.list.get() {
+                    request(world, q, list, |l| {
+                        l.cancel.get_or_insert(reason);
+                    });
+                }
+            }
+            Message::CompleteFusion(shared, props) => {
+                let seq = first_seq + new_commands.len() as u64;
+                if let Some(list) = shared.list.get() {
+                    request(world, q, list, |l| l.complete = Some((seq, props)));
+                }
             }
             Message::DropBuffer(buffer) => {
                 // Marked here, in message order, so commands submitted before the drop
                 // (maybe not resolved yet) still find the record. An idle record goes
                 // at the end of this flush, a busy one when its last command retires.
                 buffer.dropped.store(true, std::sync::atomic::Ordering::Release);
+                let active = world.get_resource::<Fusions>().map(|f| f.active.clone()).unwrap_or_default();
+                for list in active {
+                    if q.list(world, list).is_some_and(|l| l.buffers.contains(&buffer.id)) {
+                        request(world, q, list, |l| {
+                            l.cancel.get_or_insert(CancelReason::BufferDropped { buffer: buffer.id });
+                        });
+                    }
+                }
                 if let Some(rec) = buffer.record.get() {
                     world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
                 }
             }
             Message::DropQueue(queue) => {
+                let list = world.get_resource::<Fusions>().and_then(|f| f.by_queue.get(&queue.id).copied());
+                if let Some(list) = list {
+                    request(world, q, list, |l| {
+                        if l.status == ListStatus::Active {
+                            l.cancel.get_or_insert(CancelReason::QueueDropped);
+                        }
+                    });
+                }
                 if let Some(qe) = queue.entity.get() {
                     if q.queue(world, qe).is_some() {
                         world.despawn(qe);
@@ -88,5 +147,74 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
         stats.messages += messages;
         stats.submitted += spawned;
         stats.live_commands += spawned;
+    }
+}
+
+/// Puts a queue in fusion mode: spawns its fusion command (held until the list ends)
+/// and list; the queue's previous list is marked for deletion.
+fn start_fusion(
+    world: &mut World,
+    q: &mut Queries,
+    queue: Arc<QueueCore>,
+    shared: Arc<FusionShared>,
+    seq: u64,
+) {
+    let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
+    if let Some(old) = previous {
+        if let Some(mut l) = q.list_mut(world, old) {
+            l.status = ListStatus::Delete;
+            world.resource_mut::<Fusions>().deleting.push(old);
+        }
+    }
+    let command = world
+        .spawn((
+            Command {
+                kind: CommandKind::Fusion,
+                name: shared.event.name.clone(),
+                queue: Some(queue.clone()),
+                device: queue.device,
+                seq,
+            },
+            Requirements::default(),
+            Edges { blockers: 1, ..Default::default() },
+            Execution {
+                status: Status::Waiting,
+                work: Some(Work::Marker),
+                handle: None,
+                event: shared.event.clone(),
+                waits: SmallVec::new(),
+            },
+        ))
+        .id();
+    shared.event.command.set(command);
+    let list = world
+        .spawn(FusionList {
+            shared: shared.clone(),
+            queue: queue.clone(),
+            status: ListStatus::Active,
+            command,
+            command_held: true,
+            kernels: Vec::new(),
+            held: Vec::new(),
+            buffers: SmallVec::new(),
+            deps: SmallVec::new(),
+            complete: None,
+            cancel: None,
+        })
+        .id();
+    world.entity_mut(command).insert(InFusion { list });
+    q.refresh(world);
+    shared.list.set(list);
+    world.resource_mut::<Stats>().live_commands += 1;
+    let mut fusions = world.resource_mut::<Fusions>();
+    fusions.by_queue.insert(queue.id, list);
+    fusions.active.push(list);
+}
+
+/// Records a message-driven action on a list for the fusion stages.
+fn request(world: &mut World, q: &mut Queries, list: Entity, f: impl FnOnce(&mut FusionList)) {
+    if let Some(mut l) = q.list_mut(world, list) {
+        f(&mut l);
+        world.resource_mut::<Fusions>().pending.push(list);
     }
 }

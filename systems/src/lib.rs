@@ -7,7 +7,8 @@
 //! | --- | --- |
 //! | ingest | [`ingest`] |
 //! | resolve | [`resolve`] — the dependency rules |
-//! | fusion-sync, fuse, partition | empty sets, filled by their features |
+//! | fusion-sync, fuse | [`fusion`] — early cancellation and `complete_fusion` |
+//! | partition | an empty set, filled by the graph feature |
 //! | enqueue | [`enqueue`] |
 //! | retire | [`retire`] |
 //!
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod enqueue;
+pub mod fusion;
 pub mod ingest;
 mod queries;
 pub mod resolve;
@@ -26,7 +28,7 @@ mod testing;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{Schedule, SingleThreadedExecutor};
-use gantry_components::{Devices, Flush, Inbox, SchedulerConfig, Stage, Stats, WorkLists};
+use gantry_components::{Devices, Flush, Fusions, Inbox, SchedulerConfig, Stage, Stats, WorkLists};
 
 /// The built-in system of a stage. Systems users add to a stage run after it, so
 /// they see its results.
@@ -52,6 +54,8 @@ pub fn flush_schedule() -> Schedule {
     schedule.add_systems((
         ingest::ingest.in_set(Stage::Ingest).in_set(Builtin(Stage::Ingest)),
         resolve::resolve.in_set(Stage::Resolve).in_set(Builtin(Stage::Resolve)),
+        fusion::fusion_sync.in_set(Stage::FusionSync).in_set(Builtin(Stage::FusionSync)),
+        fusion::fuse.in_set(Stage::Fuse).in_set(Builtin(Stage::Fuse)),
         enqueue::enqueue.in_set(Stage::Enqueue).in_set(Builtin(Stage::Enqueue)),
         retire::retire.in_set(Stage::Retire).in_set(Builtin(Stage::Retire)),
     ));
@@ -66,5 +70,9 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(config);
     world.insert_resource(WorkLists::default());
     world.insert_resource(Stats::default());
+    world.insert_resource(Fusions::new(
+        std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new()),
+        std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(16)),
+    ));
     world
 }

@@ -9,7 +9,9 @@ use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Mut;
 use bevy_ecs::query::QueryState;
 use bevy_ecs::world::{FromWorld, World};
-use gantry_components::{Command, Edges, Execution, MemoryRecord, QueueState, Requirements};
+use gantry_components::{
+    Command, Edges, Execution, FusionList, InFusion, MemoryRecord, QueueState, Requirements,
+};
 
 /// One cached query per component the stages touch by entity.
 pub struct Queries {
@@ -20,6 +22,8 @@ pub struct Queries {
     requirements: QueryState<&'static mut Requirements>,
     record: QueryState<&'static mut MemoryRecord>,
     queue: QueryState<&'static mut QueueState>,
+    list: QueryState<&'static mut FusionList>,
+    in_fusion: QueryState<&'static InFusion>,
 }
 
 impl FromWorld for Queries {
@@ -32,6 +36,8 @@ impl FromWorld for Queries {
             requirements: world.query(),
             record: world.query(),
             queue: world.query(),
+            list: world.query(),
+            in_fusion: world.query(),
         }
     }
 }
@@ -68,6 +74,8 @@ impl Queries {
         self.requirements.update_archetypes(world);
         self.record.update_archetypes(world);
         self.queue.update_archetypes(world);
+        self.list.update_archetypes(world);
+        self.in_fusion.update_archetypes(world);
     }
 
     /// The command of `e`.
@@ -80,4 +88,11 @@ impl Queries {
     access!(requirements, requirements_mut, requirements, Requirements);
     access!(record, record_mut, record, MemoryRecord);
     access!(queue, queue_mut, queue, QueueState);
+    access!(list, list_mut, list, FusionList);
+
+    /// The fusion list `e` belongs to (a listed kernel or a fusion command).
+    #[inline]
+    pub fn in_fusion(&mut self, world: &World, e: Entity) -> Option<Entity> {
+        self.in_fusion.get_manual(world, e).ok().map(|f| f.list)
+    }
 }

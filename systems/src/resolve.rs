@@ -31,14 +31,14 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished, Location,
-    MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats, Status, Successor, Work,
-    WorkLists,
+    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished, Fusions,
+    ListStatus, Location, MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats,
+    Status, Successor, Work, WorkLists,
 };
 use gantry_driver::{AccessMode, ExecError, MemSpace};
 use smallvec::SmallVec;
 
-type Preds = SmallVec<[Entity; 8]>;
+pub(crate) type Preds = SmallVec<[Entity; 8]>;
 
 /// The resolve stage system.
 pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
@@ -47,6 +47,10 @@ pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
     for &e in &list {
         resolve_command(world, q, e);
+    }
+    // Fusion-sync looks at what was resolved while a fusion is collecting kernels.
+    if world.get_resource::<Fusions>().is_some_and(|f| !f.active.is_empty()) {
+        world.resource_mut::<WorkLists>().resolved.extend_from_slice(&list);
     }
     // Hand the allocation back to keep the list's capacity.
     let mut lists = world.resource_mut::<WorkLists>();
@@ -105,7 +109,7 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
             }
             _ => {
                 if let Some(p) = ev.command.get().filter(|&p| is_live(world, q, p)) {
-                    push_unique(&mut preds, p, e);
+                    event_preds(world, q, p, &mut preds, e);
                 }
             }
         }
@@ -145,7 +149,36 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
         }
     }
 
-    connect(world, q, e, preds, in_driver_waits);
+    // A kernel joining an active fusion list is withheld from enqueue.
+    let hold = match q.in_fusion(world, e) {
+        Some(list) if kind == CommandKind::Kernel => {
+            let mut list = q.list_mut(world, list).expect("fusion list");
+            let active = list.status == ListStatus::Active;
+            if active {
+                list.held.push(e);
+            }
+            active
+        }
+        _ => false,
+    };
+    connect(world, q, e, preds, in_driver_waits, hold);
+}
+
+/// The commands an event dependency on `p` stands for: `p` itself, or, for the command
+/// of an active fusion list, the kernels listed so far (the fusion command completes
+/// after them; depending on it is depending on them, with fusion's rules).
+fn event_preds(world: &World, q: &mut Queries, p: Entity, preds: &mut Preds, this: Entity) {
+    if q.command(world, p).is_some_and(|c| c.kind == CommandKind::Fusion) {
+        if let Some(list) = q.in_fusion(world, p).and_then(|l| q.list(world, l)) {
+            if list.status == ListStatus::Active {
+                for &k in &list.kernels {
+                    push_unique(preds, k, this);
+                }
+                return;
+            }
+        }
+    }
+    push_unique(preds, p, this);
 }
 
 /// The queue-state entity of `q`, spawned at first use.
@@ -345,7 +378,7 @@ fn insert_move(
     target.valid = true;
     target.producer = Some(m);
     let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
-    connect(world, q, m, preds, in_driver_waits);
+    connect(world, q, m, preds, in_driver_waits, false);
     Ok(())
 }
 
@@ -355,8 +388,16 @@ fn event_slot(world: &mut World, q: &mut Queries, e: Entity) {
 }
 
 /// Adds edges from `preds` to `e` and decides whether `e` is ready. `in_driver_waits`:
-/// `e`'s driver orders wait-lists itself.
-fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds, in_driver_waits: bool) {
+/// `e`'s driver orders wait-lists itself; `hold`: one more blocker, released by
+/// whoever holds the command (a fusion list).
+pub(crate) fn connect(
+    world: &mut World,
+    q: &mut Queries,
+    e: Entity,
+    mut preds: Preds,
+    in_driver_waits: bool,
+    hold: bool,
+) {
     if preds.len() > 1 {
         preds.sort_unstable();
         preds.dedup();
@@ -365,7 +406,7 @@ fn connect(world: &mut World, q: &mut Queries, e: Entity, mut preds: Preds, in_d
         let c = q.command(world, e).expect("command");
         (c.device, c.kind)
     };
-    let mut blockers = 0u32;
+    let mut blockers = hold as u32;
     let mut live = SmallVec::<[Entity; 4]>::new();
     for p in preds {
         let Some((p_device, p_kind)) = q.command(world, p).map(|c| (c.device, c.kind)) else {

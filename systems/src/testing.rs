@@ -123,6 +123,7 @@ impl Harness {
             bytes,
             record: Default::default(),
             dropped: Default::default(),
+            promotion: Default::default(),
         })
     }
 
@@ -152,6 +153,7 @@ impl Harness {
             waits: waits.iter().map(|w| (*w).clone()).collect(),
             work,
             event: event.clone(),
+            fusion: None,
         };
         self.tx.send(Message::Submit(desc)).unwrap();
         event

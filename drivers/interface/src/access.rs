@@ -271,6 +271,25 @@ impl<T: Pod, M: Writable> Accessor<T, M> {
     }
 }
 
+/// An accessor of a buffer range in a command group: its slot, for settings such as a
+/// fusion promotion hint.
+pub trait BufferSlot {
+    /// The slot and the command group's tag.
+    fn slot_and_tag(&self) -> (u32, u64);
+}
+
+impl<T, M> BufferSlot for Accessor<T, M> {
+    fn slot_and_tag(&self) -> (u32, u64) {
+        (self.slot, self.tag)
+    }
+}
+
+impl<T, M> BufferSlot for ElemAccessor<T, M> {
+    fn slot_and_tag(&self) -> (u32, u64) {
+        (self.inner.slot, self.inner.tag)
+    }
+}
+
 /// An exclusive per-work-item view: each work-item may borrow the element at its own
 /// global linear id mutably. The accessor's range has exactly one element per
 /// work-item (checked when the kernel is submitted).

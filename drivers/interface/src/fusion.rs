@@ -59,8 +59,8 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use crate::item::{GroupCtx, Item};
-use crate::kernel::{ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
+use crate::item::GroupCtx;
+use crate::kernel::{ClosureKernel, ItemCost, ItemFn, Phase, Scratch, ScratchKind};
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
 
@@ -314,9 +314,9 @@ struct Plan {
     /// Per kernel: whether its ids are remapped from the fused grid.
     remap: Vec<bool>,
     /// Per fused argument: (canonical buffer, start, end, uses).
-    args: Vec<(usize, usize, usize, SmallVec<[(u32, u32); 2]>)>,
+    args: Vec<(usize, usize, usize, Uses)>,
     /// Per internal buffer: (canonical buffer, kind, bytes, uses).
-    internal: Vec<(usize, Promotion, usize, SmallVec<[(u32, u32); 2]>)>,
+    internal: Vec<(usize, Promotion, usize, Uses)>,
     /// Per kernel, per slot.
     slots: Vec<Vec<SlotSource>>,
     /// Per kernel: index of its first own scratch slot in the fused kernel's scratch.
@@ -327,13 +327,20 @@ struct Plan {
     warnings: Vec<(usize, PromotionMismatch)>,
 }
 
+/// Which slots an argument stands for: (kernel index, slot).
+type Uses = SmallVec<[(u32, u32); 2]>;
+
+/// A kernel in a cache key: its phases' code, geometry, scratch, and per slot the
+/// canonical buffer, byte range, element size and promotion.
+type KeyKernel =
+    (SmallVec<[TypeId; 2]>, Geometry, Vec<Scratch>, Vec<(usize, usize, usize, usize, Promotion)>);
+
 /// The cache key: per kernel, its code, geometry, scratch and argument layout with
 /// buffers numbered in order of first appearance.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     barriers: bool,
-    kernels:
-        Vec<(SmallVec<[TypeId; 2]>, Geometry, Vec<Scratch>, Vec<(usize, usize, usize, usize, Promotion)>)>,
+    kernels: Vec<KeyKernel>,
 }
 
 /// Numbers the request's buffers in order of first appearance.
@@ -662,7 +669,7 @@ impl FusedBody {
             parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, kinds)).collect();
         let subs: SmallVec<[GroupCtx<'_>; 4]> =
             parts.iter().zip(&bindings).map(|(p, b)| p.ctx(grid, b)).collect();
-        let bodies: SmallVec<[&(dyn Fn(&mut Item<'_>) + Send + Sync); 4]> =
+        let bodies: SmallVec<[&ItemFn; 4]> =
             parts.iter().filter_map(|p| p.kernel.phases[0].item.as_deref()).collect();
         let ext = grid.extent();
         let mut lin = 0;
@@ -914,7 +921,8 @@ mod tests {
     /// and ranges, and work-items past a kernel's range skip it.
     #[test]
     fn work_items_are_remapped_per_kernel() {
-        let seen: Arc<Mutex<Vec<(usize, [usize; 3], usize, usize)>>> = Default::default();
+        type Seen = Vec<(usize, [usize; 3], usize, usize)>;
+        let seen: Arc<Mutex<Seen>> = Default::default();
         let log = |k: usize| {
             let seen = seen.clone();
             move |it: &mut Item<'_>| {

@@ -11,6 +11,9 @@ use crate::item::{GroupCtx, Item};
 use crate::memory::Binding;
 use crate::range::Geometry;
 
+/// A kernel body for one work-item, erased.
+pub type ItemFn = dyn Fn(&mut Item<'_>) + Send + Sync;
+
 /// One barrier-separated phase of a kernel, erased twice: as a whole work-group
 /// loop (the per-item loop is inside, made generic over the user's closure by
 /// [`phase`], so the closure is inlined into it) and as a single work-item body, which
@@ -21,7 +24,7 @@ pub struct Phase {
     pub group: Arc<dyn Fn(&GroupCtx<'_>) + Send + Sync>,
     /// Runs the phase for one work-item (`None` for phases that are whole-group code,
     /// like a fused kernel's).
-    pub item: Option<Arc<dyn Fn(&mut Item<'_>) + Send + Sync>>,
+    pub item: Option<Arc<ItemFn>>,
     /// The closure's type: equal for every submission of the same code, so fusion can
     /// cache by it.
     pub code: TypeId,

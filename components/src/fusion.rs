@@ -1,0 +1,303 @@
+//! Fusion lists (seed 000, "Scheduler Integration"): one entity per fusing queue,
+//! holding its kernel commands in order and the fusion command whose event `submit`
+//! returns while fusing; the shared state a queue and the scheduler both change.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bevy_ecs::component::Component;
+use bevy_ecs::entity::Entity;
+use bevy_ecs::resource::Resource;
+use gantry_driver::fusion::{FusionCompiler, FusionError, FusionWarning};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use crate::event::EventShared;
+use crate::handle::{EntitySlot, QueueCore};
+
+/// Where a fusion is, as its queue sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusionStatus {
+    /// Kernels submitted to the queue join the list.
+    Active,
+    /// Cancelled (explicitly or early): the kernels run unfused, in order.
+    Cancelled,
+    /// `complete_fusion` was called; the outcome says whether the kernels were fused.
+    Completed,
+}
+
+/// Why a fusion was cancelled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// `cancel_fusion` was called.
+    Requested,
+    /// The host waited on an event returned in fusion mode.
+    HostWait,
+    /// The host waited on the fusing queue.
+    QueueWait,
+    /// A command that is not fused depends on a listed kernel (by a requirement or an
+    /// event): a host access, a host task, a copy, a fill, a barrier, a command on
+    /// another queue, or a kernel released by another fusion's cancellation.
+    Dependent {
+        /// The dependent command.
+        command: Arc<str>,
+        /// Its kind.
+        kind: &'static str,
+    },
+    /// The user dropped a buffer a listed kernel uses.
+    BufferDropped {
+        /// The buffer.
+        buffer: u64,
+    },
+    /// The user dropped the queue.
+    QueueDropped,
+    /// A kernel fusing on another queue depends on this list while this list depends
+    /// on that queue's: fusing both would form a cycle, so this one is cancelled.
+    Cycle {
+        /// The other fusing queue.
+        other_queue: u64,
+    },
+    /// A listed kernel failed before it could be fused.
+    KernelFailed,
+    /// The fusion compiler refused the kernels.
+    Failed(FusionError),
+    /// `complete_fusion` found no kernel to fuse.
+    Empty,
+}
+
+impl std::fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CancelReason::Requested => write!(f, "cancel_fusion was called"),
+            CancelReason::HostWait => write!(f, "the host waited on an event returned in fusion mode"),
+            CancelReason::QueueWait => write!(f, "the host waited on the queue"),
+            CancelReason::Dependent { command, kind } => {
+                write!(f, "{kind} `{command}` depends on a kernel in the fusion list")
+            }
+            CancelReason::BufferDropped { buffer } => {
+                write!(f, "buffer {buffer}, used by a listed kernel, was dropped")
+            }
+            CancelReason::QueueDropped => write!(f, "the queue was dropped"),
+            CancelReason::Cycle { other_queue } => {
+                write!(f, "fusing queue {other_queue} depends on this fusion and this one on it (a cycle)")
+            }
+            CancelReason::KernelFailed => write!(f, "a listed kernel failed before fusion"),
+            CancelReason::Failed(e) => write!(f, "the kernels cannot be fused: {e}"),
+            CancelReason::Empty => write!(f, "the fusion list is empty"),
+        }
+    }
+}
+
+/// How a fusion ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FusionOutcome {
+    /// The kernels ran as one fused kernel.
+    Fused {
+        /// How many kernels were fused.
+        kernels: usize,
+        /// Whether the fusion compiler answered from its cache.
+        cached: bool,
+        /// What was not done as asked (dropped promotions).
+        warnings: Vec<FusionWarning>,
+    },
+    /// The kernels ran unfused.
+    Cancelled(CancelReason),
+}
+
+#[derive(Debug)]
+struct FusionState {
+    status: FusionStatus,
+    /// Kernels the queue sent to the list.
+    sent: u64,
+    outcome: Option<FusionOutcome>,
+}
+
+/// One fusion of one queue, shared by the queue (user threads) and the scheduler.
+/// Transitions happen under its lock, and the queue sends a kernel to the list while
+/// holding it, so both sides agree on which kernels belong to the list.
+#[derive(Debug)]
+pub struct FusionShared {
+    /// The queue's id.
+    pub queue: u64,
+    /// The fusion command's event: what `submit` returns while fusing, and
+    /// `complete_fusion` after.
+    pub event: Arc<EventShared>,
+    /// The fusion-list entity, once ingested.
+    pub list: EntitySlot,
+    state: Mutex<FusionState>,
+}
+
+impl FusionShared {
+    /// A new, active fusion.
+    pub fn new(queue: u64, event: Arc<EventShared>) -> Self {
+        Self {
+            queue,
+            event,
+            list: EntitySlot::default(),
+            state: Mutex::new(FusionState { status: FusionStatus::Active, sent: 0, outcome: None }),
+        }
+    }
+
+    /// The status.
+    pub fn status(&self) -> FusionStatus {
+        self.state.lock().status
+    }
+
+    /// The outcome, once known.
+    pub fn outcome(&self) -> Option<FusionOutcome> {
+        self.state.lock().outcome.clone()
+    }
+
+    /// Kernels sent to the list so far.
+    pub fn sent(&self) -> u64 {
+        self.state.lock().sent
+    }
+
+    /// Runs `send` (which sends a kernel to the list) if the fusion is active, counting
+    /// the kernel; `None` (and `send` not run) otherwise.
+    pub fn send_kernel<R>(&self, send: impl FnOnce() -> R) -> Option<R> {
+        let mut s = self.state.lock();
+        if s.status != FusionStatus::Active {
+            return None;
+        }
+        let r = send();
+        s.sent += 1;
+        Some(r)
+    }
+
+    /// Runs `send` (which sends the completion) and marks the fusion completed, if it is
+    /// active.
+    pub fn complete<R>(&self, send: impl FnOnce() -> R) -> Option<R> {
+        let mut s = self.state.lock();
+        if s.status != FusionStatus::Active {
+            return None;
+        }
+        let r = send();
+        s.status = FusionStatus::Completed;
+        Some(r)
+    }
+
+    /// Cancels the fusion unless it has already ended, running `send` (which tells the
+    /// scheduler) under the lock. A completed fusion not yet fused can still be
+    /// cancelled (by the scheduler). Returns whether this call cancelled it.
+    pub fn cancel(&self, reason: CancelReason, send: impl FnOnce()) -> bool {
+        let mut s = self.state.lock();
+        if s.status == FusionStatus::Cancelled || s.outcome.is_some() {
+            return false;
+        }
+        send();
+        s.status = FusionStatus::Cancelled;
+        s.outcome = Some(FusionOutcome::Cancelled(reason));
+        true
+    }
+
+    /// Records a successful fusion.
+    pub fn fused(&self, outcome: FusionOutcome) {
+        self.state.lock().outcome = Some(outcome);
+    }
+}
+
+/// What `complete_fusion` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FusionProps {
+    /// Insert a work-group barrier between the fused kernels (off: `no_barriers`).
+    pub barriers: bool,
+}
+
+impl Default for FusionProps {
+    fn default() -> Self {
+        Self { barriers: true }
+    }
+}
+
+/// Where a fusion list is, as the scheduler sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ListStatus {
+    /// Collecting kernels; they are withheld from enqueue.
+    Active,
+    /// Its kernels were released unfused.
+    Cancelled,
+    /// Its kernels were replaced by the fused kernel.
+    Completed,
+    /// A newer fusion started on the queue: the list goes once its command has.
+    Delete,
+}
+
+/// A fusion list: one per fusing queue (seed 000, `KernelFusionCommand`).
+#[derive(Component, Debug)]
+pub struct FusionList {
+    /// The shared state.
+    pub shared: Arc<FusionShared>,
+    /// The queue.
+    pub queue: Arc<QueueCore>,
+    /// Where it is.
+    pub status: ListStatus,
+    /// The fusion command: completes after the listed kernels (or the fused one).
+    pub command: Entity,
+    /// Whether the fusion command is still held back (until the list ends and every
+    /// kernel the queue sent has been ingested).
+    pub command_held: bool,
+    /// The listed kernel commands, in submission order.
+    pub kernels: Vec<Entity>,
+    /// Listed kernels withheld from enqueue (released on cancel, replaced on fuse).
+    pub held: Vec<Entity>,
+    /// Buffers the listed kernels use.
+    pub buffers: SmallVec<[u64; 8]>,
+    /// Other active lists some listed kernel depends on.
+    pub deps: SmallVec<[Entity; 2]>,
+    /// `complete_fusion` was ingested: commands submitted from this sequence number on
+    /// come after the fusion and do not cancel it.
+    pub complete: Option<(u64, FusionProps)>,
+    /// A cancellation asked for by a message (user cancel, buffer or queue dropped).
+    pub cancel: Option<CancelReason>,
+}
+
+/// Marks a kernel command submitted to a fusion list.
+#[derive(Component, Clone, Copy, Debug)]
+pub struct InFusion {
+    /// The list.
+    pub list: Entity,
+}
+
+/// The fusion machinery: the compiler, the lists and how many warnings may still be
+/// printed.
+#[derive(Resource)]
+pub struct Fusions {
+    /// Turns fusion lists into kernels.
+    pub compiler: Arc<dyn FusionCompiler>,
+    /// The current list of each queue (by queue id).
+    pub by_queue: HashMap<u64, Entity>,
+    /// Lists still collecting kernels.
+    pub active: Vec<Entity>,
+    /// Lists with a pending action (a completion or a message-driven cancellation) or a
+    /// held fusion command.
+    pub pending: Vec<Entity>,
+    /// Lists marked for deletion, despawned once their command has finished.
+    pub deleting: Vec<Entity>,
+    /// Warnings still to print (shared with the runtime's user-side warnings).
+    pub warnings: Arc<AtomicUsize>,
+}
+
+impl Fusions {
+    /// No lists yet.
+    pub fn new(compiler: Arc<dyn FusionCompiler>, warnings: Arc<AtomicUsize>) -> Self {
+        Self {
+            compiler,
+            by_queue: HashMap::new(),
+            active: Vec::new(),
+            pending: Vec::new(),
+            deleting: Vec::new(),
+            warnings,
+        }
+    }
+}
+
+/// Prints a fusion warning through `tracing` while the budget lasts (set by
+/// `GANTRY_FUSION_WARNINGS` or the runtime builder).
+pub fn warn_fusion(budget: &AtomicUsize, message: std::fmt::Arguments<'_>) {
+    let left = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    if left.is_ok() {
+        tracing::warn!("{message}");
+    }
+}

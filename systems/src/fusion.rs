@@ -1,0 +1,476 @@
+//! The **fusion-sync** and **fuse** stages (seed 000, "Scheduler Integration").
+//!
+//! Kernels submitted to a fusing queue are resolved like any command — they are in
+//! the dependency graph and the memory records' leaves — but *held*: one extra blocker
+//! keeps them from enqueue. The list's fusion command is held the same way.
+//!
+//! **Fusion-sync** cancels a list early (as `cancel_fusion` would) when it must:
+//! a command that is not fused depends on a held kernel, by a requirement or an event
+//! (a host access, host task, copy, fill, barrier, a command on another queue, a
+//! kernel released by another cancellation, a fused kernel); a listed kernel depends
+//! on another fusing queue's list that (transitively) depends on this one (a cycle:
+//! that other list is cancelled); or a message asked for it (cancel, a dropped buffer
+//! or queue). Commands submitted after `complete_fusion` do not cancel: the fuse stage
+//! moves their edges to the fused kernel. Cancelling releases the held kernels unfused,
+//! in their original order and with their own edges.
+//!
+//! **Fuse** performs `complete_fusion`: it asks the fusion compiler for one kernel; on
+//! failure the list is cancelled with a warning. On success the listed kernels are
+//! replaced: the fused kernel gets the union of their requirements (one per buffer)
+//! and of their edges, minus the edges among them; their memory-record leaves become
+//! the fused kernel's; queue order follows it; and the fusion command now waits for
+//! it. Replacing leaves in place is the same as the seed's "restore the leaves and add
+//! the fused kernel": nothing resolved between the listed kernels depends on them (it
+//! would have cancelled the fusion), so the fused kernel stands exactly where they did.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use bevy_ecs::entity::Entity;
+use bevy_ecs::prelude::Local;
+use bevy_ecs::world::World;
+use gantry_components::{
+    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared, Execution,
+    FusionOutcome, FusionProps, Fusions, Leaf, ListStatus, Requirement, Requirements, SchedulerConfig, Stats,
+    Status, Successor, Work, WorkLists,
+};
+use gantry_driver::fusion::{Fused, FusionArg, FusionKernel, FusionRequest};
+use gantry_driver::AccessMode;
+use smallvec::SmallVec;
+
+use crate::queries::Queries;
+use crate::resolve::{connect, Preds};
+use crate::retire::unblock;
+
+/// The fusion-sync stage system.
+pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
+    let resolved = std::mem::take(&mut world.resource_mut::<WorkLists>().resolved);
+    if world.get_resource::<Fusions>().is_none_or(|f| f.active.is_empty() && f.pending.is_empty()) {
+        return;
+    }
+    for e in resolved {
+        sync_command(world, q, e);
+    }
+    let pending = world.resource::<Fusions>().pending.clone();
+    for list in pending {
+        let reason = q.list_mut(world, list).and_then(|mut l| l.cancel.take());
+        if let Some(reason) = reason {
+            cancel(world, q, list, reason);
+        }
+    }
+    release_commands(world, q);
+}
+
+/// The fuse stage system.
+pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
+    let q = &mut *queries;
+    q.refresh(world);
+    let Some(fusions) = world.get_resource::<Fusions>() else {
+        return;
+    };
+    if fusions.pending.is_empty() && fusions.deleting.is_empty() {
+        return;
+    }
+    let pending = fusions.pending.clone();
+    for list in pending {
+        let asked =
+            q.list(world, list).and_then(|l| (l.status == ListStatus::Active).then_some(l.complete)?);
+        if let Some((_, props)) = asked {
+            complete(world, q, list, props);
+        }
+    }
+    release_commands(world, q);
+    // Lists a newer fusion replaced go once their command has finished.
+    let deleting = std::mem::take(&mut world.resource_mut::<Fusions>().deleting);
+    let mut keep = Vec::new();
+    for list in deleting {
+        let command = q.list(world, list).map(|l| l.command);
+        match command {
+            Some(c) if q.command(world, c).is_some() => keep.push(list),
+            Some(_) => {
+                world.despawn(list);
+            }
+            None => {}
+        }
+    }
+    world.resource_mut::<Fusions>().deleting = keep;
+}
+
+/// The list whose held kernel `e` is, if that list is still collecting kernels.
+fn held_in(world: &World, q: &mut Queries, e: Entity) -> Option<Entity> {
+    let list = q.in_fusion(world, e)?;
+    let l = q.list(world, list)?;
+    (l.status == ListStatus::Active && l.held.contains(&e)).then_some(list)
+}
+
+/// Whether a command numbered `seq` depending on `list` cancels it: not if it was
+/// submitted after `complete_fusion`.
+fn cancels(world: &World, q: &mut Queries, list: Entity, seq: u64) -> bool {
+    q.list(world, list).is_some_and(|l| l.complete.is_none_or(|(from, _)| seq < from))
+}
+
+/// Whether active list `from` depends on `to`, directly or through other lists.
+fn reaches(world: &World, q: &mut Queries, from: Entity, to: Entity) -> bool {
+    let mut stack = vec![from];
+    let mut seen = SmallVec::<[Entity; 8]>::new();
+    while let Some(l) = stack.pop() {
+        if l == to {
+            return true;
+        }
+        if seen.contains(&l) {
+            continue;
+        }
+        seen.push(l);
+        if let Some(list) = q.list(world, l).filter(|l| l.status == ListStatus::Active) {
+            stack.extend(list.deps.iter().copied());
+        }
+    }
+    false
+}
+
+/// Applies the synchronization rules to one resolved command.
+fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
+    let Some(cmd) = q.command(world, e) else {
+        return;
+    };
+    let (kind, seq, name) = (cmd.kind, cmd.seq, cmd.name.clone());
+    let preds = q.edges(world, e).map(|x| x.preds.clone()).unwrap_or_default();
+    let own = q.in_fusion(world, e).filter(|_| kind == CommandKind::Kernel);
+    if let Some(list) = own {
+        // The fusion command completes after every listed kernel.
+        if let Some(command) = q.list(world, list).map(|l| l.command) {
+            add_edge(world, q, e, command);
+        }
+    }
+    match own.filter(|&l| held_in(world, q, e) == Some(l)) {
+        Some(list) => {
+            for p in preds {
+                let Some(other) = held_in(world, q, p).filter(|&o| o != list) else {
+                    continue;
+                };
+                if reaches(world, q, other, list) {
+                    let queue = q.list(world, list).map_or(0, |l| l.queue.id);
+                    cancel(world, q, other, CancelReason::Cycle { other_queue: queue });
+                } else if let Some(mut l) = q.list_mut(world, list) {
+                    if !l.deps.contains(&other) {
+                        l.deps.push(other);
+                    }
+                }
+            }
+        }
+        None => dependent_cancels(world, q, &preds, seq, &name, kind.name()),
+    }
+}
+
+/// A command that is not a held kernel, depending on `preds`, cancels every list
+/// holding one of them (unless it came after that list's completion).
+fn dependent_cancels(
+    world: &mut World,
+    q: &mut Queries,
+    preds: &[Entity],
+    seq: u64,
+    name: &Arc<str>,
+    kind: &'static str,
+) {
+    for &p in preds {
+        if let Some(list) = held_in(world, q, p) {
+            if cancels(world, q, list, seq) {
+                cancel(world, q, list, CancelReason::Dependent { command: name.clone(), kind });
+            }
+        }
+    }
+}
+
+/// An edge `from -> to` added after resolution (`to` is not yet enqueued).
+fn add_edge(world: &mut World, q: &mut Queries, from: Entity, to: Entity) {
+    let (Some(a), Some(b)) = (q.command(world, from), q.command(world, to)) else {
+        return;
+    };
+    let same = a.device == b.device && a.kind.runs_on_driver() && b.kind.runs_on_driver();
+    let waits = world.resource::<Devices>().0[b.device as usize].info.caps.in_driver_waits;
+    let on_submit = same && waits;
+    let submitted = q.execution(world, from).is_some_and(|x| x.status == Status::Submitted);
+    q.edges_mut(world, from).expect("edges").succs.push(Successor { entity: to, on_submit });
+    let mut edges = q.edges_mut(world, to).expect("edges");
+    edges.preds.push(from);
+    if !(on_submit && submitted) {
+        edges.blockers += 1;
+    }
+    world.resource_mut::<Stats>().edges += 1;
+}
+
+fn budget(world: &World) -> Arc<AtomicUsize> {
+    world.resource::<Fusions>().warnings.clone()
+}
+
+/// Cancels `list` (if still active), releases its kernels unfused, and cancels the
+/// lists those kernels now depend on as ordinary commands.
+pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: CancelReason) {
+    let budget = budget(world);
+    let mut work = vec![(list, reason)];
+    while let Some((list, reason)) = work.pop() {
+        let Some(mut l) = q.list_mut(world, list) else { continue };
+        if l.status != ListStatus::Active {
+            continue;
+        }
+        l.status = ListStatus::Cancelled;
+        l.deps.clear();
+        let held = std::mem::take(&mut l.held);
+        let (shared, queue) = (l.shared.clone(), l.queue.id);
+        shared.cancel(reason.clone(), || {});
+        warn_fusion(&budget, format_args!("fusion on queue {queue} cancelled: {reason}"));
+        let mut fusions = world.resource_mut::<Fusions>();
+        fusions.active.retain(|&a| a != list);
+        fusions.pending.push(list);
+        for &k in &held {
+            unblock(world, q, k);
+        }
+        for &k in &held {
+            let Some(cmd) = q.command(world, k) else { continue };
+            let (seq, name) = (cmd.seq, cmd.name.clone());
+            let preds = q.edges(world, k).map(|x| x.preds.clone()).unwrap_or_default();
+            for p in preds {
+                if let Some(other) = held_in(world, q, p) {
+                    if cancels(world, q, other, seq) {
+                        work.push((other, CancelReason::Dependent { command: name.clone(), kind: "kernel" }));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Lets go of the fusion commands of ended lists once every kernel their queue sent
+/// has been ingested (and so has an edge to the command).
+fn release_commands(world: &mut World, q: &mut Queries) {
+    let pending = std::mem::take(&mut world.resource_mut::<Fusions>().pending);
+    let mut keep: Vec<Entity> = Vec::new();
+    for list in pending {
+        if keep.contains(&list) {
+            continue;
+        }
+        let Some(l) = q.list(world, list) else { continue };
+        if !l.command_held {
+            continue;
+        }
+        let ended = l.status != ListStatus::Active;
+        let all_in = l.kernels.len() as u64 >= l.shared.sent();
+        let command = l.command;
+        if ended && all_in {
+            q.list_mut(world, list).expect("list").command_held = false;
+            unblock(world, q, command);
+        } else {
+            keep.push(list);
+        }
+    }
+    world.resource_mut::<Fusions>().pending.extend(keep);
+}
+
+/// Performs `complete_fusion` on an active list.
+fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps) {
+    let l = q.list(world, list).expect("list");
+    let kernels = l.kernels.clone();
+    if kernels.is_empty() {
+        return cancel(world, q, list, CancelReason::Empty);
+    }
+    if kernels.iter().any(|k| !l.held.contains(k)) {
+        return cancel(world, q, list, CancelReason::KernelFailed);
+    }
+    let mut request = FusionRequest { kernels: Vec::with_capacity(kernels.len()), barriers: props.barriers };
+    for &k in &kernels {
+        let Some(Some(Work::Kernel { kernel, geometry })) = q.execution(world, k).map(|x| x.work.as_ref())
+        else {
+            return cancel(world, q, list, CancelReason::KernelFailed);
+        };
+        let (kernel, geometry) = (kernel.clone(), *geometry);
+        let args = q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg).collect();
+        request.kernels.push(FusionKernel { kernel, geometry, args });
+    }
+    let compiler = world.resource::<Fusions>().compiler.clone();
+    match compiler.fuse(&request) {
+        Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
+        Ok(fused) => replace(world, q, list, &kernels, fused),
+    }
+}
+
+fn fusion_arg(r: &Requirement) -> FusionArg {
+    FusionArg::new(r.buffer.id, r.range.start..r.range.end, r.elem_size as usize).promoted(r.promotion)
+}
+
+/// The fused kernel's requirement standing for the slots `uses` on one buffer.
+fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: bool) -> Requirement {
+    let first = reqs[0];
+    let writes = reqs.iter().any(|r| r.mode.writes());
+    let reads = reqs.iter().any(|r| r.mode.reads());
+    let mode = if internal || !writes {
+        AccessMode::Read
+    } else if reqs
+        .iter()
+        .all(|r| r.mode == AccessMode::DiscardWrite && (r.range.start, r.range.end) == (start, end))
+    {
+        AccessMode::DiscardWrite
+    } else if reads {
+        AccessMode::ReadWrite
+    } else {
+        AccessMode::Write
+    };
+    let valid_before = reqs.iter().filter_map(|r| r.valid_before.clone()).min_by_key(|v| v.0);
+    Requirement {
+        buffer: first.buffer.clone(),
+        mode,
+        range: ByteRange { start, end },
+        space: first.space,
+        alloc: first.alloc,
+        valid_before,
+        elem_size: first.elem_size,
+        promotion: Default::default(),
+        internal,
+    }
+}
+
+/// Replaces the listed kernels by the fused kernel.
+fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
+    let listed = |e: Entity| kernels.contains(&e);
+    let all_reqs: Vec<Vec<Requirement>> =
+        kernels.iter().map(|&k| q.requirements(world, k).expect("requirements").0.to_vec()).collect();
+    let pick = |uses: &[(u32, u32)]| -> Vec<&Requirement> {
+        uses.iter().map(|&(k, s)| &all_reqs[k as usize][s as usize]).collect()
+    };
+    let mut reqs: SmallVec<[Requirement; 4]> =
+        fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)).collect();
+    for i in &fused.internal {
+        let uses = pick(&i.uses);
+        let start = uses.iter().map(|r| r.range.start).min().expect("a use");
+        let end = uses.iter().map(|r| r.range.end).max().expect("a use");
+        reqs.push(union_requirement(&uses, start, end, true));
+    }
+
+    // The union of the kernels' edges, minus those among them.
+    let mut preds = Preds::new();
+    let mut succs: SmallVec<[Entity; 4]> = SmallVec::new();
+    for &k in kernels {
+        let edges = q.edges(world, k).expect("edges");
+        preds.extend(edges.preds.iter().copied().filter(|&p| !listed(p)));
+        for s in edges.succs.iter().filter(|s| !listed(s.entity)) {
+            if !succs.contains(&s.entity) {
+                succs.push(s.entity);
+            }
+        }
+    }
+    let first = q.command(world, kernels[0]).expect("command");
+    let (device, queue, seq) = (first.device, first.queue.clone(), first.seq);
+    let name = fused.kernel.name.clone();
+    let (runtime, now) = {
+        let l = q.list(world, list).expect("list");
+        (l.shared.event.runtime, world.resource::<SchedulerConfig>().now_ns())
+    };
+    let event = Arc::new(EventShared::new(name.clone(), runtime, now));
+    let e = world
+        .spawn((
+            Command { kind: CommandKind::Kernel, name, queue: queue.clone(), device, seq },
+            Requirements(reqs),
+            Edges::default(),
+            Execution {
+                status: Status::New,
+                work: Some(Work::Kernel { kernel: fused.kernel.clone(), geometry: fused.geometry }),
+                handle: None,
+                event: event.clone(),
+                waits: SmallVec::new(),
+            },
+        ))
+        .id();
+    q.refresh(world);
+    event.command.set(e);
+
+    // Predecessors forget the listed kernels; `connect` gives them the fused one.
+    for &p in &preds {
+        if let Some(mut edges) = q.edges_mut(world, p) {
+            edges.succs.retain(|s| !listed(s.entity));
+        }
+    }
+    // Successors wait for the fused kernel instead (every listed kernel was held, so
+    // each of their edges was blocking).
+    for &s in &succs {
+        if let Some(mut edges) = q.edges_mut(world, s) {
+            let before = edges.preds.len();
+            edges.preds.retain(|p| !listed(*p));
+            let removed = (before - edges.preds.len()) as u32;
+            edges.preds.push(e);
+            edges.blockers = edges.blockers - removed + 1;
+        }
+    }
+    let waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
+    let fused_succs: SmallVec<[Successor; 4]> = succs
+        .iter()
+        .filter_map(|&s| {
+            let c = q.command(world, s)?;
+            let on_submit = waits && c.device == device && c.kind.runs_on_driver();
+            Some(Successor { entity: s, on_submit })
+        })
+        .collect();
+    q.edges_mut(world, e).expect("edges").succs = fused_succs;
+
+    // The listed kernels' leaves become the fused kernel's.
+    let placed: Vec<(Arc<gantry_components::BufferCore>, ByteRange)> = q
+        .requirements(world, e)
+        .expect("requirements")
+        .0
+        .iter()
+        .map(|r| (r.buffer.clone(), r.range))
+        .collect();
+    for (buffer, range) in placed {
+        let Some(mut record) = buffer.record.get().and_then(|r| q.record_mut(world, r)) else { continue };
+        if record.writes.remove_commands(listed).is_some() {
+            record.writes.push(Leaf { cmd: e, range });
+        }
+        if record.reads.remove_commands(listed).is_some() {
+            record.reads.push(Leaf { cmd: e, range });
+        }
+    }
+    // Queue order follows the fused kernel.
+    if let Some(qe) = queue.as_ref().and_then(|q| q.entity.get()) {
+        if let Some(mut state) = q.queue_mut(world, qe) {
+            if state.last.is_some_and(listed) {
+                state.last = Some(e);
+            }
+            let before = state.since_barrier.len();
+            state.since_barrier.retain(|&c| !listed(c));
+            if state.since_barrier.len() != before {
+                state.since_barrier.push(e);
+            }
+        }
+    }
+    connect(world, q, e, preds, waits, false);
+
+    for &k in kernels {
+        world.despawn(k);
+    }
+    {
+        let mut stats = world.resource_mut::<Stats>();
+        stats.live_commands = stats.live_commands + 1 - kernels.len() as u64;
+    }
+    let budget = budget(world);
+    let mut l = q.list_mut(world, list).expect("list");
+    l.status = ListStatus::Completed;
+    l.held.clear();
+    l.deps.clear();
+    let queue_id = l.queue.id;
+    l.shared.fused(FusionOutcome::Fused {
+        kernels: kernels.len(),
+        cached: fused.cached,
+        warnings: fused.warnings.clone(),
+    });
+    for w in &fused.warnings {
+        warn_fusion(&budget, format_args!("fusion on queue {queue_id}: {w}"));
+    }
+    let mut fusions = world.resource_mut::<Fusions>();
+    fusions.active.retain(|&a| a != list);
+    fusions.pending.push(list);
+    // The fused kernel may itself depend on kernels still held by another list.
+    let preds = q.edges(world, e).map(|x| x.preds.clone()).unwrap_or_default();
+    let name = q.command(world, e).expect("command").name.clone();
+    // (It comes after every completion already asked for: those lists fuse too.)
+    dependent_cancels(world, q, &preds, u64::MAX, &name, "fused kernel");
+}
