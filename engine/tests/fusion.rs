@@ -1,0 +1,600 @@
+//! Queue-level kernel fusion (seed 000) on real data: completion, cancellation and
+//! every early-cancellation rule, event semantics, barriers, internalization,
+//! ND-range remapping and the illegal combinations, the plan cache.
+
+use gantry::{
+    Buffer, CancelReason, Error, Event, EventStatus, FusionError, FusionOutcome, FusionProps, Mode, NdRange,
+    Promotion, Queue, Range, Runtime,
+};
+
+fn manual() -> Runtime {
+    Runtime::builder().mode(Mode::Manual).worker_threads(0).timeline(true).fusion_warnings(0).build()
+}
+
+/// `buf[i] = buf[i] * mul + add` over all of `buf`.
+fn affine(q: &Queue, buf: &Buffer<u32>, mul: u32, add: u32) -> Event {
+    q.submit(|cg| {
+        let b = cg.elements_mut(buf);
+        cg.parallel_for(buf.len(), move |it| *b.elem(it) = *b.elem(it) * mul + add);
+    })
+    .unwrap()
+}
+
+fn serial(v: &[u32], steps: &[(u32, u32)]) -> Vec<u32> {
+    v.iter().map(|&x| steps.iter().fold(x, |x, &(m, a)| x * m + a)).collect()
+}
+
+/// Names of the kernels that ran, in order of completion.
+fn kernels_run(rt: &Runtime) -> Vec<String> {
+    let t = rt.timeline().unwrap();
+    t.slices.iter().filter(|s| s.kind.name() == "kernel").map(|s| s.name.to_string()).collect()
+}
+
+fn cancelled(q: &Queue) -> CancelReason {
+    match q.fusion_outcome() {
+        Some(FusionOutcome::Cancelled(r)) => r,
+        other => panic!("expected a cancelled fusion, got {other:?}"),
+    }
+}
+
+#[test]
+fn completed_fusion_runs_one_kernel_with_the_serial_result() {
+    let rt = manual();
+    let q = rt.queue();
+    let data: Vec<u32> = (0..1000).collect();
+    let (a, b) = (rt.buffer(&data), rt.buffer(&data));
+    q.start_fusion().unwrap();
+    assert!(q.is_in_fusion_mode());
+    affine(&q, &a, 3, 1);
+    affine(&q, &b, 5, 0);
+    affine(&q, &a, 2, 7);
+    let done = q.complete_fusion(FusionProps::default()).unwrap();
+    assert!(!q.is_in_fusion_mode());
+    done.wait().unwrap();
+    assert_eq!(a.to_vec().unwrap(), serial(&data, &[(3, 1), (2, 7)]));
+    assert_eq!(b.to_vec().unwrap(), serial(&data, &[(5, 0)]));
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 3, .. })));
+    assert_eq!(kernels_run(&rt), vec!["fused(parallel_for+parallel_for+parallel_for)".to_string()]);
+    rt.wait_idle().unwrap();
+    assert_eq!(rt.stats().live_commands, 0);
+}
+
+#[test]
+fn cancel_fusion_runs_the_kernels_unfused_in_order() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 64]);
+    q.start_fusion().unwrap();
+    affine(&q, &a, 2, 0);
+    affine(&q, &a, 1, 3);
+    q.cancel_fusion();
+    assert!(!q.is_in_fusion_mode());
+    assert_eq!(cancelled(&q), CancelReason::Requested);
+    // complete_fusion after a cancellation still returns a valid, completing event.
+    let ev = q.complete_fusion(FusionProps::default()).unwrap();
+    ev.wait().unwrap();
+    assert_eq!(a.to_vec().unwrap(), vec![5; 64]);
+    assert_eq!(kernels_run(&rt).len(), 2);
+    // Cancelling outside fusion mode only warns.
+    q.cancel_fusion();
+}
+
+#[test]
+fn misuse_is_a_typed_error() {
+    let rt = manual();
+    let q = rt.queue();
+    assert!(matches!(q.complete_fusion(FusionProps::default()), Err(Error::NotFusing(_))));
+    q.start_fusion().unwrap();
+    assert!(matches!(q.start_fusion(), Err(Error::AlreadyFusing(_))));
+    let ev = q.complete_fusion(FusionProps::default()).unwrap();
+    ev.wait().unwrap();
+    assert_eq!(cancelled(&q), CancelReason::Empty, "an empty list warns and completes");
+    // A new fusion may start once the last one ended.
+    q.start_fusion().unwrap();
+    q.cancel_fusion();
+}
+
+/// Every kernel submitted in fusion mode returns the one fusion event; it completes
+/// after the fused kernel, as does the event `complete_fusion` returns.
+#[test]
+fn events_in_fusion_mode() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 16]);
+    q.start_fusion().unwrap();
+    let e1 = affine(&q, &a, 2, 0);
+    let e2 = affine(&q, &a, 2, 0);
+    assert_eq!(e1.name(), "fusion");
+    assert_eq!(e2.name(), "fusion");
+    assert_eq!(e1.status(), EventStatus::Pending);
+    rt.flush();
+    rt.flush();
+    assert_eq!(e1.status(), EventStatus::Pending, "held while the queue is fusing");
+    assert_eq!(a.to_vec().is_ok(), true);
+    // The host access cancelled the fusion (it depends on the listed kernels).
+    assert!(matches!(cancelled(&q), CancelReason::Dependent { kind: "host_access", .. }));
+    assert_eq!(e2.status(), EventStatus::Complete);
+    assert_eq!(a.to_vec().unwrap(), vec![4; 16]);
+
+    q.start_fusion().unwrap();
+    let during = affine(&q, &a, 2, 0);
+    let done = q.complete_fusion(FusionProps::default()).unwrap();
+    done.wait().unwrap();
+    assert_eq!(during.status(), EventStatus::Complete);
+    let t = done.timestamps();
+    assert!(t.ended_ns >= t.started_ns);
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 1, .. })));
+}
+
+#[test]
+fn early_cancellation_on_host_waits() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 32]);
+    q.start_fusion().unwrap();
+    let ev = affine(&q, &a, 3, 0);
+    ev.wait().unwrap();
+    assert_eq!(cancelled(&q), CancelReason::HostWait);
+    assert_eq!(a.to_vec().unwrap(), vec![3; 32]);
+
+    q.start_fusion().unwrap();
+    affine(&q, &a, 3, 0);
+    q.wait().unwrap();
+    assert_eq!(cancelled(&q), CancelReason::QueueWait);
+    assert_eq!(a.to_vec().unwrap(), vec![9; 32]);
+}
+
+/// A command that is not fused and depends on a listed kernel cancels the fusion:
+/// host tasks, copies, fills and barriers on the fusing queue, and commands on other
+/// queues (by buffer or by event). Each gets the serial result.
+#[test]
+fn dependents_cancel_fusion_and_see_the_kernels_results() {
+    type Dependent = fn(&Runtime, &Queue, &Queue, &Buffer<u32>, &Buffer<u32>, &Event);
+    let cases: [(&str, Dependent); 6] = [
+        ("host_task", |_, q, _, a, out, _| {
+            q.submit(|cg| {
+                let (x, mut o) = (cg.host_read(a), cg.host_discard_write(out));
+                cg.host_task(move |ctx| o.as_mut_slice(ctx).copy_from_slice(x.as_slice(ctx)));
+            })
+            .unwrap();
+        }),
+        ("copy", |_, q, _, a, out, _| {
+            q.submit(|cg| cg.copy(a, out)).unwrap();
+        }),
+        ("fill", |_, q, _, a, _, _| {
+            q.submit(|cg| cg.fill_range(a, 0..4, 0)).unwrap();
+        }),
+        ("barrier", |_, q, _, _, _, _| {
+            q.barrier().unwrap();
+        }),
+        ("kernel", |_, _, other, a, out, _| {
+            other
+                .submit(|cg| {
+                    let (x, o) = (cg.read(a), cg.elements_out(out));
+                    cg.parallel_for(out.len(), move |it| *o.elem(it) = x.get(it, it.global_linear_id()));
+                })
+                .unwrap();
+        }),
+        ("kernel", |_, _, other, _, out, ev| {
+            // By event only: the fusion event stands for the listed kernels.
+            other
+                .submit(|cg| {
+                    cg.depends_on(ev);
+                    let o = cg.elements_out(out);
+                    cg.parallel_for(out.len(), move |it| *o.elem(it) = 77);
+                })
+                .unwrap();
+        }),
+    ];
+    for (kind, dependent) in cases {
+        let rt = manual();
+        let (q, other) = (rt.queue(), rt.queue());
+        let (a, out) = (rt.buffer(&[2u32; 8]), rt.buffer_zeroed::<u32>(8));
+        q.start_fusion().unwrap();
+        let ev = affine(&q, &a, 5, 0);
+        dependent(&rt, &q, &other, &a, &out, &ev);
+        rt.wait_idle().unwrap();
+        match cancelled(&q) {
+            CancelReason::Dependent { kind: k, .. } => assert_eq!(k, kind),
+            r => panic!("{kind}: cancelled for {r}"),
+        }
+        let got = a.to_vec().unwrap();
+        assert!(got[4..].iter().all(|&x| x == 10), "{kind}: {got:?}");
+        let out = out.to_vec().unwrap();
+        match kind {
+            "host_task" | "copy" => assert_eq!(out, vec![10; 8], "{kind}"),
+            "fill" => assert_eq!(&got[..4], &[0; 4]),
+            _ => {}
+        }
+        rt.wait_idle().unwrap();
+        assert_eq!(rt.stats().live_commands, 0, "{kind}");
+    }
+}
+
+/// Copies, fills and host tasks on a fusing queue that do not depend on a listed
+/// kernel run on their own; the kernels are still fused.
+#[test]
+fn independent_commands_on_a_fusing_queue_do_not_cancel() {
+    let rt = manual();
+    let q = rt.queue();
+    let (a, b, c) = (rt.buffer(&[1u32; 8]), rt.buffer(&[0u32; 8]), rt.buffer(&[4u32; 8]));
+    q.start_fusion().unwrap();
+    affine(&q, &a, 2, 0);
+    q.submit(|cg| cg.fill(&b, 9)).unwrap();
+    q.submit(|cg| cg.copy(&c, &b)).unwrap();
+    affine(&q, &a, 2, 0);
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+    assert_eq!(a.to_vec().unwrap(), vec![4; 8]);
+    assert_eq!(b.to_vec().unwrap(), vec![4; 8]);
+}
+
+/// Commands submitted after `complete_fusion` wait for the fused kernel; they do not
+/// cancel it, even when ingested in the same flush.
+#[test]
+fn commands_after_completion_depend_on_the_fused_kernel() {
+    let rt = manual();
+    let q = rt.in_order_queue();
+    let other = rt.queue();
+    let a = rt.buffer(&[1u32; 8]);
+    let out = rt.buffer_zeroed::<u32>(8);
+    q.start_fusion().unwrap();
+    affine(&q, &a, 3, 0);
+    affine(&q, &a, 3, 0);
+    q.complete_fusion(FusionProps::default()).unwrap();
+    affine(&q, &a, 1, 1); // in order after the fused kernel
+    other.submit(|cg| cg.copy(&a, &out)).unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![10; 8]);
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+}
+
+#[test]
+fn dropping_a_buffer_or_the_queue_cancels() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 8]);
+    let keep = rt.buffer(&[0u32; 8]);
+    q.start_fusion().unwrap();
+    affine(&q, &a, 2, 0);
+    q.submit(|cg| {
+        let (x, o) = (cg.read(&a), cg.elements_out(&keep));
+        cg.parallel_for(8, move |it| *o.elem(it) = x.get(it, it.global_linear_id()) + 1);
+    })
+    .unwrap();
+    drop(a);
+    rt.flush();
+    assert!(matches!(cancelled(&q), CancelReason::BufferDropped { .. }));
+    assert_eq!(keep.to_vec().unwrap(), vec![3; 8]);
+
+    let q2 = rt.queue();
+    q2.start_fusion().unwrap();
+    let ev = affine(&q2, &keep, 2, 0);
+    drop(q2);
+    rt.wait_idle().unwrap();
+    assert_eq!(ev.status(), EventStatus::Complete, "the kernels ran unfused");
+    assert_eq!(keep.to_vec().unwrap(), vec![6; 8]);
+    assert_eq!(kernels_run(&rt).iter().filter(|n| n.starts_with("fused")).count(), 0);
+}
+
+/// Two fusing queues whose kernels depend on each other both ways: fusing both would
+/// form a cycle, so one is cancelled (and names the other); results are serial.
+#[test]
+fn fusing_queues_depending_on_each_other_both_ways() {
+    let rt = manual();
+    let (qa, qb) = (rt.queue(), rt.queue());
+    let (x, y) = (rt.buffer(&[1u32; 8]), rt.buffer(&[2u32; 8]));
+    qa.start_fusion().unwrap();
+    qb.start_fusion().unwrap();
+    affine(&qa, &x, 2, 0); // x = 2
+    qb.submit(|cg| {
+        // y += x: B depends on A
+        let (xs, ys) = (cg.read(&x), cg.elements_mut(&y));
+        cg.parallel_for(8, move |it| *ys.elem(it) += xs.get(it, it.global_linear_id()));
+    })
+    .unwrap();
+    qa.submit(|cg| {
+        // x += y: A depends on B
+        let (ys, xs) = (cg.read(&y), cg.elements_mut(&x));
+        cg.parallel_for(8, move |it| *xs.elem(it) += ys.get(it, it.global_linear_id()));
+    })
+    .unwrap();
+    let (ea, eb) = (
+        qa.complete_fusion(FusionProps::default()).unwrap(),
+        qb.complete_fusion(FusionProps::default()).unwrap(),
+    );
+    ea.wait().unwrap();
+    eb.wait().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![4; 8]);
+    assert_eq!(x.to_vec().unwrap(), vec![6; 8]);
+    let reasons = [qa.fusion_outcome(), qb.fusion_outcome()];
+    assert!(
+        reasons.iter().any(|r| matches!(r, Some(FusionOutcome::Cancelled(CancelReason::Cycle { .. })))),
+        "{reasons:?}"
+    );
+}
+
+/// One direction only: both fuse.
+#[test]
+fn fusing_queues_depending_one_way_both_fuse() {
+    let rt = manual();
+    let (qa, qb) = (rt.queue(), rt.queue());
+    let (x, y) = (rt.buffer(&[1u32; 8]), rt.buffer(&[2u32; 8]));
+    qa.start_fusion().unwrap();
+    qb.start_fusion().unwrap();
+    affine(&qa, &x, 2, 0);
+    qb.submit(|cg| {
+        let (xs, ys) = (cg.read(&x), cg.elements_mut(&y));
+        cg.parallel_for(8, move |it| *ys.elem(it) += xs.get(it, it.global_linear_id()));
+    })
+    .unwrap();
+    affine(&qb, &y, 10, 0);
+    qa.complete_fusion(FusionProps::default()).unwrap();
+    qb.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![40; 8]);
+    assert!(matches!(qa.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 1, .. })));
+    assert!(matches!(qb.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+}
+
+/// A kernel pair exchanging data inside a work-group: with the fusion barrier the
+/// second sees all of the first's writes; without it, each work-item runs both
+/// bodies before the next, so only the group's last work-item finds its neighbour
+/// written.
+#[test]
+fn barrier_and_no_barrier_results() {
+    let run = |barriers: bool| {
+        let rt = manual();
+        let q = rt.queue();
+        let (a, b) = (rt.buffer_zeroed::<u32>(16), rt.buffer_zeroed::<u32>(16));
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let a = cg.write(&a);
+            cg.parallel_for_nd(NdRange::new(16, 4), move |it| {
+                a.set(it, it.global_linear_id(), it.global_linear_id() as u32 + 1)
+            });
+        })
+        .unwrap();
+        q.submit(|cg| {
+            let (a, b) = (cg.read(&a), cg.write(&b));
+            cg.parallel_for_nd(NdRange::new(16, 4), move |it| {
+                let l = it.local_range(0);
+                let j = it.group_id(0) * l + (it.local_id(0) + 1) % l;
+                b.set(it, it.global_linear_id(), a.get(it, j));
+            });
+        })
+        .unwrap();
+        q.complete_fusion(FusionProps { barriers }).unwrap().wait().unwrap();
+        assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+        b.to_vec().unwrap()
+    };
+    let with: Vec<u32> = (0..16).map(|i| (i / 4 * 4 + (i % 4 + 1) % 4) as u32 + 1).collect();
+    assert_eq!(run(true), with);
+    let without: Vec<u32> = (0..16).map(|i| if i % 4 == 3 { (i - 3) as u32 + 1 } else { 0 }).collect();
+    assert_eq!(run(false), without);
+}
+
+/// x -> tmp -> out with tmp internalized, privately (accessor hints) or locally
+/// (buffer hint): the output is right and tmp is never written.
+#[test]
+fn private_and_local_internalization() {
+    for promotion in [Promotion::Private, Promotion::Local] {
+        let rt = Runtime::builder().worker_threads(2).fusion_warnings(0).build();
+        let q = rt.queue();
+        let n = 4096;
+        let x = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
+        let (tmp, out) = (rt.buffer(&vec![7u32; n]), rt.buffer_zeroed::<u32>(n));
+        if promotion == Promotion::Local {
+            tmp.set_promotion(Promotion::Local);
+        }
+        let nd = NdRange::new(n, 64);
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let (x, t) = (cg.read(&x), cg.write(&tmp));
+            cg.promote(&t, promotion);
+            cg.parallel_for_nd(nd, move |it| {
+                t.set(it, it.global_linear_id(), x.get(it, it.global_linear_id()) * 2)
+            });
+        })
+        .unwrap();
+        q.submit(|cg| {
+            let (t, o) = (cg.read(&tmp), cg.write(&out));
+            cg.promote(&t, promotion);
+            cg.parallel_for_nd(nd, move |it| {
+                o.set(it, it.global_linear_id(), t.get(it, it.global_linear_id()) + 1)
+            });
+        })
+        .unwrap();
+        q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(FusionOutcome::Fused { kernels: 2, warnings, .. }) => {
+                assert!(warnings.is_empty(), "{warnings:?}")
+            }
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(out.to_vec().unwrap(), (0..n as u32).map(|v| v * 2 + 1).collect::<Vec<_>>());
+        assert_eq!(tmp.to_vec().unwrap(), vec![7; n], "{promotion:?}: internalized, not written back");
+    }
+}
+
+/// A promotion that cannot be honoured (one accessor not promoted) falls back to
+/// global memory with a warning, never a wrong result.
+#[test]
+fn mismatched_promotion_falls_back() {
+    let rt = manual();
+    let q = rt.queue();
+    let (tmp, out) = (rt.buffer(&[0u32; 64]), rt.buffer_zeroed::<u32>(64));
+    q.start_fusion().unwrap();
+    q.submit(|cg| {
+        let t = cg.elements_out(&tmp);
+        cg.promote(&t, Promotion::Private);
+        cg.parallel_for(64, move |it| *t.elem(it) = 5);
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+        cg.parallel_for(64, move |it| *o.elem(it) = t.get(it, it.global_linear_id()) * 2);
+    })
+    .unwrap();
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    match q.fusion_outcome() {
+        Some(FusionOutcome::Fused { warnings, .. }) => assert_eq!(warnings.len(), 1),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(out.to_vec().unwrap(), vec![10; 64]);
+    assert_eq!(tmp.to_vec().unwrap(), vec![5; 64], "not internalized: written as usual");
+}
+
+/// Kernels of 1, 2 and 3 dimensions and different sizes fuse into the largest grid;
+/// each sees its own ids.
+#[test]
+fn different_nd_ranges_fuse_with_remapped_ids() {
+    let rt = manual();
+    let q = rt.queue();
+    let (l1, l2, l3) =
+        (rt.buffer_zeroed::<u32>(30), rt.buffer_zeroed::<u32>(6 * 8), rt.buffer_zeroed::<u32>(24));
+    q.start_fusion().unwrap();
+    q.submit(|cg| {
+        let o = cg.write(&l1);
+        cg.parallel_for(30, move |it| o.set(it, it.global_id(0), it.global_id(0) as u32 + 1));
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let o = cg.write(&l2);
+        cg.parallel_for(Range::d2(6, 8), move |it| {
+            o.set(it, it.global_id(0) * 8 + it.global_id(1), (it.global_id(0) * 100 + it.global_id(1)) as u32)
+        });
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let o = cg.write(&l3);
+        cg.parallel_for(Range::d3(2, 3, 4), move |it| {
+            let [a, b, c] = it.global_ids();
+            o.set(it, it.global_linear_id(), (a * 100 + b * 10 + c) as u32)
+        });
+    })
+    .unwrap();
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 3, .. })));
+    assert_eq!(l1.to_vec().unwrap(), (1..=30).collect::<Vec<u32>>());
+    let e2: Vec<u32> = (0..6).flat_map(|r| (0..8).map(move |c| r * 100 + c)).collect();
+    assert_eq!(l2.to_vec().unwrap(), e2);
+    let e3: Vec<u32> =
+        (0..2).flat_map(|a| (0..3).flat_map(move |b| (0..4).map(move |c| a * 100 + b * 10 + c))).collect();
+    assert_eq!(l3.to_vec().unwrap(), e3);
+}
+
+/// Each illegal ND-range combination aborts fusion naming the reason; the kernels
+/// run unfused with correct results.
+#[test]
+fn illegal_nd_range_combinations_fall_back() {
+    type Check = fn(&FusionError) -> bool;
+    let cases: [(NdRange, NdRange, Check); 4] = [
+        (NdRange::new(16, 4), NdRange::new(16, 8), |e| matches!(e, FusionError::DifferentLocalSizes { .. })),
+        (NdRange::new([4, 8], [2, 2]), NdRange::new([2, 4], [2, 2]), |e| {
+            matches!(e, FusionError::DifferentGlobalSizes { .. })
+        }),
+        // Equal local arrays ([4, 1, 1]) but two dimensions against one.
+        (NdRange::new([4, 4], [4, 1]), NdRange::new(16, 4), |e| {
+            matches!(e, FusionError::DifferentDimensions { .. })
+        }),
+        (NdRange::new(16, 4), NdRange::new(16, 4).with_offset([4, 0, 0]), |e| {
+            matches!(e, FusionError::DifferentOffsets { .. })
+        }),
+    ];
+    for (first, second, check) in cases {
+        let rt = manual();
+        let q = rt.queue();
+        let size = |nd: &NdRange| nd.global.size();
+        let (a, b) = (rt.buffer_zeroed::<u32>(size(&first)), rt.buffer_zeroed::<u32>(size(&second)));
+        q.start_fusion().unwrap();
+        for (nd, buf) in [(first, &a), (second, &b)] {
+            q.submit(|cg| {
+                let o = cg.write(buf);
+                cg.parallel_for_nd(nd, move |it| {
+                    o.set(it, it.global_linear_id(), it.global_linear_id() as u32 + 1)
+                });
+            })
+            .unwrap();
+        }
+        q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+        match cancelled(&q) {
+            CancelReason::Failed(e) => assert!(check(&e), "{e}"),
+            r => panic!("{r}"),
+        }
+        assert_eq!(a.to_vec().unwrap(), (1..=size(&first) as u32).collect::<Vec<_>>());
+        assert_eq!(b.to_vec().unwrap(), (1..=size(&second) as u32).collect::<Vec<_>>());
+    }
+    // Non-uniform work-groups: a plain range of 18 with groups of 4.
+    let rt = manual();
+    let q = rt.queue();
+    let (a, b) = (rt.buffer_zeroed::<u32>(16), rt.buffer_zeroed::<u32>(18));
+    q.start_fusion().unwrap();
+    q.submit(|cg| {
+        let o = cg.elements_out(&a);
+        cg.parallel_for_nd(NdRange::new(16, 4), move |it| *o.elem(it) = 1);
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let o = cg.elements_out(&b);
+        cg.parallel_for(18, move |it| *o.elem(it) = 2);
+    })
+    .unwrap();
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(cancelled(&q), CancelReason::Failed(FusionError::NonUniformWorkGroups { .. })));
+    assert_eq!(a.to_vec().unwrap(), vec![1; 16]);
+    assert_eq!(b.to_vec().unwrap(), vec![2; 18]);
+}
+
+/// Fusing the same chain again (new closures, same code and layout) hits the cache.
+#[test]
+fn the_same_chain_is_fused_from_the_cache() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 32]);
+    for round in 0..3 {
+        q.start_fusion().unwrap();
+        affine(&q, &a, 2, 0);
+        affine(&q, &a, 1, 1);
+        q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(FusionOutcome::Fused { cached, .. }) => assert_eq!(cached, round > 0),
+            o => panic!("{o:?}"),
+        }
+    }
+    assert_eq!(rt.fusion_cache_stats().unwrap().hits, 2);
+    assert_eq!(a.to_vec().unwrap(), vec![15; 32]);
+}
+
+/// Fusion on a simulated device with its own memory: the fused kernel's arguments
+/// are moved there and back like any kernel's.
+#[test]
+fn fusion_on_the_simulated_device() {
+    let rt =
+        Runtime::builder().mode(Mode::Manual).sim(gantry::SimConfig::default()).fusion_warnings(0).build();
+    let q = rt.queue_with(gantry::QueueOptions { device: 1, in_order: true }).unwrap();
+    let a = rt.buffer(&(0..100u32).collect::<Vec<_>>());
+    q.start_fusion().unwrap();
+    affine(&q, &a, 2, 1);
+    affine(&q, &a, 3, 0);
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+    assert_eq!(a.to_vec().unwrap(), serial(&(0..100).collect::<Vec<_>>(), &[(2, 1), (3, 0)]));
+}
+
+/// Threaded mode: fusion windows every frame, with readbacks right after completion.
+#[test]
+fn threaded_frames_fuse_every_time() {
+    let rt = Runtime::builder().worker_threads(2).fusion_warnings(0).build();
+    let q = rt.in_order_queue();
+    let a = rt.buffer(&[0u32; 1024]);
+    for frame in 1..=20u32 {
+        q.start_fusion().unwrap();
+        affine(&q, &a, 1, 1);
+        affine(&q, &a, 2, 0);
+        q.complete_fusion(FusionProps::default()).unwrap();
+        let v = a.to_vec().unwrap();
+        assert!(v.iter().all(|&x| x == v[0]));
+        assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })), "frame {frame}");
+    }
+    rt.wait_idle().unwrap();
+    assert_eq!(rt.stats().live_commands, 0);
+}
