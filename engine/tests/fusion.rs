@@ -561,6 +561,10 @@ fn the_same_chain_is_fused_from_the_cache() {
         }
     }
     assert_eq!(rt.fusion_cache_stats().unwrap().hits, 2);
+    // Each start_fusion marks the previous list for deletion; only the latest stays.
+    rt.wait_idle().unwrap();
+    let lists = rt.with_world(|w| w.query::<&gantry::components::FusionList>().iter(w).count());
+    assert_eq!(lists, 1);
     assert_eq!(a.to_vec().unwrap(), vec![15; 32]);
 }
 
