@@ -110,7 +110,7 @@ fn events_in_fusion_mode() {
     rt.flush();
     rt.flush();
     assert_eq!(e1.status(), EventStatus::Pending, "held while the queue is fusing");
-    assert_eq!(a.to_vec().is_ok(), true);
+    assert!(a.to_vec().is_ok());
     // The host access cancelled the fusion (it depends on the listed kernels).
     assert!(matches!(cancelled(&q), CancelReason::Dependent { kind: "host_access", .. }));
     assert_eq!(e2.status(), EventStatus::Complete);
@@ -601,4 +601,25 @@ fn threaded_frames_fuse_every_time() {
     }
     rt.wait_idle().unwrap();
     assert_eq!(rt.stats().live_commands, 0);
+}
+
+/// A fusion completed and the next one started before the scheduler ran: the first
+/// is still fused (regression: the new start marked the pending list for deletion).
+#[test]
+fn back_to_back_fusions_in_one_flush_both_fuse() {
+    let rt = manual();
+    let q = rt.in_order_queue();
+    let buf = rt.buffer(&[1u32; 64]);
+    for _ in 0..2 {
+        q.start_fusion().unwrap();
+        for _ in 0..2 {
+            affine(&q, &buf, 2, 0);
+        }
+        q.complete_fusion(FusionProps::default()).unwrap();
+    }
+    q.wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![16; 64]);
+    let stats = rt.fusion_cache_stats().unwrap();
+    assert_eq!((stats.hits, stats.misses), (1, 1), "both windows fused");
+    assert_eq!(kernels_run(&rt).iter().filter(|n| n.starts_with("fused")).count(), 2);
 }

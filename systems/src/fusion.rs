@@ -86,13 +86,17 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
     let deleting = std::mem::take(&mut world.resource_mut::<Fusions>().deleting);
     let mut keep = Vec::new();
     for list in deleting {
-        let command = q.list(world, list).map(|l| l.command);
-        match command {
-            Some(c) if q.command(world, c).is_some() => keep.push(list),
-            Some(_) => {
-                world.despawn(list);
-            }
-            None => {}
+        let Some(mut l) = q.list_mut(world, list) else { continue };
+        if l.status == ListStatus::Active {
+            keep.push(list); // superseded before its completion was processed
+            continue;
+        }
+        l.status = ListStatus::Delete;
+        let command = l.command;
+        if q.command(world, command).is_some() {
+            keep.push(list);
+        } else {
+            world.despawn(list);
         }
     }
     world.resource_mut::<Fusions>().deleting = keep;

@@ -161,8 +161,12 @@ fn start_fusion(
 ) {
     let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
     if let Some(old) = previous {
+        // A list still waiting for its `complete_fusion` (ingested in this same flush)
+        // is fused first; the fuse stage marks it for deletion after.
         if let Some(mut l) = q.list_mut(world, old) {
-            l.status = ListStatus::Delete;
+            if l.status != ListStatus::Active {
+                l.status = ListStatus::Delete;
+            }
             world.resource_mut::<Fusions>().deleting.push(old);
         }
     }
