@@ -228,7 +228,7 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn get(&self, it: &Item<'_>, i: usize) -> T {
-        let p = it.element_ptr(self.slot, self.tag, i, size_of::<T>()).cast::<T>();
+        let p = it.element_ptr::<T>(self.slot, self.tag, i);
         // SAFETY: in bounds and aligned (ranges start at element boundaries of an
         // aligned allocation); relaxed atomics make concurrent access race-free.
         unsafe { load_relaxed(p) }
@@ -252,7 +252,7 @@ impl<T: Pod, M: Writable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn set(&self, it: &Item<'_>, i: usize, v: T) {
-        let p = it.element_ptr(self.slot, self.tag, i, size_of::<T>()).cast::<T>();
+        let p = it.element_ptr::<T>(self.slot, self.tag, i);
         // SAFETY: in bounds and aligned; relaxed atomics make concurrent access race-free.
         unsafe { store_relaxed(p, v) }
     }
@@ -319,8 +319,7 @@ impl<T: Pod, M: Writable> ElemAccessor<T, M> {
     /// This work-item's element. Borrowing the item mutably keeps the reference unique.
     #[inline(always)]
     pub fn elem<'i>(&self, it: &'i mut Item<'_>) -> &'i mut T {
-        let p = it.element_ptr(self.inner.slot, self.inner.tag, it.global_linear_id(), size_of::<T>());
-        let p = p.cast::<T>();
+        let p = it.element_ptr::<T>(self.inner.slot, self.inner.tag, it.global_linear_id());
         // SAFETY: each work-item has a distinct global linear id and runs once per
         // launch; no other accessor of this command group overlaps a writable range;
         // `it` stays mutably borrowed while the reference lives. Internalized memory

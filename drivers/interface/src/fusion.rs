@@ -62,7 +62,7 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::item::GroupCtx;
-use crate::kernel::{ClosureKernel, ItemCost, ItemFn, Phase, Scratch, ScratchKind};
+use crate::kernel::{ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
 
@@ -602,7 +602,8 @@ impl Part {
                     Binding::new(unsafe { b.ptr.add(offset) }, len)
                 }
                 SlotSource::Internal { index } => {
-                    Binding { internal: internal[index as usize], ..scratch[index as usize] }
+                    let b = scratch[index as usize];
+                    Binding { ptr: b.ptr, len: 0, internal: internal[index as usize], wrap: b.len }
                 }
             })
             .collect()
@@ -617,6 +618,7 @@ impl Part {
             bindings,
             scratch: &grid.scratch[self.scratch_base..self.scratch_base + n],
             tag: self.kernel.tag,
+            only: None,
         }
     }
 }
@@ -645,7 +647,7 @@ impl FusedBody {
         let mut i = 0;
         while i < self.parts.len() {
             let interleave =
-                |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].item.is_some();
+                |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].per_item;
             if interleave(&self.parts[i]) {
                 let end = i + self.parts[i..].iter().take_while(|p| interleave(p)).count();
                 if end - i > 1 {
@@ -671,17 +673,14 @@ impl FusedBody {
             parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, kinds)).collect();
         let subs: SmallVec<[GroupCtx<'_>; 4]> =
             parts.iter().zip(&bindings).map(|(p, b)| p.ctx(grid, b)).collect();
-        let bodies: SmallVec<[&ItemFn; 4]> =
-            parts.iter().filter_map(|p| p.kernel.phases[0].item.as_deref()).collect();
         let ext = grid.extent();
         let mut lin = 0;
         for i0 in 0..ext[0] {
             for i1 in 0..ext[1] {
                 for i2 in 0..ext[2] {
-                    for (sub, body) in subs.iter().zip(&bodies) {
-                        if let Some(mut it) = sub.item_at([i0, i1, i2], lin) {
-                            body(&mut it);
-                        }
+                    for (sub, part) in subs.iter().zip(parts) {
+                        let one = GroupCtx { only: Some(([i0, i1, i2], lin)), ..*sub };
+                        (part.kernel.phases[0].group)(&one);
                     }
                     lin += 1;
                 }
@@ -774,7 +773,7 @@ impl FusionCompiler for ClosureFusion {
             tag: 0,
             phases: smallvec::smallvec![Phase {
                 group: Arc::new(move |ctx: &GroupCtx<'_>| body.run_group(ctx)),
-                item: None,
+                per_item: false,
                 code: TypeId::of::<FusedBody>(),
             }],
             global_slots: plan.args.len(),

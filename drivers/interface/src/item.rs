@@ -22,6 +22,9 @@ pub struct GroupCtx<'a> {
     pub scratch: &'a [Binding],
     /// The command group's accessor tag; accessors from other command groups panic.
     pub tag: u64,
+    /// Run only this work-item of the group: (local id in the grid, local linear id).
+    /// Fusion without barriers runs several kernels' bodies item by item this way.
+    pub only: Option<([usize; 3], usize)>,
 }
 
 impl<'a> GroupCtx<'a> {
@@ -33,7 +36,7 @@ impl<'a> GroupCtx<'a> {
         scratch: &'a [Binding],
         tag: u64,
     ) -> Self {
-        Self { geometry, remap: None, group, bindings, scratch, tag }
+        Self { geometry, remap: None, group, bindings, scratch, tag, only: None }
     }
 
     /// The grid the group's work-items come from.
@@ -63,47 +66,21 @@ impl<'a> GroupCtx<'a> {
     /// is as tight as a hand-written one.
     #[inline(always)]
     pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
-        match self.remap {
-            None => items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag),
-            Some(grid) => {
-                remapped_items(f, self.geometry, grid, self.group, self.bindings, self.scratch, self.tag)
-            }
+        if self.remap.is_none() && self.only.is_none() {
+            items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag)
+        } else {
+            // Fused kernels only: through `dyn`, so the body keeps one direct caller
+            // (`items`) and stays inlined there.
+            mapped_items(f, self)
         }
-    }
-
-    /// The work-item of this group at local id `local` (in the grid), or `None` if the
-    /// kernel's range does not reach it.
-    #[inline]
-    pub fn item_at(&self, local: [usize; 3], lin: usize) -> Option<Item<'a>> {
-        let b = self.base();
-        let rel = [b[0] + local[0], b[1] + local[1], b[2] + local[2]];
-        let rel = match self.remap {
-            None => rel,
-            Some(grid) => {
-                let glid = linearize(rel, grid.global_range());
-                if glid >= self.geometry.global_size() {
-                    return None;
-                }
-                delinearize(glid, self.geometry.global_range())
-            }
-        };
-        Some(Item {
-            rel,
-            local,
-            lin,
-            group: self.group,
-            geometry: self.geometry,
-            bindings: self.bindings,
-            scratch: self.scratch,
-            tag: self.tag,
-        })
     }
 }
 
 /// The loop of [`GroupCtx::for_each_item`]. The binding tables are separate `&[_]`
 /// arguments so the compiler knows nothing in the loop writes them and can keep an
 /// accessor's pointer in a register instead of reloading it after every store. It
-/// stays a call (once per group) so those argument guarantees hold.
+/// stays a call (once per group) so those argument guarantees hold, and it is the
+/// kernel body's only direct caller, so the body is inlined into it.
 #[inline(never)]
 fn items<F: Fn(&mut Item<'_>)>(
     f: &F,
@@ -116,49 +93,46 @@ fn items<F: Fn(&mut Item<'_>)>(
     let ctx = GroupCtx::new(geometry, group, bindings, scratch, tag);
     let base = ctx.base();
     let ext = ctx.extent();
-    let mut item = Item { rel: base, local: [0; 3], lin: 0, group, geometry, bindings, scratch, tag };
+    let mut item = Item { rel: base, local: [0; 3], grid: geometry, group, geometry, bindings, scratch, tag };
     for i0 in 0..ext[0] {
         for i1 in 0..ext[1] {
             for i2 in 0..ext[2] {
                 item.rel = [base[0] + i0, base[1] + i1, base[2] + i2];
                 item.local = [i0, i1, i2];
                 f(&mut item);
-                item.lin += 1;
             }
         }
     }
 }
 
-/// The loop for a kernel fused into a grid of another shape: global ids are mapped
-/// through the global linear id (seed 000: `global_id(0) = GLID / (GS(1) * GS(2))`,
-/// and so on); local and group ids are the grid's, which the fusion rules keep
-/// unchanged for kernels with a work-group size.
+/// The loop for a kernel fused into a grid of another shape, or for one work-item
+/// (`GroupCtx::only`): global ids are mapped through the global linear id (seed 000:
+/// `global_id(0) = GLID / (GS(1) * GS(2))`, and so on), and work-items past the
+/// kernel's range skip it; local and group ids are the grid's, which the fusion rules
+/// keep unchanged for kernels with a work-group size.
 #[inline(never)]
-fn remapped_items<F: Fn(&mut Item<'_>)>(
-    f: &F,
-    geometry: &Geometry,
-    grid: &Geometry,
-    group: [usize; 3],
-    bindings: &[Binding],
-    scratch: &[Binding],
-    tag: u64,
-) {
-    let ctx = GroupCtx { geometry, remap: Some(grid), group, bindings, scratch, tag };
+fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
     let base = ctx.base();
-    let ext = ctx.extent();
-    let (grid_global, own_global, total) =
-        (grid.global_range(), geometry.global_range(), geometry.global_size());
-    let mut item = Item { rel: base, local: [0; 3], lin: 0, group, geometry, bindings, scratch, tag };
-    for i0 in 0..ext[0] {
-        for i1 in 0..ext[1] {
-            for i2 in 0..ext[2] {
-                let glid = linearize([base[0] + i0, base[1] + i1, base[2] + i2], grid_global);
+    let (first, ext) = match ctx.only {
+        None => ([0; 3], ctx.extent()),
+        Some((local, _)) => (local, [1; 3]),
+    };
+    let grid_global = ctx.grid().global_range();
+    let (own, total) = (ctx.geometry.global_range(), ctx.geometry.global_size());
+    let (geometry, group, bindings, scratch, tag) =
+        (ctx.geometry, ctx.group, ctx.bindings, ctx.scratch, ctx.tag);
+    let grid = ctx.grid();
+    let mut item = Item { rel: base, local: first, grid, group, geometry, bindings, scratch, tag };
+    for i0 in first[0]..first[0] + ext[0] {
+        for i1 in first[1]..first[1] + ext[1] {
+            for i2 in first[2]..first[2] + ext[2] {
+                let rel = [base[0] + i0, base[1] + i1, base[2] + i2];
+                let glid = linearize(rel, grid_global);
                 if glid < total {
-                    item.rel = delinearize(glid, own_global);
+                    item.rel = if ctx.remap.is_some() { delinearize(glid, own) } else { rel };
                     item.local = [i0, i1, i2];
                     f(&mut item);
                 }
-                item.lin += 1;
             }
         }
     }
@@ -182,8 +156,8 @@ fn remapped_items<F: Fn(&mut Item<'_>)>(
 pub struct Item<'a> {
     rel: [usize; 3],
     local: [usize; 3],
-    /// Local linear id in the grid being run (indexes per-work-item scratch).
-    lin: usize,
+    /// The grid being run, whose work-group shape indexes per-work-item scratch.
+    grid: &'a Geometry,
     group: [usize; 3],
     geometry: &'a Geometry,
     bindings: &'a [Binding],
@@ -226,7 +200,7 @@ impl<'a> Item<'a> {
     /// Linear id within the work-group.
     #[inline]
     pub fn local_linear_id(&self) -> usize {
-        self.lin
+        linearize(self.local, self.grid.local_range())
     }
     /// Work-group extent in dimension `d`.
     #[inline]
@@ -261,19 +235,29 @@ impl<'a> Item<'a> {
     /// bounds-checked in ordinary memory, `i % n` in internalized memory of `n`
     /// elements (seed 000, "Internalization").
     #[inline(always)]
-    pub(crate) fn element_ptr(&self, slot: u32, tag: u64, i: usize, size: usize) -> *mut u8 {
+    pub(crate) fn element_ptr<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
         let b = self.binding(slot, tag);
-        let n = b.len / size.max(1);
+        let n = b.len / std::mem::size_of::<T>().max(1);
+        if i < n {
+            // SAFETY: i < n, so the offset stays inside the binding.
+            unsafe { b.ptr.cast::<T>().add(i) }
+        } else {
+            self.outside(b, i, std::mem::size_of::<T>()).cast()
+        }
+    }
+
+    /// [`Item::element_ptr`] past the ordinary range: internalized memory (whose `len`
+    /// is 0, so the hot path is one compare, as without fusion), or out of bounds.
+    #[cold]
+    #[inline(never)]
+    fn outside(&self, b: Binding, i: usize, size: usize) -> *mut u8 {
+        let n = (b.wrap / size.max(1)).max(1);
+        // SAFETY (both): the scratch region holds `n` elements per group (local) or per
+        // work-item (private), and the local linear id is below the grid's local size.
         match b.internal {
-            Internal::No => {
-                assert!(i < n, "accessor index {i} out of bounds for {n} elements");
-                // SAFETY: i < n, so the offset stays inside the binding.
-                unsafe { b.ptr.add(i * size) }
-            }
-            // SAFETY (both): the scratch region holds `n` elements per group (local)
-            // or per work-item (private), and `lin` is below the grid's local size.
+            Internal::No => panic!("accessor index {i} out of bounds for {} elements", b.len / size.max(1)),
             Internal::Local => unsafe { b.ptr.add((i % n) * size) },
-            Internal::Private => unsafe { b.ptr.add((self.lin * n + i % n) * size) },
+            Internal::Private => unsafe { b.ptr.add((self.local_linear_id() * n + i % n) * size) },
         }
     }
 
@@ -283,12 +267,12 @@ impl<'a> Item<'a> {
     pub(crate) fn region(&self, slot: u32, tag: u64) -> Binding {
         let b = self.binding(slot, tag);
         match b.internal {
-            Internal::Private => Binding {
-                // SAFETY: the group's region holds `len` bytes per work-item.
-                ptr: unsafe { b.ptr.add(self.lin * b.len) },
-                ..b
-            },
-            _ => b,
+            Internal::No => b,
+            // SAFETY: the group's region holds `wrap` bytes per work-item.
+            Internal::Private => {
+                Binding { ptr: unsafe { b.ptr.add(self.local_linear_id() * b.wrap) }, len: b.wrap, ..b }
+            }
+            Internal::Local => Binding { len: b.wrap, ..b },
         }
     }
 

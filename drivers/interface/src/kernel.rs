@@ -11,20 +11,18 @@ use crate::item::{GroupCtx, Item};
 use crate::memory::Binding;
 use crate::range::Geometry;
 
-/// A kernel body for one work-item, erased.
-pub type ItemFn = dyn Fn(&mut Item<'_>) + Send + Sync;
-
-/// One barrier-separated phase of a kernel, erased twice: as a whole work-group
-/// loop (the per-item loop is inside, made generic over the user's closure by
-/// [`phase`], so the closure is inlined into it) and as a single work-item body, which
-/// fusion without barriers calls for each work-item of several kernels in turn.
+/// One barrier-separated phase of a kernel, erased: a whole work-group loop (the
+/// per-item loop is inside, made generic over the user's closure by [`phase`], so the
+/// closure is inlined into it). Run with [`GroupCtx::only`] set, it runs one
+/// work-item, which fusion without barriers uses to run several kernels' bodies
+/// back to back.
 #[derive(Clone)]
 pub struct Phase {
-    /// Runs the phase for every work-item of a group.
+    /// Runs the phase for every work-item of a group (or the one in `only`).
     pub group: Arc<dyn Fn(&GroupCtx<'_>) + Send + Sync>,
-    /// Runs the phase for one work-item (`None` for phases that are whole-group code,
-    /// like a fused kernel's).
-    pub item: Option<Arc<ItemFn>>,
+    /// Whether each work-item's work is independent of the group's other work-items
+    /// within the phase (a closure per item), so it may run one item at a time.
+    pub per_item: bool,
     /// The closure's type: equal for every submission of the same code, so fusion can
     /// cache by it.
     pub code: TypeId,
@@ -35,11 +33,9 @@ pub fn phase<F>(f: F) -> Phase
 where
     F: Fn(&mut Item<'_>) + Send + Sync + 'static,
 {
-    let f = Arc::new(f);
-    let g = f.clone();
     Phase {
-        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&*g)),
-        item: Some(f),
+        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&f)),
+        per_item: true,
         code: TypeId::of::<F>(),
     }
 }

@@ -35,7 +35,7 @@ pub use bytemuck::{Pod, Zeroable};
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
-pub use kernel::{phase, Arena, ClosureKernel, ItemCost, ItemFn, Phase, Scratch, ScratchKind};
+pub use kernel::{phase, Arena, ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
 pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
     fill_bytes, Accepted, Completion, DeviceOp, HostTask, KernelLaunch, MemArg, OpHandle, OpId, Snapshot,

@@ -141,7 +141,7 @@ impl MemSlice {
 }
 
 /// Where an accessor slot's memory lives inside a fused kernel that internalized it
-/// (seed 000, "Internalization"): element `i` is found at `i % (len / size_of::<T>())`.
+/// (seed 000, "Internalization"): element `i` is found at `i % (wrap / size_of::<T>())`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Internal {
     /// Ordinary memory: `ptr` is the first element, indexes are bounds-checked.
@@ -158,10 +158,13 @@ pub enum Internal {
 pub struct Binding {
     /// First byte of the accessor's range.
     pub ptr: *mut u8,
-    /// Bytes available from `ptr` (per work-item for [`Internal::Private`]).
+    /// Bytes available from `ptr` for ordinary indexing (0 for internalized memory,
+    /// so every access takes the bounds check's slow path, which maps it).
     pub len: usize,
     /// Whether fusion moved the slot into scratch memory.
     pub internal: Internal,
+    /// Bytes of internalized memory per work-group (local) or per work-item (private).
+    pub wrap: usize,
 }
 
 // SAFETY: a Binding is an address handed to the threads executing one launch; the
@@ -173,11 +176,11 @@ unsafe impl Sync for Binding {}
 
 impl Binding {
     /// A binding for no memory (an unused slot).
-    pub const EMPTY: Binding = Binding { ptr: std::ptr::null_mut(), len: 0, internal: Internal::No };
+    pub const EMPTY: Binding = Binding { ptr: std::ptr::null_mut(), len: 0, internal: Internal::No, wrap: 0 };
 
     /// Ordinary memory of `len` bytes at `ptr`.
     #[inline]
     pub const fn new(ptr: *mut u8, len: usize) -> Self {
-        Self { ptr, len, internal: Internal::No }
+        Self { ptr, len, internal: Internal::No, wrap: 0 }
     }
 }
