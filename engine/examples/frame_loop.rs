@@ -18,16 +18,25 @@
 //! checked against a plain serial implementation using the same `f32` operations in
 //! the same order, so the results must be bit-identical.
 //!
+//! `--fusion` runs the loop twice, unfused and then with each frame's two kernels
+//! (stencil, row reduction: back to back on one queue) fused into one, and prints both
+//! mean frame times. Fusing runs, per work-group, one kernel's work-items after the
+//! other's, so a kernel may only read what the earlier one wrote *in its own
+//! work-group*: in both runs the two kernels are 2-D ND-ranges over `[h, w]` whose
+//! work-groups are whole rows (`ROWS_PER_GROUP × w`), and the reduction's first
+//! work-item of each row sums that row. Both runs are verified against the serial
+//! run. No buffer is internalized: every buffer the kernels write is read later.
+//!
 //! ```text
 //! cargo run --release --example frame_loop -- [--frames N] [--size N] [--threads N]
-//!     [--inflight N] [--report N] [--no-preserve]
+//!     [--inflight N] [--report N] [--no-preserve] [--fusion]
 //! ```
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use gantry::{Buffer, Event, NdRange, Queue, Runtime};
+use gantry::{Buffer, CacheStats, Event, FusionOutcome, FusionProps, NdRange, Queue, Runtime};
 
 /// Diffusion coefficient (stable for ≤ 0.25).
 const ALPHA: f32 = 0.2;
@@ -47,23 +56,34 @@ struct Options {
     inflight: usize,
     report: usize,
     preserve: bool,
+    fusion: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve]\n\
+        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve] [--fusion]\n\
          \x20 --frames N     frames to simulate (default 200)\n\
          \x20 --size N       grid is N×N (default 512, at least 3)\n\
          \x20 --threads N    CPU driver worker threads (default: one per core; 0 runs kernels inline)\n\
          \x20 --inflight N   frames submitted ahead of the oldest unfinished one (default 2)\n\
          \x20 --report N     print a table row every N frames (default frames/10)\n\
-         \x20 --no-preserve  skip the copy of written ranges kept to restore them on failure"
+         \x20 --no-preserve  skip the copy of written ranges kept to restore them on failure\n\
+         \x20 --fusion       run the frames unfused, then with each frame's stencil and row\n\
+         \x20                reduction fused into one kernel, and compare the frame times"
     );
     std::process::exit(2)
 }
 
 fn parse_options() -> Options {
-    let mut o = Options { frames: 200, size: 512, threads: None, inflight: 2, report: 0, preserve: true };
+    let mut o = Options {
+        frames: 200,
+        size: 512,
+        threads: None,
+        inflight: 2,
+        report: 0,
+        preserve: true,
+        fusion: false,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || -> usize {
@@ -80,6 +100,7 @@ fn parse_options() -> Options {
             "--inflight" => o.inflight = value(),
             "--report" => o.report = value(),
             "--no-preserve" => o.preserve = false,
+            "--fusion" => o.fusion = true,
             "-h" | "--help" => usage(),
             _ => {
                 eprintln!("unknown argument: {flag}");
@@ -148,9 +169,24 @@ struct FrameStat {
     max: f32,
 }
 
+/// How a frame's two kernels (stencil, row reduction) are shaped and submitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernels {
+    /// A plain 2-D stencil and a 1-D ND-range reduction of `ROWS_PER_GROUP` rows per
+    /// work-group (the default loop).
+    Default,
+    /// Both as 2-D ND-ranges over `[h, w]` with whole-row work-groups, so the
+    /// reduction of a row only reads what the stencil wrote in the same work-group:
+    /// the shape that can be fused. Submitted unfused.
+    RowGroups,
+    /// The same kernels, submitted between `start_fusion` and `complete_fusion`.
+    Fused,
+}
+
 /// The simulation's buffers and where frames are submitted.
 struct Sim {
     q: Queue,
+    kernels: Kernels,
     h: usize,
     w: usize,
     /// The two grids; frame `f` reads `grids[f % 2]` and writes the other.
@@ -165,10 +201,11 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(rt: &Runtime, h: usize, w: usize) -> Self {
+    fn new(rt: &Runtime, h: usize, w: usize, kernels: Kernels) -> Self {
         let init = initial_grid(h, w);
         Sim {
             q: rt.queue(),
+            kernels,
             h,
             w,
             grids: [rt.buffer(&init), rt.buffer(&init)],
@@ -180,12 +217,64 @@ impl Sim {
     }
 
     /// Submits frame `f` and returns the events of its commands, in submission order;
-    /// the last is the host task's. (A fused or recorded-graph variant of the loop
-    /// would replace this function.)
+    /// the last is the host task's. A fused frame's two kernels have one event, the
+    /// fusion's.
     fn submit_frame(&self, f: usize) -> gantry::Result<Vec<Event>> {
         let mut events = Vec::with_capacity(5);
         let (h, w) = (self.h, self.w);
         let (cur, next) = (&self.grids[f % 2], &self.grids[(f + 1) % 2]);
+
+        match self.kernels {
+            Kernels::Default => self.submit_kernels(cur, next, &mut events)?,
+            Kernels::RowGroups => {
+                events.push(self.submit_row_group_stencil(cur, next)?);
+                events.push(self.submit_row_group_stats(next)?);
+            }
+            Kernels::Fused => {
+                // The two kernels run back to back on this queue: fuse them (with a
+                // work-group barrier between them, the default).
+                self.q.start_fusion()?;
+                self.submit_row_group_stencil(cur, next)?;
+                self.submit_row_group_stats(next)?;
+                events.push(self.q.complete_fusion(FusionProps::default())?);
+            }
+        }
+
+        // 3. The probe row into the history ring.
+        events.push(self.q.submit(|cg| {
+            cg.name("probe_copy");
+            cg.copy_range(next, probe_row(h) * w, &self.history, (f % HISTORY) * w, w);
+        })?);
+
+        // Every SNAPSHOT_EVERY frames, the whole grid.
+        if takes_snapshot(f) {
+            events.push(self.q.submit(|cg| {
+                cg.name("snapshot");
+                cg.copy(next, &self.snapshot);
+            })?);
+        }
+
+        // 4. Host task: fold the rows into the frame's totals.
+        let log = self.log.clone();
+        events.push(self.q.submit(|cg| {
+            cg.name("frame_stats");
+            let rows = cg.host_read(&self.rows);
+            cg.host_task(move |ctx| {
+                let (heat, max) = fold_rows(rows.as_slice(ctx));
+                log.lock().unwrap().push(FrameStat { frame: f, heat, max });
+            });
+        })?);
+        Ok(events)
+    }
+
+    /// The default frame's kernels: 1. the stencil, 2. the row reduction.
+    fn submit_kernels(
+        &self,
+        cur: &Buffer<f32>,
+        next: &Buffer<f32>,
+        events: &mut Vec<Event>,
+    ) -> gantry::Result<()> {
+        let (h, w) = (self.h, self.w);
 
         // 1. Stencil: next = diffuse(cur).
         events.push(self.q.submit(|cg| {
@@ -219,32 +308,56 @@ impl Sim {
                 *out.elem(it) = s;
             });
         })?);
+        Ok(())
+    }
 
-        // 3. The probe row into the history ring.
-        events.push(self.q.submit(|cg| {
-            cg.name("probe_copy");
-            cg.copy_range(next, probe_row(h) * w, &self.history, (f % HISTORY) * w, w);
-        })?);
+    /// The ND-range of the row-group kernels: work-groups of `ROWS_PER_GROUP` (or
+    /// one) whole rows.
+    fn row_group_range(h: usize, w: usize) -> NdRange {
+        let rows = if h.is_multiple_of(ROWS_PER_GROUP) { ROWS_PER_GROUP } else { 1 };
+        NdRange::new([h, w], [rows, w])
+    }
 
-        // Every SNAPSHOT_EVERY frames, the whole grid.
-        if takes_snapshot(f) {
-            events.push(self.q.submit(|cg| {
-                cg.name("snapshot");
-                cg.copy(next, &self.snapshot);
-            })?);
-        }
-
-        // 4. Host task: fold the rows into the frame's totals.
-        let log = self.log.clone();
-        events.push(self.q.submit(|cg| {
-            cg.name("frame_stats");
-            let rows = cg.host_read(&self.rows);
-            cg.host_task(move |ctx| {
-                let (heat, max) = fold_rows(rows.as_slice(ctx));
-                log.lock().unwrap().push(FrameStat { frame: f, heat, max });
+    /// 1. Stencil, as a 2-D ND-range of whole-row work-groups: next = diffuse(cur).
+    fn submit_row_group_stencil(&self, cur: &Buffer<f32>, next: &Buffer<f32>) -> gantry::Result<Event> {
+        let (h, w) = (self.h, self.w);
+        let nd = Self::row_group_range(h, w);
+        self.q.submit(|cg| {
+            cg.name("stencil");
+            let src = cg.read(cur);
+            let dst = cg.elements_out(next);
+            cg.parallel_for_nd(nd, move |it| {
+                let (y, x) = (it.global_id(0), it.global_id(1));
+                let i = y * w + x;
+                let c = src.get(it, i);
+                let v = if is_edge(y, x, h, w) {
+                    c
+                } else {
+                    stencil(c, src.get(it, i - w), src.get(it, i + w), src.get(it, i - 1), src.get(it, i + 1))
+                };
+                *dst.elem(it) = v;
             });
-        })?);
-        Ok(events)
+        })
+    }
+
+    /// 2. The row reduction over the same ND-range: the first work-item of each row
+    ///    sums and maximizes that row, left to right. Its work-group is the one whose
+    ///    stencil work-items wrote the row, so fused (with a barrier between the
+    ///    kernels) it reads finished values.
+    fn submit_row_group_stats(&self, next: &Buffer<f32>) -> gantry::Result<Event> {
+        let (h, w) = (self.h, self.w);
+        let nd = Self::row_group_range(h, w);
+        self.q.submit(|cg| {
+            cg.name("row_stats");
+            let grid = cg.read(next);
+            let out = cg.discard_write(&self.rows);
+            cg.parallel_for_nd(nd, move |it| {
+                if it.global_id(1) == 0 {
+                    let y = it.global_id(0);
+                    out.set(it, y, row_stat((0..w).map(|x| grid.get(it, y * w + x))));
+                }
+            });
+        })
     }
 }
 
@@ -312,15 +425,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// What one run of the loop measured, for `--fusion`'s comparison.
+struct Pass {
+    mean_frame_ms: f64,
+    /// The queue's last fusion.
+    outcome: Option<FusionOutcome>,
+    cache: Option<CacheStats>,
+}
+
 fn main() -> ExitCode {
     let o = parse_options();
     let (h, w) = (o.size, o.size);
-    let mut builder = Runtime::builder().preserve_on_failure(o.preserve);
-    if let Some(t) = o.threads {
-        builder = builder.worker_threads(t);
-    }
-    let rt = builder.build();
-    let sim = Sim::new(&rt, h, w);
     println!(
         "frame_loop: {w}x{h} heat diffusion, {} frames, CPU worker threads: {}, {} in flight{}",
         o.frames,
@@ -328,6 +443,77 @@ fn main() -> ExitCode {
         o.inflight,
         if o.preserve { "" } else { ", no failure snapshots" },
     );
+    // The serial run, made once and shared by the runs it verifies.
+    let mut want = None;
+    if !o.fusion {
+        return match run(&o, Kernels::Default, &mut want) {
+            Some(_) => ExitCode::SUCCESS,
+            None => ExitCode::FAILURE,
+        };
+    }
+
+    let groups = Sim::row_group_range(h, w);
+    let (gl, gw) = (groups.local.get(0), groups.local.get(1));
+    println!(
+        "\n--fusion: stencil and row_stats as 2-D ND-ranges [{h}, {w}] with {gl}x{gw} work-groups (whole rows)\n\
+         unfused run:"
+    );
+    let Some(unfused) = run(&o, Kernels::RowGroups, &mut want) else { return ExitCode::FAILURE };
+    println!("\nfused run (each frame: start_fusion, stencil, row_stats, complete_fusion):");
+    let Some(fused) = run(&o, Kernels::Fused, &mut want) else { return ExitCode::FAILURE };
+
+    println!(
+        "\nfusion: mean frame time unfused {:.3} ms, fused {:.3} ms: fused/unfused {:.3}x",
+        unfused.mean_frame_ms,
+        fused.mean_frame_ms,
+        fused.mean_frame_ms / unfused.mean_frame_ms
+    );
+    let last = match &fused.outcome {
+        Some(FusionOutcome::Fused { kernels, cached, warnings }) => format!(
+            "fused {kernels} kernels, plan {}{}",
+            if *cached { "from the cache" } else { "built (cache miss)" },
+            if warnings.is_empty() { String::new() } else { format!(", warnings: {warnings:?}") }
+        ),
+        Some(FusionOutcome::Cancelled(reason)) => format!("cancelled: {reason}"),
+        None => "undecided".to_string(),
+    };
+    let cache = fused.cache.unwrap_or_default();
+    // Every fusion the compiler answered is a cache hit or a miss; a cancelled one
+    // never reaches it.
+    let fused_frames = cache.hits + cache.misses;
+    println!(
+        "fusion: last frame {last}; fusion cache {} hits, {} misses: {fused_frames} of {} frames fused",
+        cache.hits, cache.misses, o.frames
+    );
+    if fused_frames == 0 {
+        eprintln!("fusion: FAILED: no frame was fused");
+        return ExitCode::FAILURE;
+    }
+    if fused_frames < o.frames as u64 {
+        // Seen when the scheduler thread ingests a frame's complete_fusion and the
+        // next frame's start_fusion in one flush (typically frames 0 and 1): the
+        // earlier list is replaced before the fuse stage runs, and its kernels run
+        // unfused with no warning and no outcome. Results are unaffected.
+        println!(
+            "fusion: warning: {} frame(s) ran unfused without a cancellation (a fusion completed and \
+             replaced by the next start_fusion before the scheduler fused it)",
+            o.frames as u64 - fused_frames
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Runs the frame loop with `kernels` on a new runtime, prints its frame times and
+/// verifies it against the serial run (made on first use into `want`). `None` if it
+/// failed or differs.
+fn run(o: &Options, kernels: Kernels, want: &mut Option<(Reference, f64)>) -> Option<Pass> {
+    let (h, w) = (o.size, o.size);
+    let mut builder = Runtime::builder().preserve_on_failure(o.preserve);
+    if let Some(t) = o.threads {
+        builder = builder.worker_threads(t);
+    }
+    let rt = builder.build();
+    let sim = Sim::new(&rt, h, w, kernels);
 
     // The loop: wait for frame f - inflight, submit frame f.
     let mut submitted_ns = Vec::with_capacity(o.frames);
@@ -338,7 +524,7 @@ fn main() -> ExitCode {
             let oldest = frames[f - o.inflight].last().expect("a frame has commands");
             if let Err(e) = oldest.wait() {
                 eprintln!("frame {}: {e}", f - o.inflight);
-                return ExitCode::FAILURE;
+                return None;
             }
         }
         submitted_ns.push(rt.now_ns());
@@ -346,13 +532,13 @@ fn main() -> ExitCode {
             Ok(events) => frames.push(events),
             Err(e) => {
                 eprintln!("frame {f}: submit failed: {e}");
-                return ExitCode::FAILURE;
+                return None;
             }
         }
     }
     if let Err(e) = sim.q.wait() {
         eprintln!("frame loop failed: {e}");
-        return ExitCode::FAILURE;
+        return None;
     }
     let wall = start.elapsed();
 
@@ -394,7 +580,9 @@ fn main() -> ExitCode {
     );
     // Where a frame's time goes: each kind of command's mean run time.
     let mut busy: Vec<(String, f64, usize)> = Vec::new();
-    for e in frames.iter().flatten() {
+    // (A fused frame's kernels have no events of their own, only the fusion's, which
+    // ends when the fused kernel does: the frame time covers them.)
+    for e in frames.iter().flatten().filter(|e| e.name() != "fusion") {
         let t = e.timestamps();
         let ms = t.ended_ns.saturating_sub(t.started_ns) as f64 / 1e6;
         match busy.iter_mut().find(|(name, ..)| name == e.name()) {
@@ -414,9 +602,11 @@ fn main() -> ExitCode {
     );
 
     // Verification against the serial run.
-    let t = Instant::now();
-    let want = reference(h, w, o.frames);
-    let serial = t.elapsed().as_secs_f64();
+    let (want, serial) = want.get_or_insert_with(|| {
+        let t = Instant::now();
+        let r = reference(h, w, o.frames);
+        (r, t.elapsed().as_secs_f64())
+    });
     let read = |b: &Buffer<f32>| b.to_vec().expect("reading back a buffer");
     let checks = [
         ("final grid", compare(&read(&sim.grids[o.frames % 2]), &want.grid)),
@@ -444,12 +634,12 @@ fn main() -> ExitCode {
         ok = false;
     }
     if !ok {
-        return ExitCode::FAILURE;
+        return None;
     }
     println!(
         "verified: OK (grid, probe history, snapshot and {} frame stats bit-identical to the serial run: {:.3} ms/frame)",
         log.len(),
-        serial * 1e3 / o.frames as f64
+        *serial * 1e3 / o.frames as f64
     );
-    ExitCode::SUCCESS
+    Some(Pass { mean_frame_ms: mean, outcome: sim.q.fusion_outcome(), cache: rt.fusion_cache_stats() })
 }

@@ -1,0 +1,464 @@
+//! Queue-level kernel fusion on the CPU driver: a chain of K elementwise kernels
+//! (`tmp[i + 1][j] = step(tmp[i][j])`, `step(x) = x * 1.0001 + 0.5`) run four ways:
+//!
+//! * `hand_loop`: one serial Rust loop over the input applying `step` K times per
+//!   element (the baseline a user would write by hand, measured in the same run);
+//! * `unfused`: K kernels submitted normally, then a wait on the last one;
+//! * `fused`: `start_fusion`, the K kernels, `complete_fusion` (with barriers, the
+//!   default), a wait on the fusion's event; the intermediate buffers stay in global
+//!   memory;
+//! * `fused_private`: the same with every intermediate buffer promoted to private
+//!   memory, so the fused kernel only reads the input and writes the output.
+//!
+//! Kernels use the safe elementwise path: `cg.read` (`get`) for the input and
+//! `cg.elements_out` (`elem`) for the output.
+//!
+//! Sizes: 4,096 elements (one launch of four work-groups: launch-bound) and 16M
+//! (`1 << 24`, 64 MiB per buffer: memory-bound), K = 2, 4, 8. Two runtime sets, every
+//! Gantry variant of a set on the same runtime:
+//! * `inline`: manual mode, `worker_threads(0)` (everything on the benchmark thread,
+//!   single-threaded like the hand loop);
+//! * `threaded`: a scheduler thread and the default worker threads (one per core).
+//!
+//! Ids: `fusion_chain/{set}/{size}/K{k}/{variant}`; throughput is elements per second.
+//! The `threaded` 16M cases run only with `GANTRY_BENCH_FUSION_THREADED_16M=1`: at
+//! about 10 ns per work-item per kernel (measured on a 2-core machine), the 16M chains
+//! cost most of the run's time, and the inline set already covers that size.
+//! (A full run takes about three minutes on 2 cores, most of it the 16M K = 8 chains;
+//! `-- --quick` about one.)
+//!
+//! `fusion_overhead/{set}/fused` times one round of a tiny chain (2 kernels of one
+//! work-item) with `start_fusion` + submits + `complete_fusion` + wait, the plan
+//! coming from the fusion cache (checked at setup: the second round is
+//! `Fused { cached: true, .. }`, and after the benchmark every round after the first
+//! was a cache hit); `fusion_overhead/{set}/unfused_overhead` is the same two kernels
+//! submitted unfused and waited for. Their difference is the host cost of fusing.
+//!
+//! Every variant's output is checked once at setup, bit for bit, against a plain
+//! serial loop, so no benchmark measures a broken path; `fused_private` also checks
+//! that its intermediate buffers were not written back. After each benchmark no
+//! command may be left alive, and every fused round must have reached the fusion
+//! compiler (cache hits + misses = fused rounds: none ran unfused).
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use gantry::{Buffer, Event, FusionOutcome, FusionProps, Mode, Promotion, Queue, Runtime};
+
+/// Launch-bound size: elements per buffer.
+const SMALL: usize = 4096;
+/// Memory-bound size: elements per buffer (64 MiB of `f32`).
+const LARGE: usize = 1 << 24;
+/// Chain lengths.
+const CHAINS: [usize; 3] = [2, 4, 8];
+
+/// One kernel's arithmetic.
+#[inline(always)]
+fn step(x: f32) -> f32 {
+    x * 1.0001 + 0.5
+}
+
+/// The hand-written baseline: `out[j] = step^K(input[j])` in one serial pass.
+fn hand_loop_k<const K: usize>(input: &[f32], out: &mut [f32]) {
+    for (o, &x) in out.iter_mut().zip(input) {
+        let mut v = x;
+        for _ in 0..K {
+            v = step(v);
+        }
+        *o = v;
+    }
+}
+
+fn hand_loop(k: usize, input: &[f32], out: &mut [f32]) {
+    match k {
+        2 => hand_loop_k::<2>(input, out),
+        4 => hand_loop_k::<4>(input, out),
+        8 => hand_loop_k::<8>(input, out),
+        _ => unreachable!("chain length {k} is not benchmarked"),
+    }
+}
+
+/// The reference the outputs are checked against: one kernel's pass at a time.
+fn reference(k: usize, input: &[f32]) -> Vec<f32> {
+    let mut v = input.to_vec();
+    for _ in 0..k {
+        for x in &mut v {
+            *x = step(*x);
+        }
+    }
+    v
+}
+
+/// Bit-for-bit equality, with the first difference in the panic message.
+fn assert_bits(label: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{label}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a.to_bits() != b.to_bits()) {
+        panic!("{label}: element {i} is {} but should be {}", got[i], want[i]);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    HandLoop,
+    Unfused,
+    Fused,
+    FusedPrivate,
+}
+
+const VARIANTS: [Variant; 4] = [Variant::HandLoop, Variant::Unfused, Variant::Fused, Variant::FusedPrivate];
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::HandLoop => "hand_loop",
+            Variant::Unfused => "unfused",
+            Variant::Fused => "fused",
+            Variant::FusedPrivate => "fused_private",
+        }
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Set {
+    Inline,
+    Threaded,
+}
+
+impl Set {
+    fn name(self) -> &'static str {
+        match self {
+            Set::Inline => "inline",
+            Set::Threaded => "threaded",
+        }
+    }
+    fn runtime(self) -> Runtime {
+        match self {
+            Set::Inline => Runtime::builder().mode(Mode::Manual).worker_threads(0).build(),
+            Set::Threaded => Runtime::builder().mode(Mode::Threaded).build(),
+        }
+    }
+}
+
+fn size_name(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{}M", n >> 20)
+    } else {
+        n.to_string()
+    }
+}
+
+/// One chain: a runtime, its queue, the K + 1 buffers (`bufs[0]` the input,
+/// `bufs[k]` the output), the host copies for the hand loop, and the expected output.
+struct Chain {
+    rt: Runtime,
+    q: Queue,
+    k: usize,
+    n: usize,
+    bufs: Vec<Buffer<f32>>,
+    input: Vec<f32>,
+    out: Vec<f32>,
+    want: Vec<f32>,
+    verified: [bool; 4],
+    /// Fused rounds run so far (each must reach the fusion compiler).
+    fused_rounds: Cell<u64>,
+}
+
+impl Chain {
+    fn new(set: Set, k: usize, n: usize) -> Self {
+        let rt = set.runtime();
+        let q = rt.queue();
+        let input: Vec<f32> = (0..n).map(|j| (j % 1000) as f32 * 0.001 - 0.25).collect();
+        let mut bufs = vec![rt.buffer(&input)];
+        bufs.extend((0..k).map(|_| rt.buffer_zeroed::<f32>(n)));
+        let want = reference(k, &input);
+        Self {
+            rt,
+            q,
+            k,
+            n,
+            bufs,
+            input,
+            out: vec![0.0; n],
+            want,
+            verified: [false; 4],
+            fused_rounds: Cell::new(0),
+        }
+    }
+
+    /// Submits the K kernels; with `private`, every intermediate accessor is
+    /// promoted to private memory. Returns the last submission's event.
+    fn submit_kernels(&self, private: bool) -> gantry::Result<Event> {
+        let mut last = None;
+        for i in 0..self.k {
+            let (src, dst) = (&self.bufs[i], &self.bufs[i + 1]);
+            let n = self.n;
+            let inner_in = i > 0;
+            let inner_out = i + 1 < self.k;
+            last = Some(self.q.submit(|cg| {
+                cg.name("step");
+                let a = cg.read(src);
+                let o = cg.elements_out(dst);
+                if private && inner_in {
+                    cg.promote(&a, Promotion::Private);
+                }
+                if private && inner_out {
+                    cg.promote(&o, Promotion::Private);
+                }
+                cg.parallel_for(n, move |it| *o.elem(it) = step(a.get(it, it.global_linear_id())));
+            })?);
+        }
+        Ok(last.expect("a chain has kernels"))
+    }
+
+    /// One round of a Gantry variant, waited for.
+    fn run(&self, v: Variant) -> gantry::Result<()> {
+        match v {
+            Variant::HandLoop => unreachable!("the hand loop runs on the host copies"),
+            Variant::Unfused => self.submit_kernels(false)?.wait(),
+            Variant::Fused | Variant::FusedPrivate => {
+                self.fused_rounds.set(self.fused_rounds.get() + 1);
+                self.q.start_fusion()?;
+                self.submit_kernels(v == Variant::FusedPrivate)?;
+                self.q.complete_fusion(FusionProps::default())?.wait()
+            }
+        }
+    }
+
+    /// One round of `v`, timed by the caller.
+    fn round(&mut self, v: Variant) {
+        match v {
+            Variant::HandLoop => hand_loop(self.k, black_box(&self.input), black_box(&mut self.out)),
+            _ => self.run(v).expect("a round"),
+        }
+    }
+
+    /// Runs `v` once and checks its output (and, for fused variants, the outcome).
+    fn verify(&mut self, label: &str, v: Variant) {
+        if self.verified[v.index()] {
+            return;
+        }
+        match v {
+            Variant::HandLoop => {
+                self.out.fill(0.0);
+                hand_loop(self.k, &self.input, &mut self.out);
+                assert_bits(label, &self.out, &self.want);
+            }
+            _ => {
+                let sentinel = -7.0f32;
+                let inner = &self.bufs[1..self.k];
+                // Intermediates and output set to a sentinel, so a stale output or a
+                // written-back intermediate shows.
+                for b in &self.bufs[1..] {
+                    self.q.submit(|cg| cg.fill(b, sentinel)).expect("fill");
+                }
+                self.q.wait().expect("fill wait");
+                self.run(v).expect("verification round");
+                let got = self.bufs[self.k].to_vec().expect("read the output");
+                assert_bits(label, &got, &self.want);
+                if v != Variant::Unfused {
+                    match self.q.fusion_outcome() {
+                        Some(FusionOutcome::Fused { kernels, warnings, .. }) => {
+                            assert_eq!(kernels, self.k, "{label}: kernels fused");
+                            assert!(warnings.is_empty(), "{label}: fusion warnings: {warnings:?}");
+                        }
+                        other => panic!("{label}: not fused: {other:?}"),
+                    }
+                }
+                if v == Variant::FusedPrivate {
+                    for (i, b) in inner.iter().enumerate() {
+                        let t = b.to_vec().expect("read an intermediate");
+                        assert!(
+                            t.iter().all(|x| x.to_bits() == sentinel.to_bits()),
+                            "{label}: intermediate buffer {} was written back",
+                            i + 1
+                        );
+                    }
+                } else {
+                    for (i, b) in inner.iter().enumerate() {
+                        let want = reference(i + 1, &self.input);
+                        assert_bits(&format!("{label}: tmp{}", i + 1), &b.to_vec().expect("read"), &want);
+                    }
+                }
+            }
+        }
+        self.verified[v.index()] = true;
+    }
+
+    /// Nothing left alive once a benchmark's rounds were waited for, and every fused
+    /// round was fused (a cancelled fusion never reaches the compiler's cache).
+    fn check_flat(&self, label: &str) {
+        self.rt.wait_idle().expect("wait_idle");
+        let stats = self.rt.stats();
+        assert_eq!(stats.live_commands, 0, "{label}: commands left alive: {stats:?}");
+        assert_eq!(stats.failed, 0, "{label}: commands failed: {stats:?}");
+        let cache = self.rt.fusion_cache_stats().expect("closure fusion cache");
+        assert_eq!(
+            cache.hits + cache.misses,
+            self.fused_rounds.get(),
+            "{label}: not every fused round was fused: {cache:?}"
+        );
+    }
+}
+
+/// Sampling per size: the 16M cases get 10 samples of one round each.
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>, n: usize) {
+    group.throughput(Throughput::Elements(n as u64));
+    if n >= LARGE {
+        group
+            .sample_size(10)
+            .measurement_time(Duration::from_millis(1_500))
+            .warm_up_time(Duration::from_millis(1))
+            .sampling_mode(SamplingMode::Flat);
+    } else {
+        group
+            .sample_size(20)
+            .measurement_time(Duration::from_millis(800))
+            .warm_up_time(Duration::from_millis(200))
+            .sampling_mode(SamplingMode::Auto);
+    }
+}
+
+fn chain_bench(c: &mut Criterion, set: Set, n: usize) {
+    let mut group = c.benchmark_group(format!("fusion_chain/{}/{}", set.name(), size_name(n)));
+    configure(&mut group, n);
+    for k in CHAINS {
+        // One runtime and buffer set per chain, shared by its variants; built on
+        // first use so a filtered run does not allocate the others.
+        let mut chain: Option<Chain> = None;
+        for v in VARIANTS {
+            let id = format!("K{k}/{}", v.name());
+            let label = format!("fusion_chain/{}/{}/{id}", set.name(), size_name(n));
+            group.bench_function(BenchmarkId::from_parameter(&id), |b| {
+                let ch = chain.get_or_insert_with(|| Chain::new(set, k, n));
+                ch.verify(&label, v);
+                b.iter(|| ch.round(v));
+            });
+            if let Some(ch) = &chain {
+                ch.check_flat(&label);
+            }
+        }
+    }
+    group.finish();
+}
+
+/// The tiny chain of `fusion_overhead`: two one-work-item kernels.
+struct Tiny {
+    rt: Runtime,
+    q: Queue,
+    bufs: [Buffer<f32>; 3],
+    checked: bool,
+    /// Fused rounds run so far.
+    rounds: u64,
+}
+
+impl Tiny {
+    fn new(set: Set) -> Self {
+        let rt = set.runtime();
+        let q = rt.queue();
+        let bufs = [rt.buffer(&[1.0f32]), rt.buffer_zeroed(1), rt.buffer_zeroed(1)];
+        Self { rt, q, bufs, checked: false, rounds: 0 }
+    }
+
+    fn submit(&self) -> gantry::Result<Event> {
+        let mut last = None;
+        for i in 0..2 {
+            let (src, dst) = (&self.bufs[i], &self.bufs[i + 1]);
+            last = Some(self.q.submit(|cg| {
+                let a = cg.read(src);
+                let o = cg.elements_out(dst);
+                cg.parallel_for(1, move |it| *o.elem(it) = step(a.get(it, 0)));
+            })?);
+        }
+        Ok(last.expect("two kernels"))
+    }
+
+    fn fused(&mut self) -> gantry::Result<()> {
+        self.rounds += 1;
+        self.q.start_fusion()?;
+        self.submit()?;
+        self.q.complete_fusion(FusionProps::default())?.wait()
+    }
+
+    fn unfused(&self) -> gantry::Result<()> {
+        self.submit()?.wait()
+    }
+
+    /// Two fused rounds: the second must come from the cache, with the right result.
+    fn check(&mut self, label: &str) {
+        if self.checked {
+            return;
+        }
+        let want = reference(2, &[1.0]);
+        for round in 0..2 {
+            self.bufs[2].write().expect("host write")[0] = 0.0;
+            self.fused().expect("fused round");
+            assert_bits(label, &self.bufs[2].to_vec().expect("read"), &want);
+            match self.q.fusion_outcome() {
+                Some(FusionOutcome::Fused { kernels: 2, cached, .. }) => {
+                    assert_eq!(cached, round == 1, "{label}: round {round} cached")
+                }
+                other => panic!("{label}: round {round} not fused: {other:?}"),
+            }
+        }
+        let stats = self.rt.fusion_cache_stats().expect("closure fusion cache");
+        assert_eq!((stats.hits, stats.misses), (1, 1), "{label}: cache after two rounds");
+        self.checked = true;
+    }
+}
+
+fn overhead_bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fusion_overhead");
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_millis(1_000))
+        .warm_up_time(Duration::from_millis(300));
+    for set in [Set::Inline, Set::Threaded] {
+        let mut tiny = Tiny::new(set);
+        let label = format!("fusion_overhead/{}/fused", set.name());
+        group.bench_function(BenchmarkId::from_parameter(format!("{}/fused", set.name())), |b| {
+            tiny.check(&label);
+            b.iter(|| tiny.fused().expect("fused round"));
+        });
+        if tiny.checked {
+            // Every round after the first was a cache hit.
+            let stats = tiny.rt.fusion_cache_stats().expect("closure fusion cache");
+            assert_eq!(
+                (stats.hits, stats.misses),
+                (tiny.rounds - 1, 1),
+                "{label}: {} rounds were not all cache hits",
+                tiny.rounds
+            );
+        }
+        group.bench_function(BenchmarkId::from_parameter(format!("{}/unfused_overhead", set.name())), |b| {
+            b.iter(|| tiny.unfused().expect("unfused round"));
+        });
+        tiny.rt.wait_idle().expect("wait_idle");
+        let stats = tiny.rt.stats();
+        assert_eq!(stats.live_commands, 0, "{label}: commands left alive: {stats:?}");
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    overhead_bench(c);
+    let threaded_large = std::env::var("GANTRY_BENCH_FUSION_THREADED_16M").is_ok_and(|v| v == "1");
+    for set in [Set::Inline, Set::Threaded] {
+        for n in [SMALL, LARGE] {
+            if set == Set::Threaded && n == LARGE && !threaded_large {
+                continue;
+            }
+            chain_bench(c, set, n);
+        }
+    }
+}
+
+criterion_group!(fusion, benches);
+criterion_main!(fusion);
