@@ -30,9 +30,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use gantry::{
-    Accessor, CpuConfig, DiscardWrite, Event, HostAccessor, Item, NdRange, Queue, QueueOptions, Read,
-    ReadWrite, Readback, Runtime, SimConfig, Write,
+    Accessor, CancelReason, CpuConfig, DiscardWrite, Event, FusionOutcome, FusionProps, HostAccessor, Item,
+    NdRange, Promotion, Queue, QueueOptions, Read, ReadWrite, Readback, Runtime, SimConfig, Write,
 };
+
+pub mod fusion;
 
 /// Maximal number of buffers of a program.
 pub const MAX_BUFFERS: usize = 4;
@@ -179,6 +181,9 @@ pub enum Cmd {
         salt: u32,
         /// Launch shape.
         launch: Launch,
+        /// Fusion promotion hints: every accessor of these buffers gets
+        /// `cg.promote(&accessor, promotion)` (only in fusion programs, see [`fusion`]).
+        promote: Vec<(usize, Promotion)>,
     },
     /// A host task with the same arithmetic as a kernel, on host accessors.
     HostTask {
@@ -254,12 +259,23 @@ impl fmt::Debug for Cmd {
             write!(f, "]")
         }
         match self {
-            Cmd::Kernel { reads, writes, salt, launch } => {
+            Cmd::Kernel { reads, writes, salt, launch, promote } => {
                 match launch {
                     Launch::Flat => write!(f, "kernel salt={salt:#x}")?,
                     Launch::Nd(l) => write!(f, "kernel(nd local {l}) salt={salt:#x}")?,
                 }
-                rw(f, reads, writes)
+                rw(f, reads, writes)?;
+                if !promote.is_empty() {
+                    write!(f, " promote [")?;
+                    for (k, (b, p)) in promote.iter().enumerate() {
+                        if k > 0 {
+                            write!(f, ", ")?;
+                        }
+                        write!(f, "b{b} {}", promotion_name(*p))?;
+                    }
+                    write!(f, "]")?;
+                }
+                Ok(())
             }
             Cmd::HostTask { reads, writes, salt } => {
                 write!(f, "host_task salt={salt:#x}")?;
@@ -305,17 +321,73 @@ pub enum Op {
     /// Drops the program's (only) handle of a buffer; commands submitted before still
     /// use it. Later ops do not name it; its final contents are not compared.
     Drop(usize),
+    /// `start_fusion()` on the Gantry queue of program queue `queue` on `dev` (fusion
+    /// programs only, see [`fusion`]).
+    StartFusion {
+        /// Program queue index.
+        queue: usize,
+        /// Device.
+        dev: Dev,
+    },
+    /// `complete_fusion(FusionProps { barriers })` on that queue; its event becomes this
+    /// op's (waits and `depends_on` may name it). With `wait`, the host then waits on
+    /// it and checks the fusion's outcome.
+    CompleteFusion {
+        /// Program queue index.
+        queue: usize,
+        /// Device.
+        dev: Dev,
+        /// A work-group barrier between the fused kernels (`false`: `no_barriers`).
+        barriers: bool,
+        /// Wait on the fusion's event right away.
+        wait: bool,
+    },
+    /// `cancel_fusion()` on that queue.
+    CancelFusion {
+        /// Program queue index.
+        queue: usize,
+        /// Device.
+        dev: Dev,
+    },
+    /// `buf.set_promotion(promotion)`: the buffer's contents after a fusion that
+    /// internalizes it are undefined, so its final contents are not compared.
+    SetPromotion {
+        /// Buffer.
+        buf: usize,
+        /// The hint.
+        promotion: Promotion,
+    },
+}
+
+fn dev_name(d: Dev) -> &'static str {
+    match d {
+        Dev::Cpu => "cpu",
+        Dev::Sim => "sim",
+    }
+}
+
+fn promotion_name(p: Promotion) -> &'static str {
+    match p {
+        Promotion::None => "none",
+        Promotion::Local => "local",
+        Promotion::Private => "private",
+    }
+}
+
+fn parse_promotion(s: &str) -> Result<Promotion, String> {
+    match s {
+        "none" => Ok(Promotion::None),
+        "local" => Ok(Promotion::Local),
+        "private" => Ok(Promotion::Private),
+        _ => Err(format!("bad promotion `{s}`")),
+    }
 }
 
 impl fmt::Debug for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Op::Submit { queue, dev, deps, cmd } => {
-                let d = match dev {
-                    Dev::Cpu => "cpu",
-                    Dev::Sim => "sim",
-                };
-                write!(f, "q{queue}@{d} {cmd:?}")?;
+                write!(f, "q{queue}@{} {cmd:?}", dev_name(*dev))?;
                 if !deps.is_empty() {
                     write!(f, " after [")?;
                     for (k, d) in deps.iter().enumerate() {
@@ -334,6 +406,18 @@ impl fmt::Debug for Op {
             Op::Snapshot(b) => write!(f, "b{b}.to_vec()"),
             Op::HostUpdate { buf, salt } => write!(f, "b{buf}.write() salt={salt:#x}"),
             Op::Drop(b) => write!(f, "drop b{b}"),
+            Op::StartFusion { queue, dev } => write!(f, "q{queue}@{}.start_fusion()", dev_name(*dev)),
+            Op::CompleteFusion { queue, dev, barriers, wait } => write!(
+                f,
+                "q{queue}@{}.complete_fusion({}){}",
+                dev_name(*dev),
+                if *barriers { "barriers" } else { "no_barriers" },
+                if *wait { " wait" } else { "" }
+            ),
+            Op::CancelFusion { queue, dev } => write!(f, "q{queue}@{}.cancel_fusion()", dev_name(*dev)),
+            Op::SetPromotion { buf, promotion } => {
+                write!(f, "b{buf}.set_promotion({})", promotion_name(*promotion))
+            }
         }
     }
 }
@@ -658,7 +742,7 @@ impl Program {
                         0 => Launch::Flat,
                         k => Launch::Nd(1 << (k - 1)),
                     };
-                    Some(Cmd::Kernel { reads, writes, salt: r.salt, launch })
+                    Some(Cmd::Kernel { reads, writes, salt: r.salt, launch, promote: vec![] })
                 }
                 Kind::HostTask => {
                     // Mostly one or two writes: a host task that writes nothing checks little.
@@ -846,7 +930,13 @@ pub fn run_model(p: &Program) -> Outcome {
                 }
             }
             Op::Drop(b) => dropped.push(*b),
-            Op::Wait(_) | Op::QueueWait(_) | Op::Flush => {}
+            Op::Wait(_)
+            | Op::QueueWait(_)
+            | Op::Flush
+            | Op::StartFusion { .. }
+            | Op::CompleteFusion { .. }
+            | Op::CancelFusion { .. }
+            | Op::SetPromotion { .. } => {}
         }
     }
     for b in dropped {
@@ -926,6 +1016,12 @@ pub struct Session {
     host_reads: std::sync::Arc<std::sync::Mutex<Vec<(usize, u32)>>>,
     snapshots: Vec<(usize, Vec<u32>)>,
     progress: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The program (for fusion outcome checks) and its fusion windows.
+    program: Program,
+    windows: Vec<fusion::Window>,
+    /// `(op index, outcome)` of every fusion outcome checked (at a window's end, or at
+    /// the end of the program for each queue's last window, with its start's index).
+    fusions: Vec<(usize, FusionOutcome)>,
 }
 
 impl Session {
@@ -956,7 +1052,30 @@ impl Session {
             snapshots: vec![],
             host_reads: Default::default(),
             progress: Default::default(),
+            program: p.clone(),
+            windows: fusion::windows(p),
+            fusions: vec![],
         }
+    }
+
+    /// The window that ends (`end`) or starts at op `i`.
+    fn window_at(&self, i: usize, end: bool) -> Result<&fusion::Window, String> {
+        self.windows
+            .iter()
+            .find(|w| if end { w.end == Some(i) } else { w.start == i })
+            .ok_or_else(|| format!("#{i}: no fusion window {} here", if end { "ends" } else { "starts" }))
+    }
+
+    fn fusion_outcome(&mut self, i: usize, q: &Queue) -> Result<FusionOutcome, String> {
+        let o = q.fusion_outcome().ok_or_else(|| format!("#{i}: the fusion's outcome is unknown"))?;
+        self.fusions.push((i, o.clone()));
+        Ok(o)
+    }
+
+    /// The fusion outcomes checked so far: `(op index, outcome)` (see
+    /// [`Session::finish_with_fusions`]).
+    pub fn fusions(&self) -> &[(usize, FusionOutcome)] {
+        &self.fusions
     }
 
     /// The runtime.
@@ -1041,16 +1160,88 @@ impl Session {
                     *x = mix(item_seed(*salt, k), *x);
                 }
             }
+            Op::StartFusion { queue, dev } => {
+                let q = self.queue(*queue, *dev);
+                q.start_fusion().map_err(|e| format!("#{i}: start_fusion failed: {e}"))?;
+                if !q.is_in_fusion_mode() {
+                    return Err(format!("#{i}: not in fusion mode after start_fusion"));
+                }
+            }
+            Op::CompleteFusion { queue, dev, barriers, wait } => {
+                let q = self.queue(*queue, *dev).clone();
+                let ev = q
+                    .complete_fusion(FusionProps { barriers: *barriers })
+                    .map_err(|e| format!("#{i}: complete_fusion failed: {e}"))?;
+                if q.is_in_fusion_mode() {
+                    return Err(format!("#{i}: still in fusion mode after complete_fusion"));
+                }
+                self.events[i] = Some(ev.clone());
+                if *wait {
+                    self.set_progress(|| format!("#{i}: waiting on the completed fusion's event"));
+                    ev.wait().map_err(|e| format!("#{i}: waiting on the fusion failed: {e}"))?;
+                    let o = self.fusion_outcome(i, &q)?;
+                    fusion::check_outcome(&self.program, self.window_at(i, true)?, &o)
+                        .map_err(|e| format!("#{i}: {e}"))?;
+                }
+            }
+            Op::CancelFusion { queue, dev } => {
+                let q = self.queue(*queue, *dev).clone();
+                q.cancel_fusion();
+                if q.is_in_fusion_mode() {
+                    return Err(format!("#{i}: still in fusion mode after cancel_fusion"));
+                }
+                let o = self.fusion_outcome(i, &q)?;
+                if !matches!(o, FusionOutcome::Cancelled(_)) {
+                    return Err(format!("#{i}: outcome {o:?} after cancel_fusion"));
+                }
+                fusion::check_outcome(&self.program, self.window_at(i, true)?, &o)
+                    .map_err(|e| format!("#{i}: {e}"))?;
+            }
+            Op::SetPromotion { buf, promotion } => Bufs(&self.buffers)[*buf].set_promotion(*promotion),
         }
         Ok(())
     }
 
     /// Waits for everything, checks every event succeeded and returns the outcome.
-    pub fn finish(mut self) -> Result<Outcome, String> {
+    pub fn finish(self) -> Result<Outcome, String> {
+        self.finish_with_fusions().map(|o| o.0)
+    }
+
+    /// [`Session::finish`], also returning the fusion outcomes checked: at each
+    /// window's end where known, and for each queue's last window at the end (with the
+    /// index of its start).
+    pub fn finish_with_fusions(mut self) -> Result<(Outcome, Vec<(usize, FusionOutcome)>), String> {
         for (i, ev) in self.events.iter().enumerate() {
             if let Some(ev) = ev {
                 self.set_progress(|| format!("the final wait on #{i}'s event"));
                 ev.wait().map_err(|e| format!("#{i} failed: {e}"))?;
+            }
+        }
+        // Windows left open with no kernel to wait on: the queue wait cancels them.
+        for (q, queues) in self.queues.iter().enumerate() {
+            for (d, queue) in queues {
+                if queue.is_in_fusion_mode() {
+                    self.set_progress(|| format!("the final q{q}@{}.wait()", dev_name(*d)));
+                    queue.wait().map_err(|e| format!("final wait on a fusing queue failed: {e}"))?;
+                }
+            }
+        }
+        // Each queue's last fusion has ended: check its outcome.
+        for (q, queues) in self.queues.iter().enumerate() {
+            for (d, queue) in queues {
+                let Some(w) = self.windows.iter().rev().find(|w| (w.queue, w.dev) == (q, *d)) else {
+                    continue;
+                };
+                let o = queue.fusion_outcome().ok_or_else(|| {
+                    format!("the outcome of the window at #{} is unknown after the final waits", w.start)
+                })?;
+                fusion::check_outcome(&self.program, w, &o).map_err(|e| format!("at the end: {e}"))?;
+                if w.end.is_none() && !matches!(o, FusionOutcome::Cancelled(_)) {
+                    return Err(format!("the window at #{} was never ended, yet {o:?}", w.start));
+                }
+                if !self.fusions.iter().any(|f| Some(f.0) == w.end) {
+                    self.fusions.push((w.start, o));
+                }
             }
         }
         let mut out = Outcome { snapshots: std::mem::take(&mut self.snapshots), ..Default::default() };
@@ -1074,7 +1265,7 @@ impl Session {
         if stats.live_commands != 0 || stats.in_driver != 0 || stats.failed != 0 {
             return Err(format!("after wait_idle ({:?}): {stats:?}", self.config));
         }
-        Ok(out)
+        Ok((out, std::mem::take(&mut self.fusions)))
     }
 }
 
@@ -1098,7 +1289,7 @@ fn build(
     host_reads: HostReads,
 ) {
     match cmd {
-        Cmd::Kernel { reads, writes, salt, launch } => {
+        Cmd::Kernel { reads, writes, salt, launch, promote } => {
             let salt = *salt;
             let ra: Vec<Accessor<u32, Read>> =
                 reads.iter().map(|s| cg.access::<u32, Read>(&bufs[s.buf], s.start..s.end)).collect();
@@ -1113,6 +1304,21 @@ fn build(
                     }
                 })
                 .collect();
+            let hint = |b: usize| promote.iter().find(|(x, _)| *x == b).map(|(_, p)| *p);
+            for (a, s) in ra.iter().zip(reads) {
+                if let Some(p) = hint(s.buf) {
+                    cg.promote(a, p);
+                }
+            }
+            for (w, (s, _)) in wa.iter().zip(writes) {
+                if let Some(p) = hint(s.buf) {
+                    match w {
+                        KW::W(a) => cg.promote(a, p),
+                        KW::Rw(a) => cg.promote(a, p),
+                        KW::D(a) => cg.promote(a, p),
+                    };
+                }
+            }
             let n = writes.iter().map(|(s, _)| s.len()).max().unwrap_or(1);
             let body = move |it: &mut Item<'_>| {
                 let i = it.global_linear_id();
@@ -1342,8 +1548,13 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 /// Checks that Gantry under `config` produces the model's outcome for `p` (within
 /// [`hang_timeout`]).
 pub fn check(p: &Program, config: Config) -> Result<(), String> {
-    let model = run_model(p);
-    let got = run_gantry_watched(p, config, hang_timeout())?;
+    let mut model = run_model(p);
+    let mut got = run_gantry_watched(p, config, hang_timeout())?;
+    // A fusion that internalizes a promoted buffer does not write it back.
+    for b in fusion::promoted_buffers(p) {
+        model.buffers[b].clear();
+        got.buffers[b].clear();
+    }
     match model.mismatch(&got) {
         None => Ok(()),
         Some(m) => Err(format!("{config:?}: Gantry differs from the model:\n{m}")),
@@ -1398,11 +1609,19 @@ fn parse_cmd(w: &[&str]) -> Result<Cmd, String> {
             let salt = parse_salt(rest.first().ok_or("salt")?)?;
             let r = rest.iter().position(|&x| x == "reads").ok_or("reads")?;
             let wr = rest.iter().position(|&x| x == "writes").ok_or("writes")?;
+            let pr = rest.iter().position(|&x| x == "promote").unwrap_or(rest.len());
             let reads = parse_list(&rest[r + 1..wr].join(" "))
                 .into_iter()
                 .map(parse_span)
                 .collect::<Result<_, _>>()?;
-            let writes = parse_list(&rest[wr + 1..].join(" "))
+            let promote = parse_list(&rest[(pr + 1).min(rest.len())..].join(" "))
+                .into_iter()
+                .map(|x| {
+                    let (b, p) = x.split_once(' ').ok_or_else(|| format!("bad promotion `{x}`"))?;
+                    Ok((num(b.trim_start_matches('b'))? as usize, parse_promotion(p)?))
+                })
+                .collect::<Result<_, String>>()?;
+            let writes = parse_list(&rest[wr + 1..pr].join(" "))
                 .into_iter()
                 .map(|x| {
                     let (s, m) = x.split_once(' ').ok_or_else(|| format!("bad write `{x}`"))?;
@@ -1418,7 +1637,7 @@ fn parse_cmd(w: &[&str]) -> Result<Cmd, String> {
             Ok(if *kind == "host_task" {
                 Cmd::HostTask { reads, writes, salt }
             } else {
-                Cmd::Kernel { reads, writes, salt, launch }
+                Cmd::Kernel { reads, writes, salt, launch, promote }
             })
         }
         "copy" => Ok(Cmd::Copy { src: parse_span(&words(0, 1))?, dst: parse_span(&words(2, 3))? }),
@@ -1436,6 +1655,32 @@ fn parse_op(w: &[&str]) -> Result<Op, String> {
     let target = |s: &str| num(s.trim_start_matches('#'));
     if first == "flush" {
         return Ok(Op::Flush);
+    }
+    let parse_dev = |d: &str| match d {
+        "cpu" => Ok(Dev::Cpu),
+        "sim" => Ok(Dev::Sim),
+        _ => Err(format!("unknown device `{d}`")),
+    };
+    if let Some((qd, method)) = first.split_once('.').filter(|(qd, _)| qd.contains('@')) {
+        let (q, d) = qd.split_once('@').expect("checked");
+        let (queue, dev) = (num(q.trim_start_matches('q'))? as usize, parse_dev(d)?);
+        return match method {
+            "start_fusion()" => Ok(Op::StartFusion { queue, dev }),
+            "cancel_fusion()" => Ok(Op::CancelFusion { queue, dev }),
+            "complete_fusion(barriers)" | "complete_fusion(no_barriers)" => Ok(Op::CompleteFusion {
+                queue,
+                dev,
+                barriers: method == "complete_fusion(barriers)",
+                wait: w.get(1) == Some(&"wait"),
+            }),
+            _ => Err(format!("unknown queue method `{method}`")),
+        };
+    }
+    if let Some((b, p)) = first.split_once(".set_promotion(") {
+        return Ok(Op::SetPromotion {
+            buf: num(b.trim_start_matches('b'))? as usize,
+            promotion: parse_promotion(p.trim_end_matches(')'))?,
+        });
     }
     if first == "drop" {
         return Ok(Op::Drop(num(w.get(1).ok_or("drop what")?.trim_start_matches('b'))? as usize));

@@ -97,7 +97,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 buffer.dropped.store(true, std::sync::atomic::Ordering::Release);
                 let active = world.get_resource::<Fusions>().map(|f| f.active.clone()).unwrap_or_default();
                 for list in active {
-                    if q.list(world, list).is_some_and(|l| l.buffers.contains(&buffer.id)) {
+                    // After `complete_fusion` the kernels keep the buffer alive: no cancel.
+                    if q.list(world, list)
+                        .is_some_and(|l| l.complete.is_none() && l.buffers.contains(&buffer.id))
+                    {
                         request(world, q, list, |l| {
                             l.cancel.get_or_insert(CancelReason::BufferDropped { buffer: buffer.id });
                         });
@@ -111,7 +114,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 let list = world.get_resource::<Fusions>().and_then(|f| f.by_queue.get(&queue.id).copied());
                 if let Some(list) = list {
                     request(world, q, list, |l| {
-                        if l.status == ListStatus::Active {
+                        if l.status == ListStatus::Active && l.complete.is_none() {
                             l.cancel.get_or_insert(CancelReason::QueueDropped);
                         }
                     });

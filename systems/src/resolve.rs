@@ -171,8 +171,14 @@ fn event_preds(world: &World, q: &mut Queries, p: Entity, preds: &mut Preds, thi
     if q.command(world, p).is_some_and(|c| c.kind == CommandKind::Fusion) {
         if let Some(list) = q.in_fusion(world, p).and_then(|l| q.list(world, l)) {
             if list.status == ListStatus::Active {
-                for &k in &list.kernels {
-                    push_unique(preds, k, this);
+                // Only the kernels submitted before `this`: later ones (ingested in the
+                // same flush) are not what the event stood for when it was named.
+                let seq = q.command(world, this).map_or(u64::MAX, |c| c.seq);
+                let kernels = list.kernels.clone();
+                for k in kernels {
+                    if q.command(world, k).is_some_and(|c| c.seq < seq) {
+                        push_unique(preds, k, this);
+                    }
                 }
                 return;
             }
@@ -379,6 +385,10 @@ fn insert_move(
     target.producer = Some(m);
     let in_driver_waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
     connect(world, q, m, preds, in_driver_waits, false);
+    // A move waiting on a held kernel is a dependent like any other (fusion-sync).
+    if world.get_resource::<Fusions>().is_some_and(|f| !f.active.is_empty()) {
+        world.resource_mut::<WorkLists>().resolved.push(m);
+    }
     Ok(())
 }
 

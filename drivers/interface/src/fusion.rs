@@ -466,7 +466,13 @@ fn fused_geometry(kernels: &[FusionKernel]) -> Result<(Geometry, Vec<bool>), Fus
         if reshaped && offset != [0; 3] {
             return Err(FusionError::DifferentOffsets { kernel: name(k), offset, fused: [0; 3] });
         }
-        remap.push(own != grid || k.geometry.dims() != geometry.dims());
+        // Any other shape (a plain range's driver-chosen groups included) is run through
+        // the grid's work-items.
+        remap.push(
+            own != grid
+                || k.geometry.dims() != geometry.dims()
+                || k.geometry.local_range() != geometry.local_range(),
+        );
     }
     Ok((geometry, remap))
 }

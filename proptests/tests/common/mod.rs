@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use gantry_proptests::fusion::FusionGen;
 use gantry_proptests::{GenOptions, Program, RawOp, RawProgram, RawSpan};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -58,4 +59,10 @@ pub fn raw_program(max_ops: usize) -> impl Strategy<Value = RawProgram> {
 /// Valid programs of up to `max_ops` ops under `opts`.
 pub fn program(max_ops: usize, opts: GenOptions) -> impl Strategy<Value = Program> {
     raw_program(max_ops).prop_map(move |raw| Program::decode(&raw, &opts))
+}
+
+/// Valid fusion programs of up to `max_ops` ops under `opts` (see
+/// `gantry_proptests::fusion`).
+pub fn fusion_program(max_ops: usize, gen: FusionGen) -> impl Strategy<Value = Program> {
+    raw_program(max_ops).prop_map(move |raw| gantry_proptests::fusion::decode(&raw, &gen))
 }
