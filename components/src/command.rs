@@ -139,8 +139,9 @@ pub struct Command {
     /// The device that executes it.
     pub device: DeviceId,
     /// Submission order of user commands (0, 1, …). A memory move carries the number
-    /// of commands ingested when it was inserted, so it can share a value with a user
-    /// command; timelines identify commands by entity instead.
+    /// of the command it was inserted for (fusion-sync compares it with a list's
+    /// completion), so it shares a value with that command; timelines identify
+    /// commands by entity instead.
     pub seq: u64,
 }
 

@@ -20,7 +20,7 @@
 //! * a promoted buffer (the program's *scratch* buffer, if it has one) is only used by
 //!   kernels of one window at a time, whole, first written whole (`discard`) in that
 //!   window and never read outside windows: its contents are only needed inside;
-//! * patterns that hit known Gantry bugs are left out ([`Avoid`]).
+//! * patterns that once hit Gantry bugs can be left out ([`Avoid`]) to bisect.
 //!
 //! The Gantry run also checks each fusion's outcome ([`check_outcome`]) where it is
 //! known: right after `cancel_fusion`, after a `complete_fusion … wait`, and at the
@@ -285,16 +285,20 @@ pub fn check_outcome(p: &Program, w: &Window, o: &FusionOutcome) -> Result<(), S
 // The generator
 // ---------------------------------------------------------------------------------
 
-/// Patterns that hit Gantry bugs the generator found (all fixed; the reproductions are
-/// the `regression_*` tests in `tests/fusion.rs`). By default every pattern is
-/// generated; [`FusionGen::from_env`] can leave some out to bisect a new failure.
+/// Patterns that hit Gantry bugs the generator found, all fixed (the `regression_*`
+/// tests in `tests/fusion.rs`). By default every pattern is generated;
+/// [`FusionGen::from_env`] can leave some out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Avoid {
     /// No `depends_on` naming a kernel of a window that is still open (its event is the
     /// fusion's): the dependency stands for every kernel in the list when the dependent
     /// command is *resolved*, kernels submitted after it included, so a later listed
     /// kernel that depends on that command makes a cycle (a hang).
-    /// `regression_depending_on_a_fusion_event_waits_for_later_kernels`.
+    /// `regression_depending_on_a_fusion_event_waits_for_later_kernels`. Fixed for a
+    /// list still collecting; not yet for one the scheduler cancelled meanwhile (a race
+    /// of threaded mode): the dependency is then the fusion command, which waits for
+    /// every kernel sent to the list, later ones included.
+    /// `regression_depending_on_the_event_of_a_list_cancelled_meanwhile`.
     pub event_of_open_window: bool,
     /// No plain-range kernel in a window with ND-range kernels (window kernels are all
     /// ND-ranges, or all plain): the fused kernel runs the plain kernel, unremapped,
@@ -309,8 +313,19 @@ pub struct Avoid {
     /// with one of that window's kernels: it needs the buffer moved (whole) from the
     /// other side, the move waits for the held kernel, and since neither the move nor
     /// the command names a held kernel the fusion is not cancelled (a host wait on the
-    /// command hangs). `regression_move_behind_a_held_kernel_is_not_a_dependent`.
+    /// command hangs). `regression_move_behind_a_held_kernel_is_not_a_dependent`. Fixed,
+    /// but not when the window's `complete_fusion` is ingested in the same flush as the
+    /// command: the move's sequence number is then past the completion, so it does not
+    /// cancel, and a later listed kernel that depends on the command makes a cycle.
+    /// `regression_move_resolved_with_the_completion_does_not_cancel`.
     pub move_behind_held: bool,
+    /// When a window with kernels is completed while other windows are open, those are
+    /// completed right after it: a kernel listed later in another window could depend
+    /// on a command that waits for the completed window's kernels, which may depend on
+    /// that other window's — a cycle through a command submitted after a completion,
+    /// which fusion-sync does not see (a hang).
+    /// `regression_cycle_through_a_command_after_a_completion`.
+    pub complete_with_others_open: bool,
     /// A `flush` before a buffer drop (if a window was completed since the last flush):
     /// a drop ingested in the same flush as a completion cancels the fusion (a wrong
     /// outcome, not wrong data; dropping the queue does the same).
@@ -324,6 +339,7 @@ impl Avoid {
         event_of_open_window: true,
         plain_with_nd: true,
         move_behind_held: true,
+        complete_with_others_open: true,
         drop_after_complete: true,
     };
     /// Generate everything.
@@ -331,6 +347,7 @@ impl Avoid {
         event_of_open_window: false,
         plain_with_nd: false,
         move_behind_held: false,
+        complete_with_others_open: false,
         drop_after_complete: false,
     };
 }
@@ -345,18 +362,15 @@ pub struct FusionGen {
 }
 
 impl FusionGen {
-    /// `opts`, leaving out the patterns of [`Avoid`] unless `GANTRY_PROPTEST_FUSION_AVOID`
-    /// says otherwise: `none` generates them all, a comma-separated list of field names
-    /// leaves out only those. The four bugs they first hit are fixed (the
-    /// `regression_*` tests), but with all of them generated, threaded random programs
-    /// still found a hang that is not yet minimized, so CI leaves them out for now.
+    /// `opts`, generating every pattern unless `GANTRY_PROPTEST_FUSION_AVOID` names some
+    /// to leave out: `all`, or a comma-separated list of [`Avoid`]'s field names. The
+    /// seven bugs these patterns hit are fixed (the `regression_*` tests); leaving a
+    /// pattern out helps bisect a new failure.
     ///
     /// # Panics
     /// On an unknown name.
     pub fn from_env(opts: GenOptions) -> FusionGen {
-        let Ok(names) = std::env::var("GANTRY_PROPTEST_FUSION_AVOID") else {
-            return FusionGen { opts, avoid: Avoid::ALL };
-        };
+        let names = std::env::var("GANTRY_PROPTEST_FUSION_AVOID").unwrap_or_default();
         let mut avoid = Avoid::NONE;
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty() && *n != "none") {
             match name {
@@ -364,6 +378,7 @@ impl FusionGen {
                 "event_of_open_window" => avoid.event_of_open_window = true,
                 "plain_with_nd" => avoid.plain_with_nd = true,
                 "move_behind_held" => avoid.move_behind_held = true,
+                "complete_with_others_open" => avoid.complete_with_others_open = true,
                 "drop_after_complete" => avoid.drop_after_complete = true,
                 _ => panic!("GANTRY_PROPTEST_FUSION_AVOID: unknown pattern `{name}`"),
             }
@@ -436,6 +451,31 @@ fn end_op(ops: &[Op], w: &Open, end: End) -> Op {
     }
 }
 
+/// Ends window `w` with `end` (see [`end_op`]), and, if it is completed with kernels
+/// while other windows are open and `avoid.complete_with_others_open`, completes those
+/// too. Returns whether a completion was pushed.
+fn close(
+    ops: &mut Vec<Op>,
+    submits: &mut Vec<usize>,
+    open: &mut Vec<Open>,
+    w: Open,
+    end: End,
+    avoid: &Avoid,
+) -> bool {
+    let op = end_op(ops, &w, end);
+    let completed = matches!(op, Op::CompleteFusion { .. });
+    if completed {
+        submits.push(ops.len());
+    }
+    ops.push(op);
+    if completed && !w.kernels.is_empty() && avoid.complete_with_others_open {
+        for other in std::mem::take(open) {
+            close(ops, submits, open, other, End::Complete { barriers: true, wait: false }, avoid);
+        }
+    }
+    completed
+}
+
 /// Where an op's data must be: the simulated device for its submissions other than
 /// host tasks, else the host.
 fn side(op: &Op) -> Dev {
@@ -500,19 +540,31 @@ fn kernel(r: &RawOp, live: &Live<'_>, w: Option<&mut Open>, scratch: Option<usiz
     };
     if let (Some(w), Some(t)) = (w, scratch) {
         if let Some((p, per_accessor)) = w.promote {
-            if (r.modes[1] >> 2) & 3 != 0 {
-                let whole = Span { buf: t, start: 0, end: live.specs[t].len };
-                if !w.scratch_written {
-                    writes.push((whole, WMode::DiscardWrite));
-                    w.scratch_written = true;
-                } else {
-                    match (r.modes[1] >> 4) % 4 {
-                        0 => reads.push(whole),
-                        1 => writes.push((whole, WMode::ReadWrite)),
-                        2 => writes.push((whole, WMode::DiscardWrite)),
-                        _ => writes.push((whole, WMode::Write)),
-                    }
+            let len = live.specs[t].len;
+            let whole = Span { buf: t, start: 0, end: len };
+            let access = match (r.modes[1] >> 4) % 4 {
+                _ if !w.scratch_written => Some(WMode::DiscardWrite),
+                0 => None,
+                1 => Some(WMode::ReadWrite),
+                2 => Some(WMode::DiscardWrite),
+                _ => Some(WMode::Write),
+            };
+            // Local memory holds `len / work-groups` elements per work-group, so work-item
+            // `i` may only touch element `i` of a local scratch buffer if the ND-range is
+            // exactly `len` work-items (else its group's share is not where it reaches:
+            // a broken promise, not a Gantry bug). Private memory needs the same, which
+            // Gantry checks itself (sizes); plain ranges cannot be local (it falls back).
+            let n = writes.iter().map(|(s, _)| s.len()).chain(access.map(|_| len)).max().unwrap_or(1);
+            let fits = match launch {
+                Launch::Flat => true,
+                Launch::Nd(l) => n.div_ceil(l) * l == len,
+            };
+            if (r.modes[1] >> 2) & 3 != 0 && fits {
+                match access {
+                    None => reads.push(whole),
+                    Some(m) => writes.push((whole, m)),
                 }
+                w.scratch_written = true;
                 // Now and then one accessor without the hint: the fusion falls back.
                 if per_accessor && !r.salt.is_multiple_of(16) {
                     promote.push((t, p));
@@ -599,12 +651,7 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
             ops.push(Op::Submit { queue, dev, deps, cmd });
             if left == 1 {
                 let w = open.pop().expect("window");
-                let op = end_op(&ops, &w, end);
-                if matches!(op, Op::CompleteFusion { .. }) {
-                    completed = true;
-                    submits.push(ops.len());
-                }
-                ops.push(op);
+                completed |= close(&mut ops, &mut submits, &mut open, w, end, avoid);
             }
             continue;
         }
@@ -664,12 +711,7 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
                 };
                 ops.push(Op::StartFusion { queue, dev });
                 if let Some((0, end)) = w.burst {
-                    let op = end_op(&ops, &w, end);
-                    if matches!(op, Op::CompleteFusion { .. }) {
-                        completed = true;
-                        submits.push(ops.len());
-                    }
-                    ops.push(op);
+                    completed |= close(&mut ops, &mut submits, &mut open, w, end, avoid);
                 } else {
                     open.push(w);
                 }
@@ -680,9 +722,8 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
                     continue;
                 }
                 let w = open.remove(r.queue as usize % open.len());
-                let op = end_op(&ops, &w, end_of(r));
-                completed |= matches!(op, Op::CompleteFusion { .. });
-                op
+                completed |= close(&mut ops, &mut submits, &mut open, w, end_of(r), avoid);
+                continue;
             }
             FKind::Base(Kind::Kernel) => {
                 let (queue, dev) = if !open.is_empty() && (r.queue >> 4) & 3 != 0 {

@@ -179,9 +179,26 @@ fn dependent_cancels(
     kind: &'static str,
 ) {
     for &p in preds {
-        if let Some(list) = held_in(world, q, p) {
-            if cancels(world, q, list, seq) {
-                cancel(world, q, list, CancelReason::Dependent { command: name.clone(), kind });
+        let Some(list) = held_in(world, q, p) else { continue };
+        if cancels(world, q, list, seq) {
+            cancel(world, q, list, CancelReason::Dependent { command: name.clone(), kind });
+            continue;
+        }
+        // Submitted after `list`'s completion, the command will wait for its fused
+        // kernel, and so for every list that one depends on: those are dependencies of
+        // the command too (otherwise a kernel listed there after it would close a cycle).
+        let mut stack: SmallVec<[Entity; 2]> =
+            q.list(world, list).map(|l| l.deps.clone()).unwrap_or_default();
+        let mut seen: SmallVec<[Entity; 4]> = SmallVec::new();
+        while let Some(dep) = stack.pop() {
+            if seen.contains(&dep) {
+                continue;
+            }
+            seen.push(dep);
+            let Some(l) = q.list(world, dep).filter(|l| l.status == ListStatus::Active) else { continue };
+            stack.extend(l.deps.iter().copied());
+            if cancels(world, q, dep, seq) {
+                cancel(world, q, dep, CancelReason::Dependent { command: name.clone(), kind });
             }
         }
     }

@@ -31,9 +31,9 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished, Fusions,
-    ListStatus, Location, MemoryRecord, QueueState, Requirement, Requirements, SchedulerConfig, Stats,
-    Status, Successor, Work, WorkLists,
+    ByteRange, Command, CommandKind, Devices, Edges, EventShared, EventStatus, Execution, Finished,
+    FusionOutcome, Fusions, ListStatus, Location, MemoryRecord, QueueState, Requirement, Requirements,
+    SchedulerConfig, Stats, Status, Successor, Work, WorkLists,
 };
 use gantry_driver::{AccessMode, ExecError, MemSpace};
 use smallvec::SmallVec;
@@ -165,14 +165,18 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
 }
 
 /// The commands an event dependency on `p` stands for: `p` itself, or, for the command
-/// of an active fusion list, the kernels listed so far (the fusion command completes
-/// after them; depending on it is depending on them, with fusion's rules).
+/// of a fusion list that is not fused, the kernels listed before the dependent (the
+/// fusion command completes after them; depending on it is depending on them, with
+/// fusion's rules).
 fn event_preds(world: &World, q: &mut Queries, p: Entity, preds: &mut Preds, this: Entity) {
     if q.command(world, p).is_some_and(|c| c.kind == CommandKind::Fusion) {
         if let Some(list) = q.in_fusion(world, p).and_then(|l| q.list(world, l)) {
-            if list.status == ListStatus::Active {
-                // Only the kernels submitted before `this`: later ones (ingested in the
-                // same flush) are not what the event stood for when it was named.
+            // Unless the list was fused (its command then waits for the fused kernel),
+            // the command waits for every kernel sent to the list, maybe `this` too:
+            // the event stands for the kernels submitted before `this`, which is what
+            // it stood for when it was named.
+            let fused = matches!(list.shared.outcome(), Some(FusionOutcome::Fused { .. }));
+            if !fused {
                 let seq = q.command(world, this).map_or(u64::MAX, |c| c.seq);
                 let kernels = list.kernels.clone();
                 for k in kernels {
@@ -225,7 +229,8 @@ fn resolve_requirement(
     let whole = ByteRange::new(0, req.buffer.bytes);
     let needs_contents = req.mode.needs_contents() || !req.range.covers(&whole);
     if needs_contents {
-        ensure_valid(world, q, rec, space)?;
+        let seq = q.command(world, e).map_or(0, |c| c.seq);
+        ensure_valid(world, q, rec, space, seq)?;
     }
 
     let mut record = q.record_mut(world, rec).expect("memory record");
@@ -293,7 +298,14 @@ fn ensure_location(
 }
 
 /// Makes the contents valid in `space`, inserting memory moves as needed.
-fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace) -> Result<(), ExecError> {
+/// `seq`: the sequence number of the command that needs the contents (moves carry it).
+fn ensure_valid(
+    world: &mut World,
+    q: &mut Queries,
+    rec: Entity,
+    space: MemSpace,
+    seq: u64,
+) -> Result<(), ExecError> {
     let record = q.record(world, rec).expect("memory record");
     if record.location(space).is_some_and(|l| l.valid) {
         return Ok(());
@@ -302,7 +314,7 @@ fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace
     let source = if host_valid || space != MemSpace::Host {
         // Device targets are fed from the host; make the host valid first if needed.
         if !host_valid {
-            ensure_valid(world, q, rec, MemSpace::Host)?;
+            ensure_valid(world, q, rec, MemSpace::Host, seq)?;
         }
         MemSpace::Host
     } else {
@@ -312,7 +324,7 @@ fn ensure_valid(world: &mut World, q: &mut Queries, rec: Entity, space: MemSpace
             message: "buffer has no valid copy".into(),
         })?
     };
-    insert_move(world, q, rec, source, space)
+    insert_move(world, q, rec, source, space, seq)
 }
 
 /// The resolution order of a placement snapshot (see `Requirement::valid_before`).
@@ -329,6 +341,7 @@ fn insert_move(
     rec: Entity,
     from: MemSpace,
     to: MemSpace,
+    seq: u64,
 ) -> Result<(), ExecError> {
     ensure_location(world, q, rec, to)?;
     let record = q.record(world, rec).expect("memory record");
@@ -351,7 +364,6 @@ fn insert_move(
     // move fails or is failed by a dependency (its target then holds garbage).
     let before = record.locations.iter().filter(|l| l.valid).map(|l| l.space).collect();
     dst_req.valid_before = Some((next_placement(world), before));
-    let seq = world.resource::<Stats>().submitted;
     let m = world
         .spawn((
             Command { kind: CommandKind::MemoryMove, name, queue: None, device, seq },
