@@ -154,16 +154,16 @@ impl FusionShared {
         self.state.lock().sent
     }
 
-    /// Runs `send` (which sends a kernel to the list) if the fusion is active, counting
-    /// the kernel; `None` (and `send` not run) otherwise.
-    pub fn send_kernel<R>(&self, send: impl FnOnce() -> R) -> Option<R> {
+    /// Runs `send(item)` (which sends a kernel to the list) if the fusion is active,
+    /// counting the kernel; hands `item` back (and runs nothing) otherwise.
+    pub fn send_kernel<T, R>(&self, item: T, send: impl FnOnce(T) -> R) -> Result<R, T> {
         let mut s = self.state.lock();
         if s.status != FusionStatus::Active {
-            return None;
+            return Err(item);
         }
-        let r = send();
+        let r = send(item);
         s.sent += 1;
-        Some(r)
+        Ok(r)
     }
 
     /// Runs `send` (which sends the completion) and marks the fusion completed, if it is
@@ -299,5 +299,34 @@ pub fn warn_fusion(budget: &AtomicUsize, message: std::fmt::Arguments<'_>) {
     let left = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     if left.is_ok() {
         tracing::warn!("{message}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Warnings stop once the budget is spent; the budget never wraps.
+    #[test]
+    fn warnings_are_capped_by_the_budget() {
+        let budget = AtomicUsize::new(2);
+        for _ in 0..5 {
+            warn_fusion(&budget, format_args!("fusion warning"));
+        }
+        assert_eq!(budget.load(Ordering::Relaxed), 0);
+    }
+
+    /// Kernels are counted only while the fusion is active; a cancelled one hands the
+    /// kernel back, and a fused outcome is final.
+    #[test]
+    fn shared_state_transitions() {
+        let f = FusionShared::new(1, Arc::new(EventShared::new("fusion".into(), 0, 0)));
+        assert_eq!(f.send_kernel(7, |k| k * 2), Ok(14));
+        assert_eq!(f.sent(), 1);
+        assert!(f.cancel(CancelReason::Requested, || {}));
+        assert!(!f.cancel(CancelReason::HostWait, || {}), "already cancelled");
+        assert_eq!(f.send_kernel(7, |k| k * 2), Err(7));
+        assert_eq!(f.sent(), 1);
+        assert_eq!(f.outcome(), Some(FusionOutcome::Cancelled(CancelReason::Requested)));
     }
 }

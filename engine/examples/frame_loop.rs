@@ -36,7 +36,9 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use gantry::{Buffer, CacheStats, Event, FusionOutcome, FusionProps, NdRange, Queue, Runtime};
+use gantry::{
+    Accessor, Buffer, CacheStats, Event, FusionOutcome, FusionProps, Item, NdRange, Queue, Read, Runtime,
+};
 
 /// Diffusion coefficient (stable for ≤ 0.25).
 const ALPHA: f32 = 0.2;
@@ -132,6 +134,19 @@ fn stencil(c: f32, north: f32, south: f32, west: f32, east: f32) -> f32 {
 #[inline(always)]
 fn is_edge(y: usize, x: usize, h: usize, w: usize) -> bool {
     y == 0 || x == 0 || y == h - 1 || x == w - 1
+}
+
+/// The next temperature of the work-item's cell `(global_id(0), global_id(1))`.
+#[inline(always)]
+fn diffuse_at(src: &Accessor<f32, Read>, it: &Item<'_>, h: usize, w: usize) -> f32 {
+    let (y, x) = (it.global_id(0), it.global_id(1));
+    let i = y * w + x;
+    let c = src.get(it, i);
+    if is_edge(y, x, h, w) {
+        c
+    } else {
+        stencil(c, src.get(it, i - w), src.get(it, i + w), src.get(it, i - 1), src.get(it, i + 1))
+    }
 }
 
 /// Sum and maximum of one row, left to right.
@@ -282,15 +297,7 @@ impl Sim {
             let src = cg.read(cur);
             let dst = cg.elements_out(next);
             cg.parallel_for([h, w], move |it| {
-                let (y, x) = (it.global_id(0), it.global_id(1));
-                let i = y * w + x;
-                let c = src.get(it, i);
-                let v = if is_edge(y, x, h, w) {
-                    c
-                } else {
-                    stencil(c, src.get(it, i - w), src.get(it, i + w), src.get(it, i - 1), src.get(it, i + 1))
-                };
-                *dst.elem(it) = v;
+                *dst.elem(it) = diffuse_at(&src, it, h, w);
             });
         })?);
 
@@ -327,15 +334,7 @@ impl Sim {
             let src = cg.read(cur);
             let dst = cg.elements_out(next);
             cg.parallel_for_nd(nd, move |it| {
-                let (y, x) = (it.global_id(0), it.global_id(1));
-                let i = y * w + x;
-                let c = src.get(it, i);
-                let v = if is_edge(y, x, h, w) {
-                    c
-                } else {
-                    stencil(c, src.get(it, i - w), src.get(it, i + w), src.get(it, i - 1), src.get(it, i + 1))
-                };
-                *dst.elem(it) = v;
+                *dst.elem(it) = diffuse_at(&src, it, h, w);
             });
         })
     }

@@ -62,7 +62,8 @@ pub use gantry_components::{
 };
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{
-    CacheStats, ClosureFusion, FusionCompiler, FusionError, FusionWarning, Promotion, PromotionMismatch,
+    CacheStats, ClosureFusion, Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, Promotion,
+    PromotionMismatch,
 };
 pub use gantry_driver::{
     AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,

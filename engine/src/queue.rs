@@ -86,37 +86,27 @@ impl Queue {
         }
         let built = cg.finish(device)?;
         let on_host = built.kind == CommandKind::HostTask;
-        if built.kind == CommandKind::Kernel {
-            if let Some(fusion) = self.active_fusion() {
-                // Sent under the fusion's lock, so the scheduler counts it in the list.
-                let mut parts = Some(built);
-                let sent = fusion.send_kernel(|| {
-                    let b = parts.take().expect("sent once");
-                    let f = Some(fusion.clone());
-                    self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, f, |_| {})
-                });
-                match sent {
-                    Some(result) => {
-                        result?;
-                        return Ok(Event::of_fusion(&fusion, rt));
-                    }
-                    // Cancelled meanwhile: submitted as an ordinary kernel.
-                    None => {
-                        let b = parts.take().expect("not sent");
-                        return self.send(
-                            b.kind,
-                            b.name,
-                            b.work,
-                            b.requirements,
-                            b.waits,
-                            false,
-                            None,
-                            |_| {},
-                        );
-                    }
-                }
-            }
-        }
+        let fusion = if built.kind == CommandKind::Kernel { self.active_fusion() } else { None };
+        let built = match fusion {
+            // Sent under the fusion's lock, so the scheduler counts it in the list; if the
+            // fusion was cancelled meanwhile, it is submitted as an ordinary kernel.
+            Some(fusion) => match fusion.send_kernel(built, |b| {
+                self.send(
+                    b.kind,
+                    b.name,
+                    b.work,
+                    b.requirements,
+                    b.waits,
+                    false,
+                    Some(fusion.clone()),
+                    |_| {},
+                )
+            }) {
+                Ok(sent) => return sent.map(|_| Event::of_fusion(&fusion, rt)),
+                Err(built) => built,
+            },
+            None => built,
+        };
         self.send(
             built.kind,
             built.name,

@@ -623,3 +623,49 @@ fn back_to_back_fusions_in_one_flush_both_fuse() {
     assert_eq!((stats.hits, stats.misses), (1, 1), "both windows fused");
     assert_eq!(kernels_run(&rt).iter().filter(|n| n.starts_with("fused")).count(), 2);
 }
+
+/// A fusion compiler set on the builder is the one asked; a refusal runs the kernels
+/// unfused with the compiler's reason.
+#[test]
+fn a_custom_fusion_compiler_is_used() {
+    use gantry::{ClosureFusion, FusionCompiler};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Counting {
+        calls: AtomicUsize,
+        refuse: bool,
+        inner: ClosureFusion,
+    }
+    impl FusionCompiler for Counting {
+        fn fuse(&self, request: &gantry::FusionRequest) -> std::result::Result<gantry::Fused, FusionError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.refuse {
+                return Err(FusionError::Empty);
+            }
+            self.inner.fuse(request)
+        }
+    }
+    for refuse in [false, true] {
+        let compiler = Arc::new(Counting { calls: AtomicUsize::new(0), refuse, inner: ClosureFusion::new() });
+        let rt = Runtime::builder()
+            .mode(Mode::Manual)
+            .fusion_compiler(compiler.clone())
+            .fusion_warnings(0)
+            .build();
+        assert!(rt.fusion_cache_stats().is_none(), "the default compiler is not in use");
+        let q = rt.queue();
+        let a = rt.buffer(&[1u32; 16]);
+        q.start_fusion().unwrap();
+        affine(&q, &a, 2, 1);
+        affine(&q, &a, 3, 0);
+        q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+        assert_eq!(compiler.calls.load(Ordering::Relaxed), 1);
+        assert_eq!(a.to_vec().unwrap(), vec![9; 16]);
+        match q.fusion_outcome() {
+            Some(FusionOutcome::Fused { kernels: 2, .. }) => assert!(!refuse),
+            Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Empty))) => assert!(refuse),
+            o => panic!("{o:?}"),
+        }
+    }
+}

@@ -750,48 +750,27 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
                 }
                 op
             }
-            FKind::Base(kind) => {
-                let cmd = match kind {
-                    Kind::Fill => Some(Cmd::Fill { span: span(&r.spans[0], &live), value: r.salt }),
-                    Kind::HostTask => {
-                        let nwrites = [0, 1, 1, 2, 2][(r.counts as usize / 3) % 5];
-                        let (reads, writes) = accessors(r, &live, r.counts as usize % 3, nwrites);
-                        Some(Cmd::HostTask { reads, writes, salt: r.salt })
+            FKind::Base(kind) => match (kind, plain_cmd(kind, r, &live)) {
+                (_, Some(cmd)) => Op::Submit {
+                    queue: r.queue as usize % nq,
+                    dev: dev_of(r),
+                    deps: deps_of(r, &submits, &open),
+                    cmd,
+                },
+                (Kind::Drop, _) if live.live.len() > 1 => {
+                    if avoid.drop_after_complete && completed {
+                        ops.push(Op::Flush);
+                        completed = false;
                     }
-                    Kind::Copy => copy(r, &live),
-                    Kind::CopyFromHost => {
-                        Some(Cmd::CopyFromHost { dst: span(&r.spans[0], &live), salt: r.salt })
-                    }
-                    Kind::ReadBack => Some(Cmd::ReadBack { src: span(&r.spans[0], &live) }),
-                    _ => None,
-                };
-                match (kind, cmd) {
-                    (_, Some(cmd)) => Op::Submit {
-                        queue: r.queue as usize % nq,
-                        dev: dev_of(r),
-                        deps: deps_of(r, &submits, &open),
-                        cmd,
-                    },
-                    (Kind::Wait, _) if !submits.is_empty() => {
-                        let back = r.aux as usize % submits.len();
-                        Op::Wait(submits[submits.len() - 1 - back])
-                    }
-                    (Kind::QueueWait, _) => Op::QueueWait(r.queue as usize % nq),
-                    (Kind::Flush, _) => Op::Flush,
-                    (Kind::Snapshot, _) => Op::Snapshot(live.pick(r.spans[0].buf)),
-                    (Kind::HostUpdate, _) => Op::HostUpdate { buf: live.pick(r.spans[0].buf), salt: r.salt },
-                    (Kind::Drop, _) if live.live.len() > 1 => {
-                        if avoid.drop_after_complete && completed {
-                            ops.push(Op::Flush);
-                            completed = false;
-                        }
-                        let b = live.pick(r.spans[0].buf);
-                        live.live.retain(|&x| x != b);
-                        Op::Drop(b)
-                    }
-                    _ => continue,
+                    let b = live.pick(r.spans[0].buf);
+                    live.live.retain(|&x| x != b);
+                    Op::Drop(b)
                 }
-            }
+                (kind, None) => match host_op(kind, r, &submits, nq, &live) {
+                    Some(op) => op,
+                    None => continue,
+                },
+            },
         };
         if avoid.move_behind_held && behind_held(&ops, &open, &op, |b| buffers[b].len) {
             continue;

@@ -661,6 +661,40 @@ fn accessors(
     (reads, writes)
 }
 
+/// The command of a submitting kind other than a kernel (generators differ on kernels).
+fn plain_cmd(kind: Kind, r: &RawOp, live: &Live<'_>) -> Option<Cmd> {
+    match kind {
+        Kind::Fill => Some(Cmd::Fill { span: span(&r.spans[0], live), value: r.salt }),
+        Kind::HostTask => {
+            // Mostly one or two writes: a host task that writes nothing checks little.
+            let nwrites = [0, 1, 1, 2, 2][(r.counts as usize / 3) % 5];
+            let (reads, writes) = accessors(r, live, r.counts as usize % 3, nwrites);
+            Some(Cmd::HostTask { reads, writes, salt: r.salt })
+        }
+        Kind::Copy => copy(r, live),
+        Kind::CopyFromHost => Some(Cmd::CopyFromHost { dst: span(&r.spans[0], live), salt: r.salt }),
+        Kind::ReadBack => Some(Cmd::ReadBack { src: span(&r.spans[0], live) }),
+        _ => None,
+    }
+}
+
+/// The op of a host-side kind that submits nothing (waits, flushes, snapshots, host
+/// updates; drops are the generators' own), if it applies.
+fn host_op(kind: Kind, r: &RawOp, submits: &[usize], nq: usize, live: &Live<'_>) -> Option<Op> {
+    Some(match kind {
+        Kind::Wait if !submits.is_empty() => {
+            // Counted back from the latest submission (shrinks towards it).
+            let back = r.aux as usize % submits.len();
+            Op::Wait(submits[submits.len() - 1 - back])
+        }
+        Kind::QueueWait => Op::QueueWait(r.queue as usize % nq),
+        Kind::Flush => Op::Flush,
+        Kind::Snapshot => Op::Snapshot(live.pick(r.spans[0].buf)),
+        Kind::HostUpdate => Op::HostUpdate { buf: live.pick(r.spans[0].buf), salt: r.salt },
+        _ => return None,
+    })
+}
+
 fn copy(raw: &RawOp, live: &Live<'_>) -> Option<Cmd> {
     let (a, b) = (&raw.spans[0], &raw.spans[1]);
     let buffers = live.specs;
@@ -734,7 +768,6 @@ impl Program {
             }
             let nq = queues.len();
             let cmd = match kind {
-                Kind::Fill => Some(Cmd::Fill { span: span(&r.spans[0], &live), value: r.salt }),
                 Kind::Kernel => {
                     let (reads, writes) =
                         accessors(r, &live, r.counts as usize % 3, 1 + (r.counts as usize / 3) % 2);
@@ -744,16 +777,7 @@ impl Program {
                     };
                     Some(Cmd::Kernel { reads, writes, salt: r.salt, launch, promote: vec![] })
                 }
-                Kind::HostTask => {
-                    // Mostly one or two writes: a host task that writes nothing checks little.
-                    let nwrites = [0, 1, 1, 2, 2][(r.counts as usize / 3) % 5];
-                    let (reads, writes) = accessors(r, &live, r.counts as usize % 3, nwrites);
-                    Some(Cmd::HostTask { reads, writes, salt: r.salt })
-                }
-                Kind::Copy => copy(r, &live),
-                Kind::CopyFromHost => Some(Cmd::CopyFromHost { dst: span(&r.spans[0], &live), salt: r.salt }),
-                Kind::ReadBack => Some(Cmd::ReadBack { src: span(&r.spans[0], &live) }),
-                _ => None,
+                _ => plain_cmd(kind, r, &live),
             };
             let op = match (kind, cmd) {
                 (_, Some(cmd)) => {
@@ -766,21 +790,15 @@ impl Program {
                     let dev = if opts.sim && r.sim { Dev::Sim } else { Dev::Cpu };
                     Op::Submit { queue: r.queue as usize % nq, dev, deps: deps.into_iter().collect(), cmd }
                 }
-                (Kind::Wait, _) if !submits.is_empty() => {
-                    // Counted back from the latest submission (shrinks towards it).
-                    let back = r.aux as usize % submits.len();
-                    Op::Wait(submits[submits.len() - 1 - back])
-                }
-                (Kind::QueueWait, _) => Op::QueueWait(r.queue as usize % nq),
-                (Kind::Flush, _) => Op::Flush,
-                (Kind::Snapshot, _) => Op::Snapshot(live.pick(r.spans[0].buf)),
-                (Kind::HostUpdate, _) => Op::HostUpdate { buf: live.pick(r.spans[0].buf), salt: r.salt },
                 (Kind::Drop, _) if live.live.len() > 1 => {
                     let b = live.pick(r.spans[0].buf);
                     live.live.retain(|&x| x != b);
                     Op::Drop(b)
                 }
-                _ => continue,
+                (kind, None) => match host_op(kind, r, &submits, nq, &live) {
+                    Some(op) => op,
+                    None => continue,
+                },
             };
             if matches!(op, Op::Submit { .. }) {
                 submits.push(ops.len());

@@ -115,23 +115,24 @@ fn cancels(world: &World, q: &mut Queries, list: Entity, seq: u64) -> bool {
     q.list(world, list).is_some_and(|l| l.complete.is_none_or(|(from, _)| seq < from))
 }
 
-/// Whether active list `from` depends on `to`, directly or through other lists.
-fn reaches(world: &World, q: &mut Queries, from: Entity, to: Entity) -> bool {
-    let mut stack = vec![from];
-    let mut seen = SmallVec::<[Entity; 8]>::new();
+/// The active lists `list` depends on, directly or through other active lists.
+fn upstream(world: &World, q: &mut Queries, list: Entity) -> SmallVec<[Entity; 4]> {
+    let mut found = SmallVec::<[Entity; 4]>::new();
+    let mut stack: SmallVec<[Entity; 4]> = SmallVec::new();
+    let active = |q: &mut Queries, l: Entity| q.list(world, l).filter(|l| l.status == ListStatus::Active);
+    if let Some(l) = active(q, list) {
+        stack.extend(l.deps.iter().copied());
+    }
     while let Some(l) = stack.pop() {
-        if l == to {
-            return true;
-        }
-        if seen.contains(&l) {
+        if found.contains(&l) {
             continue;
         }
-        seen.push(l);
-        if let Some(list) = q.list(world, l).filter(|l| l.status == ListStatus::Active) {
-            stack.extend(list.deps.iter().copied());
+        if let Some(dep) = active(q, l) {
+            found.push(l);
+            stack.extend(dep.deps.iter().copied());
         }
     }
-    false
+    found
 }
 
 /// Applies the synchronization rules to one resolved command.
@@ -154,7 +155,7 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
                 let Some(other) = held_in(world, q, p).filter(|&o| o != list) else {
                     continue;
                 };
-                if reaches(world, q, other, list) {
+                if upstream(world, q, other).contains(&list) {
                     let queue = q.list(world, list).map_or(0, |l| l.queue.id);
                     cancel(world, q, other, CancelReason::Cycle { other_queue: queue });
                 } else if let Some(mut l) = q.list_mut(world, list) {
@@ -187,16 +188,7 @@ fn dependent_cancels(
         // Submitted after `list`'s completion, the command will wait for its fused
         // kernel, and so for every list that one depends on: those are dependencies of
         // the command too (otherwise a kernel listed there after it would close a cycle).
-        let mut stack: SmallVec<[Entity; 2]> =
-            q.list(world, list).map(|l| l.deps.clone()).unwrap_or_default();
-        let mut seen: SmallVec<[Entity; 4]> = SmallVec::new();
-        while let Some(dep) = stack.pop() {
-            if seen.contains(&dep) {
-                continue;
-            }
-            seen.push(dep);
-            let Some(l) = q.list(world, dep).filter(|l| l.status == ListStatus::Active) else { continue };
-            stack.extend(l.deps.iter().copied());
+        for dep in upstream(world, q, list) {
             if cancels(world, q, dep, seq) {
                 cancel(world, q, dep, CancelReason::Dependent { command: name.clone(), kind });
             }

@@ -45,11 +45,13 @@ pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
+    // Lists start at ingest and end in later stages: read once per run.
+    let fusing = world.get_resource::<Fusions>().is_some_and(|f| !f.active.is_empty());
     for &e in &list {
-        resolve_command(world, q, e);
+        resolve_command(world, q, e, fusing);
     }
     // Fusion-sync looks at what was resolved while a fusion is collecting kernels.
-    if world.get_resource::<Fusions>().is_some_and(|f| !f.active.is_empty()) {
+    if fusing {
         world.resource_mut::<WorkLists>().resolved.extend_from_slice(&list);
     }
     // Hand the allocation back to keep the list's capacity.
@@ -83,7 +85,8 @@ fn fail_now(world: &mut World, _q: &mut Queries, e: Entity, error: ExecError) {
     });
 }
 
-fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
+/// `fusing`: some fusion list is collecting kernels.
+fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) {
     let Some(cmd) = q.command(world, e) else {
         return;
     };
@@ -150,8 +153,9 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
     }
 
     // A kernel joining an active fusion list is withheld from enqueue.
-    let hold = match q.in_fusion(world, e) {
-        Some(list) if kind == CommandKind::Kernel => {
+    let list = if fusing && kind == CommandKind::Kernel { q.in_fusion(world, e) } else { None };
+    let hold = match list {
+        Some(list) => {
             let mut list = q.list_mut(world, list).expect("fusion list");
             let active = list.status == ListStatus::Active;
             if active {
@@ -159,7 +163,7 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity) {
             }
             active
         }
-        _ => false,
+        None => false,
     };
     connect(world, q, e, preds, in_driver_waits, hold);
 }

@@ -597,7 +597,7 @@ impl Part {
         &self,
         globals: &[Binding],
         scratch: &[Binding],
-        internal: &[Internal],
+        internal: &[(Internal, usize)],
     ) -> SmallVec<[Binding; 8]> {
         self.slots
             .iter()
@@ -608,8 +608,9 @@ impl Part {
                     Binding::new(unsafe { b.ptr.add(offset) }, len)
                 }
                 SlotSource::Internal { index } => {
-                    let b = scratch[index as usize];
-                    Binding { ptr: b.ptr, len: 0, internal: internal[index as usize], wrap: b.len }
+                    // `len` 0: every access takes the mapped (`i % n`) path.
+                    let (kind, wrap) = internal[index as usize];
+                    Binding { ptr: scratch[index as usize].ptr, len: 0, internal: kind, wrap }
                 }
             })
             .collect()
@@ -633,23 +634,13 @@ impl Part {
 struct FusedBody {
     parts: Vec<Part>,
     barriers: bool,
-    /// Per internal buffer: how its scratch is addressed, and its bytes per work-item
-    /// for private ones.
+    /// Per internal buffer (the first scratch slots): how it is addressed, and its
+    /// bytes per work-group (local) or per work-item (private).
     internal: Vec<(Internal, usize)>,
 }
 
 impl FusedBody {
-    fn run_group(&self, ctx: &GroupCtx<'_>) {
-        // Internal buffers come first in the fused scratch list. A private one's
-        // binding is the group's region with the per-work-item size as its length.
-        let kinds: SmallVec<[Internal; 4]> = self.internal.iter().map(|i| i.0).collect();
-        let mut scratch: SmallVec<[Binding; 8]> = SmallVec::from_slice(ctx.scratch);
-        for (i, &(kind, per_item)) in self.internal.iter().enumerate() {
-            if kind == Internal::Private {
-                scratch[i].len = per_item;
-            }
-        }
-        let grid = GroupCtx { scratch: &scratch, ..*ctx };
+    fn run_group(&self, grid: &GroupCtx<'_>) {
         let mut i = 0;
         while i < self.parts.len() {
             let interleave =
@@ -657,14 +648,14 @@ impl FusedBody {
             if interleave(&self.parts[i]) {
                 let end = i + self.parts[i..].iter().take_while(|p| interleave(p)).count();
                 if end - i > 1 {
-                    self.run_interleaved(&grid, &self.parts[i..end], &kinds);
+                    self.run_interleaved(grid, &self.parts[i..end]);
                     i = end;
                     continue;
                 }
             }
             let part = &self.parts[i];
-            let bindings = part.bindings(grid.bindings, grid.scratch, &kinds);
-            let sub = part.ctx(&grid, &bindings);
+            let bindings = part.bindings(grid.bindings, grid.scratch, &self.internal);
+            let sub = part.ctx(grid, &bindings);
             for phase in &part.kernel.phases {
                 (phase.group)(&sub);
             }
@@ -674,21 +665,19 @@ impl FusedBody {
 
     /// Without barriers: each work-item runs the single-phase kernels' bodies back to
     /// back.
-    fn run_interleaved(&self, grid: &GroupCtx<'_>, parts: &[Part], kinds: &[Internal]) {
+    fn run_interleaved(&self, grid: &GroupCtx<'_>, parts: &[Part]) {
         let bindings: SmallVec<[SmallVec<[Binding; 8]>; 4]> =
-            parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, kinds)).collect();
+            parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, &self.internal)).collect();
         let subs: SmallVec<[GroupCtx<'_>; 4]> =
             parts.iter().zip(&bindings).map(|(p, b)| p.ctx(grid, b)).collect();
         let ext = grid.extent();
-        let mut lin = 0;
         for i0 in 0..ext[0] {
             for i1 in 0..ext[1] {
                 for i2 in 0..ext[2] {
                     for (sub, part) in subs.iter().zip(parts) {
-                        let one = GroupCtx { only: Some(([i0, i1, i2], lin)), ..*sub };
+                        let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
                         (part.kernel.phases[0].group)(&one);
                     }
-                    lin += 1;
                 }
             }
         }

@@ -22,9 +22,9 @@ pub struct GroupCtx<'a> {
     pub scratch: &'a [Binding],
     /// The command group's accessor tag; accessors from other command groups panic.
     pub tag: u64,
-    /// Run only this work-item of the group: (local id in the grid, local linear id).
-    /// Fusion without barriers runs several kernels' bodies item by item this way.
-    pub only: Option<([usize; 3], usize)>,
+    /// Run only the work-item with this local id (in the grid). Fusion without
+    /// barriers runs several kernels' bodies item by item this way.
+    pub only: Option<[usize; 3]>,
 }
 
 impl<'a> GroupCtx<'a> {
@@ -115,7 +115,7 @@ fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
     let base = ctx.base();
     let (first, ext) = match ctx.only {
         None => ([0; 3], ctx.extent()),
-        Some((local, _)) => (local, [1; 3]),
+        Some(local) => (local, [1; 3]),
     };
     let grid_global = ctx.grid().global_range();
     let (own, total) = (ctx.geometry.global_range(), ctx.geometry.global_size());
