@@ -40,6 +40,8 @@ pub enum CommandKind {
     /// A fusion command (seed 000): completes after the kernels of its fusion list, or
     /// after the kernel they were fused into.
     Fusion,
+    /// One partition of a command-graph submission: a recorded command buffer.
+    CommandBuffer,
 }
 
 impl CommandKind {
@@ -57,6 +59,7 @@ impl CommandKind {
             CommandKind::Barrier => "barrier",
             CommandKind::HostAccess => "host_access",
             CommandKind::Fusion => "fusion",
+            CommandKind::CommandBuffer => "command_buffer",
         }
     }
 
@@ -120,6 +123,14 @@ pub enum Work {
         from: MemSpace,
         /// Where it is needed.
         to: MemSpace,
+    },
+    /// Replay a command buffer. Argument-table entry `i` is the whole buffer of
+    /// requirement `entries[i].0`, used in mode `entries[i].1`.
+    CommandBuffer {
+        /// The recorded command buffer.
+        buffer: gantry_driver::CommandBuffer,
+        /// Requirement index and mode of each argument-table entry.
+        entries: SmallVec<[(u32, AccessMode); 4]>,
     },
     /// Nothing to run.
     Marker,

@@ -53,6 +53,8 @@ pub struct BufferCore {
     pub dropped: AtomicBool,
     /// The promotion hint its accessors inherit (a [`Promotion`] as `u8`).
     pub promotion: AtomicU8,
+    /// How many graphs being recorded use it (host access is refused meanwhile).
+    pub recorded: std::sync::atomic::AtomicU32,
 }
 
 impl BufferCore {

@@ -10,6 +10,7 @@
 //! | memory record | [`MemoryRecord`] |
 //! | queue | [`QueueState`] |
 //! | fusion list | [`FusionList`] (its kernels carry [`InFusion`]) |
+//! | graph finalize request | [`Finalizing`] |
 //!
 //! A user-facing event is the shared half of a command's [`Execution`]: its
 //! [`EventShared`] outlives the command entity, so waiting never needs the world, and
@@ -20,6 +21,7 @@
 pub mod command;
 pub mod event;
 pub mod fusion;
+pub mod graph;
 pub mod handle;
 pub mod memory;
 pub mod queue;
@@ -35,6 +37,10 @@ pub use event::{EventShared, EventStatus, Timestamps};
 pub use fusion::{
     warn_fusion, CancelReason, FusionList, FusionOutcome, FusionProps, FusionShared, FusionStatus, Fusions,
     InFusion, ListStatus,
+};
+pub use graph::{
+    Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn, GraphNode,
+    GraphPolicy, GraphProps, Linearizer, NodeId, NodeWork, PartitionBody, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};

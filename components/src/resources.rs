@@ -32,6 +32,8 @@ pub enum Message {
     CancelFusion(Arc<FusionShared>),
     /// The user completed a fusion.
     CompleteFusion(Arc<FusionShared>, FusionProps),
+    /// The user finalized a command graph.
+    FinalizeGraph(Arc<crate::graph::FinalizeJob>),
 }
 
 /// Channels the scheduler drains each flush.
@@ -97,12 +99,17 @@ pub struct WorkLists {
     pub maybe_idle_records: Vec<Entity>,
     /// Commands resolved this flush, kept for fusion-sync while a fusion is active.
     pub resolved: Vec<Entity>,
+    /// Graph finalize requests for the partition stage.
+    pub finalize: Vec<Entity>,
 }
 
 impl WorkLists {
     /// Whether a further flush would make progress without new input.
     pub fn has_work(&self) -> bool {
-        !(self.resolve.is_empty() && self.ready.is_empty() && self.finished.is_empty())
+        !(self.resolve.is_empty()
+            && self.ready.is_empty()
+            && self.finished.is_empty()
+            && self.finalize.is_empty())
     }
 }
 

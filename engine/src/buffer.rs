@@ -95,6 +95,11 @@ impl<T> Buffer<T> {
         &self.handle.core
     }
 
+    /// A handle that keeps the buffer alive (graphs hold one per buffer they use).
+    pub(crate) fn keep_alive(&self) -> crate::handler::KeepAlive {
+        self.handle.clone()
+    }
+
     pub(crate) fn runtime_id(&self) -> u64 {
         self.handle.rt.id
     }
@@ -123,6 +128,9 @@ impl<T: Pod> Buffer<T> {
     fn host_access(&self, mode: AccessMode) -> Result<HostAccess> {
         let rt = &self.handle.rt;
         let core = &self.handle.core;
+        if core.recorded.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return Err(Error::BufferRecorded(core.id));
+        }
         let name: Arc<str> = format!("host access to buffer {}", core.id).into();
         let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
         let req = Requirement::new(core.clone(), mode, ByteRange::new(0, core.bytes));

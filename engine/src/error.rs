@@ -112,6 +112,72 @@ pub enum Error {
     /// A command failed while executing (or a command it depended on did).
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// `begin_recording` on a queue that already records into a graph.
+    #[error("queue {0} is already recording into a graph")]
+    AlreadyRecording(u64),
+    /// `end_recording` on a queue that does not record into this graph.
+    #[error("queue {queue} is not recording into graph {graph}")]
+    NotRecording {
+        /// The queue.
+        queue: u64,
+        /// The graph.
+        graph: u64,
+    },
+    /// Adding a node explicitly to, or finalizing, a graph while queues record into it.
+    #[error("graph {0} is recording; end the recording first")]
+    GraphRecording(u64),
+    /// Waiting on a queue while it records: its commands do not run.
+    #[error("queue {0} is recording into a graph; its commands run when the graph is submitted")]
+    QueueRecording(u64),
+    /// Waiting on, or depending from outside its graph on, the event of a recorded
+    /// command: it never runs by itself.
+    #[error("event `{0}` belongs to a command recorded into a graph; it never runs by itself")]
+    RecordedEvent(String),
+    /// A graph node depending on an event of a command outside the graph.
+    #[error("a graph node cannot depend on event `{0}` from outside the graph")]
+    EventOutsideGraph(String),
+    /// Host access to a buffer that a recording graph uses.
+    #[error("buffer {0} is used by a graph being recorded; end the recording before host access")]
+    BufferRecorded(u64),
+    /// An edge from a node to itself.
+    #[error("make_edge from node {0} to itself")]
+    SelfEdge(u32),
+    /// An edge that would close a cycle.
+    #[error("make_edge {from} → {to} would create a cycle")]
+    CycleEdge {
+        /// Source node.
+        from: u32,
+        /// Target node.
+        to: u32,
+    },
+    /// A node of another graph.
+    #[error("node {node} belongs to graph {graph}, not to graph {this}")]
+    ForeignNode {
+        /// The node.
+        node: u32,
+        /// Its graph.
+        graph: u64,
+        /// The graph it was given to.
+        this: u64,
+    },
+    /// Finalizing a graph failed.
+    #[error("finalize: {0}")]
+    Finalize(#[from] gantry_components::FinalizeError),
+    /// An update of an executable graph finalized without `updatable`.
+    #[error("executable graph {0} was not finalized as updatable")]
+    NotUpdatable(u64),
+    /// A whole-graph update from a graph of another topology.
+    #[error("graph topology differs: {0}")]
+    TopologyMismatch(String),
+    /// A dynamic parameter bound to or updated with a buffer of another size or
+    /// element type, or to a slot that does not exist.
+    #[error("dynamic parameter {param}: {why}")]
+    ParamMismatch {
+        /// The parameter's index in its graph.
+        param: u32,
+        /// What does not fit.
+        why: String,
+    },
 }
 
 /// Gantry's result type.

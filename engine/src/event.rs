@@ -36,6 +36,8 @@ pub struct Event {
     /// Set for the event of a fusion: waiting on it while the fusion is collecting
     /// kernels cancels the fusion (seed 000).
     pub(crate) fusion: Option<Arc<FusionShared>>,
+    /// Set for the event of a command recorded into a graph: it never runs by itself.
+    pub(crate) node: Option<crate::graph::Node>,
 }
 
 impl std::fmt::Debug for Event {
@@ -46,7 +48,12 @@ impl std::fmt::Debug for Event {
 
 impl Event {
     pub(crate) fn of_fusion(fusion: &Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
-        Self { shared: fusion.event.clone(), rt: Arc::downgrade(rt), fusion: Some(fusion.clone()) }
+        Self {
+            shared: fusion.event.clone(),
+            rt: Arc::downgrade(rt),
+            fusion: Some(fusion.clone()),
+            node: None,
+        }
     }
 
     /// Blocks until the command has finished. Returns its error, or that of a command
@@ -54,8 +61,12 @@ impl Event {
     /// scheduler until then.
     ///
     /// Waiting on an event returned while its queue is fusing cancels the fusion: the
-    /// collected kernels run unfused.
+    /// collected kernels run unfused. Waiting on the event of a command recorded into
+    /// a graph is an error ([`Error::RecordedEvent`]): it runs with the graph.
     pub fn wait(&self) -> Result<()> {
+        if self.node.is_some() {
+            return Err(Error::RecordedEvent(self.name().to_string()));
+        }
         if let (Some(f), Some(rt)) = (&self.fusion, self.rt.upgrade()) {
             if f.status() == FusionStatus::Active {
                 f.cancel(CancelReason::HostWait, || {

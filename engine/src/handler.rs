@@ -28,10 +28,16 @@ macro_rules! static_name {
     }};
 }
 
+/// A host task's closure: callable again, because a graph runs it once per submission.
+pub(crate) type HostFnMut = Box<dyn FnMut(&HostCtx<'_>) + Send>;
+
+/// Keeps a user buffer handle alive while a graph refers to its buffer.
+pub(crate) type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
+
 /// The action a command group performs.
 enum Action {
     Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[Phase; 2]> },
-    HostTask { name: Arc<str>, run: Box<dyn FnOnce(&HostCtx<'_>) + Send> },
+    HostTask { name: Arc<str>, run: HostFnMut },
     Copy,
     CopyFromHost(Arc<HostStorage>),
     CopyToHost(Arc<HostStorage>),
@@ -96,6 +102,12 @@ pub struct Handler {
     name: Option<Arc<str>>,
     readback: Option<(ReadbackSlot, Arc<HostStorage>)>,
     item_cost_ns: Option<f64>,
+    /// The graph this group becomes a node of (explicit `add` or recording).
+    graph: Option<u64>,
+    /// Buffer handles a graph node keeps alive.
+    pub(crate) keep: Vec<KeepAlive>,
+    /// Recorded events named by `depends_on`: graph edges.
+    pub(crate) graph_waits: SmallVec<[crate::graph::Node; 1]>,
 }
 
 /// Resolves a range expression over `len` elements to `start..end`.
@@ -127,7 +139,15 @@ impl Handler {
             name: None,
             readback: None,
             item_cost_ns: None,
+            graph: None,
+            keep: Vec::new(),
+            graph_waits: SmallVec::new(),
         }
+    }
+
+    /// A builder for a node of graph `graph`.
+    pub(crate) fn for_graph(runtime: u64, tag: u64, graph: u64) -> Self {
+        Self { graph: Some(graph), ..Self::new(runtime, tag) }
     }
 
     fn fail(&mut self, e: Error) {
@@ -161,6 +181,9 @@ impl Handler {
         if start == end {
             self.fail(Error::EmptyRange { what, buffer: buf.id() });
             return (0, 0);
+        }
+        if self.graph.is_some() {
+            self.keep.push(buf.keep_alive());
         }
         let size = std::mem::size_of::<T>();
         let range = ByteRange { start: start * size, end: end * size };
@@ -222,12 +245,20 @@ impl Handler {
         self
     }
 
-    /// The command also waits for `event` (which may belong to any queue).
+    /// The command also waits for `event` (which may belong to any queue). While
+    /// recording into a graph, `event` must be the event of a node of that graph (the
+    /// dependency becomes an edge); an event of a recorded node is an error anywhere
+    /// else.
     pub fn depends_on(&mut self, event: &Event) -> &mut Self {
         if event.shared.runtime != self.runtime {
             self.fail(Error::ForeignObject("an event"));
-        } else {
-            self.waits.push(event.shared.clone());
+            return self;
+        }
+        match (event.node, self.graph) {
+            (Some(node), Some(g)) if node.graph == g => self.graph_waits.push(node),
+            (Some(_), _) => self.fail(Error::RecordedEvent(event.name().to_string())),
+            (None, Some(_)) => self.fail(Error::EventOutsideGraph(event.name().to_string())),
+            (None, None) => self.waits.push(event.shared.clone()),
         }
         self
     }
@@ -387,9 +418,12 @@ impl Handler {
     /// assert_eq!(buf.to_vec()?, vec![3, 2, 1]);
     /// # Ok::<(), gantry::Error>(())
     /// ```
+    ///
+    /// The closure is `FnMut` because a host task recorded into a command graph runs
+    /// once per submission of the graph.
     pub fn host_task<F>(&mut self, f: F)
     where
-        F: FnOnce(&HostCtx<'_>) + Send + 'static,
+        F: FnMut(&HostCtx<'_>) + Send + 'static,
     {
         let name = self.kernel_name(static_name!("host_task"));
         self.set_action(Action::HostTask { name, run: Box::new(f) });
@@ -478,6 +512,7 @@ impl Handler {
         }
         self.check_conflicts()?;
         let unsupported = |what| Error::Unsupported { device: device.name.to_string(), what };
+        let mut host = None;
         let (kind, work, name) = match self.action.take() {
             None => (CommandKind::Marker, Work::Marker, self.kernel_name(static_name!("empty"))),
             Some(Action::Kernel { name, geometry, phases }) => {
@@ -520,7 +555,8 @@ impl Handler {
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }
             Some(Action::HostTask { name, run }) => {
-                (CommandKind::HostTask, Work::HostTask { run: SyncCell::new(run), tag: self.tag }, name)
+                host = Some(run);
+                (CommandKind::HostTask, Work::Marker, name)
             }
             Some(Action::Copy) => (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy"))),
             Some(Action::CopyFromHost(data)) => (
@@ -540,10 +576,14 @@ impl Handler {
         Ok(Built {
             kind,
             work,
+            host,
+            tag: self.tag,
             name,
             requirements: self.requirements,
             waits: self.waits,
             readback: self.readback,
+            keep: self.keep,
+            graph_waits: self.graph_waits,
         })
     }
 }
@@ -551,12 +591,34 @@ impl Handler {
 /// A validated command group.
 pub(crate) struct Built {
     pub(crate) kind: CommandKind,
+    /// The work (a placeholder marker for host tasks: see `host`).
     pub(crate) work: Work,
+    /// A host task's closure.
+    pub(crate) host: Option<HostFnMut>,
+    /// The group's tag (host accessors check it).
+    pub(crate) tag: u64,
     pub(crate) name: Arc<str>,
     pub(crate) requirements: SmallVec<[Requirement; 4]>,
     pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
     /// Where a copy to the host delivers, once its event exists.
     pub(crate) readback: Option<(ReadbackSlot, Arc<HostStorage>)>,
+    /// Buffer handles a graph node keeps alive.
+    pub(crate) keep: Vec<KeepAlive>,
+    /// Edges to nodes of the graph being built.
+    pub(crate) graph_waits: SmallVec<[crate::graph::Node; 1]>,
+}
+
+impl Built {
+    /// The work of an eager submission: host tasks run their closure once.
+    pub(crate) fn take_eager_work(&mut self) -> Work {
+        match self.host.take() {
+            Some(mut run) => {
+                let once: gantry_components::command::HostFn = Box::new(move |ctx| run(ctx));
+                Work::HostTask { run: SyncCell::new(once), tag: self.tag }
+            }
+            None => std::mem::replace(&mut self.work, Work::Marker),
+        }
+    }
 }
 
 /// Adds phases to a work-group kernel. See [`Handler::parallel_for_work_group`].

@@ -45,6 +45,7 @@
 mod buffer;
 mod error;
 mod event;
+mod graph;
 mod handler;
 mod queue;
 mod runtime;
@@ -53,12 +54,14 @@ mod trace;
 pub use buffer::{Buffer, HostRead, HostWrite, Readback};
 pub use error::{Error, Result};
 pub use event::Event;
+pub use graph::{CommandGraph, DynamicBuffer, ExecutableGraph, Node, PartitionInfo};
 pub use handler::{Handler, Phases};
 pub use queue::{Queue, QueueOptions};
 pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
 pub use gantry_components::{
-    CancelReason, EventStatus, FusionOutcome, FusionProps, Slice, Stage, Stats, Timeline, Timestamps,
+    CancelReason, EventStatus, FinalizeError, FusionOutcome, FusionProps, GraphProps, Linearizer, Slice,
+    Stage, Stats, Timeline, Timestamps,
 };
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{

@@ -11,8 +11,10 @@ use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::graph::{CommandGraph, ExecutableGraph};
 use crate::handler::Handler;
 use crate::runtime::{DeviceId, Shared};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How to make a queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +31,9 @@ struct QueueHandle {
     /// The queue's latest fusion (seed 000: kept until the next `start_fusion`, so a
     /// late `complete_fusion` still finds its event).
     fusion: Mutex<Option<Arc<FusionShared>>>,
+    /// The graph this queue records into, if any (checked first through `recording`).
+    graph: Mutex<Option<CommandGraph>>,
+    recording: AtomicBool,
 }
 
 impl Drop for QueueHandle {
@@ -61,7 +66,91 @@ pub struct Queue {
 
 impl Queue {
     pub(crate) fn new(core: Arc<QueueCore>, rt: Arc<Shared>) -> Self {
-        Self { handle: Arc::new(QueueHandle { core, rt, fusion: Mutex::new(None) }) }
+        let handle = QueueHandle {
+            core,
+            rt,
+            fusion: Mutex::new(None),
+            graph: Mutex::new(None),
+            recording: AtomicBool::new(false),
+        };
+        Self { handle: Arc::new(handle) }
+    }
+
+    /// Identifies the queue in errors.
+    pub fn id(&self) -> u64 {
+        self.handle.core.id
+    }
+
+    /// The graph this queue records into.
+    fn recording_graph(&self) -> Option<CommandGraph> {
+        if !self.handle.recording.load(Ordering::Acquire) {
+            return None;
+        }
+        self.handle.graph.lock().clone()
+    }
+
+    /// Whether the queue records into a graph.
+    pub fn is_recording(&self) -> bool {
+        self.recording_graph().is_some()
+    }
+
+    pub(crate) fn start_recording(&self, graph: &CommandGraph) -> Result<()> {
+        let mut slot = self.handle.graph.lock();
+        if slot.is_some() {
+            return Err(Error::AlreadyRecording(self.id()));
+        }
+        if self.active_fusion().is_some() {
+            return Err(Error::AlreadyFusing(self.id()));
+        }
+        *slot = Some(graph.clone());
+        self.handle.recording.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn stop_recording(&self, graph: &CommandGraph) -> Option<()> {
+        let mut slot = self.handle.graph.lock();
+        if !slot.as_ref().is_some_and(|g| Arc::ptr_eq(&g.inner, &graph.inner)) {
+            return None;
+        }
+        *slot = None;
+        self.handle.recording.store(false, Ordering::Release);
+        Some(())
+    }
+
+    /// Submits one execution of `graph` and returns its event, which completes when
+    /// every partition has (and fails if one did). Submissions of one executable graph
+    /// run one after another; its partitions' buffer ranges are resolved against
+    /// earlier and later work like any command's.
+    ///
+    /// ```
+    /// use gantry::{GraphProps, Runtime};
+    /// let rt = Runtime::new();
+    /// let counter = rt.buffer(&[0u64]);
+    /// let graph = rt.graph();
+    /// graph.add(|cg| {
+    ///     let c = cg.read_write(&counter);
+    ///     cg.single_task(move |it| c.set(it, 0, c.get(it, 0) + 1));
+    /// }, &[])?;
+    /// let exec = graph.finalize(GraphProps::default())?;
+    /// let q = rt.queue();
+    /// for _ in 0..100 {
+    ///     q.submit_graph(&exec)?;
+    /// }
+    /// q.wait()?;
+    /// assert_eq!(counter.to_vec()?, vec![100]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn submit_graph(&self, graph: &ExecutableGraph) -> Result<Event> {
+        let rt = &self.handle.rt;
+        if rt.lost[self.device() as usize].load(Ordering::Acquire) {
+            let device = &rt.devices[self.device() as usize];
+            return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
+        }
+        if let Some(g) = self.recording_graph() {
+            let node = g.add_graph_recorded(graph, &self.handle.core)?;
+            return Ok(node);
+        }
+        graph.submit(&self.handle.core)
     }
 
     /// The device its commands run on.
@@ -78,49 +167,42 @@ impl Queue {
     /// the command runs asynchronously. Bad input is returned here and nothing runs.
     pub fn submit(&self, build: impl FnOnce(&mut Handler)) -> Result<Event> {
         let rt = &self.handle.rt;
-        let mut cg = Handler::new(rt.id, rt.next_id());
+        let mut cg = match self.recording_graph() {
+            Some(g) => Handler::for_graph(rt.id, rt.next_id(), g.id()),
+            None => Handler::new(rt.id, rt.next_id()),
+        };
         build(&mut cg);
         let device = &rt.devices[self.device() as usize];
-        if rt.lost[self.device() as usize].load(std::sync::atomic::Ordering::Acquire) {
+        if rt.lost[self.device() as usize].load(Ordering::Acquire) {
             return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
         }
         let built = cg.finish(device)?;
+        if let Some(graph) = self.recording_graph() {
+            return graph.record(&self.handle.core, built);
+        }
+        if let Some(w) = built.graph_waits.first() {
+            return Err(Error::RecordedEvent(format!("node {} of graph {}", w.index(), w.graph)));
+        }
         let on_host = built.kind == CommandKind::HostTask;
         let fusion = if built.kind == CommandKind::Kernel { self.active_fusion() } else { None };
-        let built = match fusion {
+        let mut built = match fusion {
             // Sent under the fusion's lock, so the scheduler counts it in the list; if the
             // fusion was cancelled meanwhile, it is submitted as an ordinary kernel.
-            Some(fusion) => match fusion.send_kernel(built, |b| {
-                self.send(
-                    b.kind,
-                    b.name,
-                    b.work,
-                    b.requirements,
-                    b.waits,
-                    false,
-                    Some(fusion.clone()),
-                    |_| {},
-                )
+            Some(fusion) => match fusion.send_kernel(built, |mut b| {
+                let work = b.take_eager_work();
+                self.send(b.kind, b.name, work, b.requirements, b.waits, false, Some(fusion.clone()), |_| {})
             }) {
                 Ok(sent) => return sent.map(|_| Event::of_fusion(&fusion, rt)),
                 Err(built) => built,
             },
             None => built,
         };
-        self.send(
-            built.kind,
-            built.name,
-            built.work,
-            built.requirements,
-            built.waits,
-            on_host,
-            None,
-            |event| {
-                if let Some((slot, storage)) = built.readback {
-                    *slot.lock() = Some((storage, event.clone()));
-                }
-            },
-        )
+        let work = built.take_eager_work();
+        self.send(built.kind, built.name, work, built.requirements, built.waits, on_host, None, |event| {
+            if let Some((slot, storage)) = built.readback {
+                *slot.lock() = Some((storage, event.clone()));
+            }
+        })
     }
 
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {
@@ -150,6 +232,9 @@ impl Queue {
     /// # Ok::<(), gantry::Error>(())
     /// ```
     pub fn start_fusion(&self) -> Result<()> {
+        if self.is_recording() {
+            return Err(Error::QueueRecording(self.id()));
+        }
         let mut slot = self.handle.fusion.lock();
         if slot.as_ref().is_some_and(|f| f.status() == FusionStatus::Active) {
             return Err(Error::AlreadyFusing(self.handle.core.id));
@@ -221,6 +306,9 @@ impl Queue {
     /// Submits a barrier: an event that completes when everything submitted to this
     /// queue before it has (and fails if one of those failed).
     pub fn barrier(&self) -> Result<Event> {
+        if let Some(graph) = self.recording_graph() {
+            return graph.record_barrier(&self.handle.core);
+        }
         self.send(
             CommandKind::Barrier,
             "barrier".into(),
@@ -236,6 +324,9 @@ impl Queue {
     /// Blocks until everything submitted to this queue so far has finished; returns
     /// the first error among them, if any.
     pub fn wait(&self) -> Result<()> {
+        if self.is_recording() {
+            return Err(Error::QueueRecording(self.id()));
+        }
         if let Some(f) = self.active_fusion() {
             self.cancel(&f, CancelReason::QueueWait);
         }
@@ -271,6 +362,6 @@ impl Queue {
             fusion,
         }))
         .map_err(|_| Error::RuntimeDropped)?;
-        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None })
+        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None, node: None })
     }
 }

@@ -414,7 +414,7 @@ impl Shared {
 pub struct Runtime {
     pub(crate) shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    default_device: DeviceId,
+    pub(crate) default_device: DeviceId,
     pub(crate) host_queue: Arc<QueueCore>,
 }
 
@@ -491,6 +491,7 @@ impl Runtime {
             record: Default::default(),
             dropped: Default::default(),
             promotion: Default::default(),
+            recorded: Default::default(),
         });
         Buffer::new(core, len, self.shared.clone(), self.host_queue.clone())
     }

@@ -1380,8 +1380,8 @@ fn build(
                 .collect();
             cg.host_task(move |ctx| {
                 let read_data: Vec<&[u32]> = ra.iter().map(|a| a.as_slice(ctx)).collect();
-                let (op, sink) = host_reads;
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push((op, digest(read_data.iter().copied())));
+                let (op, sink) = &host_reads;
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push((*op, digest(read_data.iter().copied())));
                 let acc_of =
                     |i: usize| read_data.iter().fold(item_seed(salt, i), |acc, r| mix(acc, r[i % r.len()]));
                 for (k, w) in wa.iter_mut().enumerate() {

@@ -13,8 +13,8 @@ use gantry_components::{
     CommandKind, Devices, Finished, Requirement, SchedulerConfig, Stats, Status, Work, WorkLists,
 };
 use gantry_driver::{
-    Accepted, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice, MemSpace, OpHandle, OpId,
-    Submission,
+    Accepted, CommandBufferLaunch, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice,
+    MemSpace, OpHandle, OpId, Submission,
 };
 use smallvec::SmallVec;
 
@@ -83,6 +83,16 @@ fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceO
         Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
         Work::CopyToHost(out) => DeviceOp::Copy { src: slice(&reqs[0]), dst: MemSlice::host(out) },
         Work::Fill(pattern) => DeviceOp::Fill { dst: slice(&reqs[0]), pattern },
+        Work::CommandBuffer { buffer, entries } => {
+            let args = entries
+                .iter()
+                .map(|&(r, mode)| {
+                    let r = &reqs[r as usize];
+                    MemArg { mem: MemSlice { offset: 0, len: r.buffer.bytes, ..slice(r) }, mode }
+                })
+                .collect();
+            DeviceOp::CommandBuffer(CommandBufferLaunch { buffer, args })
+        }
         Work::Marker | Work::HostAccess => DeviceOp::Marker,
     }
 }

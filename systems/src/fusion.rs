@@ -308,12 +308,17 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
     }
 }
 
-fn fusion_arg(r: &Requirement) -> FusionArg {
+pub(crate) fn fusion_arg(r: &Requirement) -> FusionArg {
     FusionArg::new(r.buffer.id, r.range.start..r.range.end, r.elem_size as usize).promoted(r.promotion)
 }
 
 /// The fused kernel's requirement standing for the slots `uses` on one buffer.
-fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: bool) -> Requirement {
+pub(crate) fn union_requirement(
+    reqs: &[&Requirement],
+    start: usize,
+    end: usize,
+    internal: bool,
+) -> Requirement {
     let first = reqs[0];
     let writes = reqs.iter().any(|r| r.mode.writes());
     let reads = reqs.iter().any(|r| r.mode.reads());

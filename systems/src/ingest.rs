@@ -90,6 +90,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     request(world, q, list, |l| l.complete = Some((seq, props)));
                 }
             }
+            Message::FinalizeGraph(job) => {
+                let e = world.spawn(gantry_components::Finalizing(job)).id();
+                world.resource_mut::<WorkLists>().finalize.push(e);
+            }
             Message::DropBuffer(buffer) => {
                 // Marked here, in message order, so commands submitted before the drop
                 // (maybe not resolved yet) still find the record. An idle record goes

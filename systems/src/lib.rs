@@ -8,7 +8,7 @@
 //! | ingest | [`ingest`] |
 //! | resolve | [`resolve`] — the dependency rules |
 //! | fusion-sync, fuse | [`fusion`] — early cancellation and `complete_fusion` |
-//! | partition | an empty set, filled by the graph feature |
+//! | partition | [`partition`] — command-graph finalize: linearize, partition, fuse, record |
 //! | enqueue | [`enqueue`] |
 //! | retire | [`retire`] |
 //!
@@ -19,6 +19,7 @@
 pub mod enqueue;
 pub mod fusion;
 pub mod ingest;
+pub mod partition;
 mod queries;
 pub mod resolve;
 pub mod retire;
@@ -28,7 +29,9 @@ mod testing;
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{Schedule, SingleThreadedExecutor};
-use gantry_components::{Devices, Flush, Fusions, Inbox, SchedulerConfig, Stage, Stats, WorkLists};
+use gantry_components::{
+    Devices, Flush, Fusions, GraphPolicy, Inbox, SchedulerConfig, Stage, Stats, WorkLists,
+};
 
 /// The built-in system of a stage. Systems users add to a stage run after it, so
 /// they see its results.
@@ -56,6 +59,7 @@ pub fn flush_schedule() -> Schedule {
         resolve::resolve.in_set(Stage::Resolve).in_set(Builtin(Stage::Resolve)),
         fusion::fusion_sync.in_set(Stage::FusionSync).in_set(Builtin(Stage::FusionSync)),
         fusion::fuse.in_set(Stage::Fuse).in_set(Builtin(Stage::Fuse)),
+        partition::partition.in_set(Stage::Partition).in_set(Builtin(Stage::Partition)),
         enqueue::enqueue.in_set(Stage::Enqueue).in_set(Builtin(Stage::Enqueue)),
         retire::retire.in_set(Stage::Retire).in_set(Builtin(Stage::Retire)),
     ));
@@ -70,6 +74,7 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(config);
     world.insert_resource(WorkLists::default());
     world.insert_resource(Stats::default());
+    world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(partition::ReverseDfs) });
     world.insert_resource(Fusions::new(
         std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new()),
         std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(16)),

@@ -124,6 +124,7 @@ impl Harness {
             record: Default::default(),
             dropped: Default::default(),
             promotion: Default::default(),
+            recorded: Default::default(),
         })
     }
 

@@ -20,9 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    fill_bytes, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice,
-    OpHandle, OpId, Snapshot, Submission,
+    fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
+    CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice,
+    OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -140,6 +141,17 @@ impl Driver for CpuDriver {
 
     fn free(&self, _id: AllocId) {}
 
+    /// Command buffers are [`Plan`]s replayed in order on one thread (kernels still
+    /// fan out over the pool). Reads into host memory are not recordable (the seed's
+    /// "memory buffer read", unsupported like on OpenCL backends).
+    fn create_command_buffer(
+        &self,
+        desc: CommandBufferDesc,
+    ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
+        Ok(Box::new(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts)))
+    }
+
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
         let mut waits_done = true;
         for wait in sub.waits {
@@ -241,6 +253,10 @@ impl Inner {
                     self.workers.as_ref()
                 }
             }
+            DeviceOp::CommandBuffer(launch) => match Plan::of(&launch.buffer) {
+                Some(plan) if plan.work_items <= self.inline_items => None,
+                _ => self.workers.as_ref(),
+            },
             DeviceOp::Copy { dst, .. } | DeviceOp::Fill { dst, .. } => {
                 if dst.len <= self.inline_items * 4 {
                     None
@@ -373,6 +389,7 @@ impl Inner {
                 Ok(())
             }
             DeviceOp::Kernel(launch) => self.run_kernel(&launch, preserve),
+            DeviceOp::CommandBuffer(launch) => self.run_plan(&launch, preserve),
             DeviceOp::HostTask(task) => {
                 let bindings = bind_all(self, &task.args)?;
                 // SAFETY: bindings are live and exclusive to this task by scheduling.
@@ -400,20 +417,124 @@ impl Inner {
                 bindings.len()
             )));
         }
-        let (kernel, geometry) = (&launch.kernel, &launch.geometry);
         // SAFETY: bindings are live and ordered against other commands by scheduling.
         let snapshot = preserve.then(|| unsafe { Snapshot::take(&launch.args, &bindings) });
+        self.run_bound(&launch.kernel, &launch.geometry, &bindings, snapshot)
+    }
+
+    /// Replays a command buffer: its operations in order, each bound to the argument
+    /// table. A failed operation skips the operations that depend on it (they fail
+    /// with a dependency error) and restores its own written ranges; independent ones
+    /// still run. The first error is the replay's.
+    fn run_plan(&self, launch: &CommandBufferLaunch, preserve: bool) -> Result<(), ExecError> {
+        let plan = Plan::of(&launch.buffer)
+            .ok_or_else(|| self.invalid("a command buffer recorded by another driver".into()))?;
+        if launch.args.len() != plan.entries {
+            return Err(self.invalid(format!(
+                "command buffer has {} argument entries but {} were bound",
+                plan.entries,
+                launch.args.len()
+            )));
+        }
+        let entries = bind_all(self, &launch.args)?;
+        // Allocated at the first failure only.
+        let mut failed: Vec<Option<ExecError>> = Vec::new();
+        let mut first = None;
+        for (i, planned) in plan.ops.iter().enumerate() {
+            let blocked = (!failed.is_empty())
+                .then(|| planned.deps.iter().find_map(|&d| failed[d as usize].clone()))
+                .flatten();
+            let result = match blocked {
+                Some(e) => Err(e),
+                None => self.run_recorded(&planned.op, &entries, preserve),
+            };
+            if let Err(e) = result {
+                if failed.is_empty() {
+                    failed = vec![None; plan.ops.len()];
+                }
+                let name = match &planned.op {
+                    RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
+                    op => op.label().into(),
+                };
+                failed[i] = Some(e.as_dependency_of(name));
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn bind_recorded(&self, entries: &[Binding], a: &RecordedArg) -> Result<Binding, ExecError> {
+        let entry = entries[a.entry as usize];
+        if a.offset.checked_add(a.len).is_none_or(|end| end > entry.len) {
+            return Err(self.invalid(format!(
+                "recorded range {}..+{} outside argument entry {} of {} bytes",
+                a.offset, a.len, a.entry, entry.len
+            )));
+        }
+        // SAFETY: inside the entry's live memory (checked above).
+        Ok(Binding::new(unsafe { entry.ptr.add(a.offset) }, a.len))
+    }
+
+    fn run_recorded(&self, op: &RecordedOp, entries: &[Binding], preserve: bool) -> Result<(), ExecError> {
+        match op {
+            RecordedOp::Kernel { kernel, geometry, args } => {
+                let bindings: SmallVec<[Binding; 8]> =
+                    args.iter().map(|a| self.bind_recorded(entries, a)).collect::<Result<_, _>>()?;
+                let saved = preserve.then(|| {
+                    let pairs: SmallVec<[(AccessMode, Binding); 8]> =
+                        args.iter().map(|a| a.mode).zip(bindings.iter().copied()).collect();
+                    // SAFETY: live bindings, ordered against other work by scheduling.
+                    unsafe { Snapshot::take_modes(pairs) }
+                });
+                self.run_bound(kernel, geometry, &bindings, saved)
+            }
+            RecordedOp::Copy { src, dst } => {
+                let (s, d) = (self.bind_recorded(entries, src)?, self.bind_recorded(entries, dst)?);
+                // SAFETY: live ranges of equal length (checked when recorded); `copy`
+                // tolerates overlap.
+                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
+                Ok(())
+            }
+            RecordedOp::Write { src, dst } => {
+                let d = self.bind_recorded(entries, dst)?;
+                if src.len() != d.len {
+                    return Err(self.invalid(format!("write of {} bytes into {} bytes", src.len(), d.len)));
+                }
+                // SAFETY: live, exclusive by scheduling; the host data is immutable.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), d.ptr, d.len) };
+                Ok(())
+            }
+            RecordedOp::Fill { dst, pattern } => {
+                let d = self.bind_recorded(entries, dst)?;
+                // SAFETY: live host memory, exclusive by scheduling; the length is a
+                // multiple of the pattern (checked when recorded).
+                unsafe { fill_bytes(d.ptr, d.len, pattern) };
+                Ok(())
+            }
+            RecordedOp::Marker => Ok(()),
+            RecordedOp::Read { .. } => Err(self.unsupported("memory buffer read")),
+        }
+    }
+
+    /// Runs a kernel over bound memory; restores `snapshot` if it panics.
+    fn run_bound(
+        &self,
+        kernel: &ClosureKernel,
+        geometry: &Geometry,
+        bindings: &[Binding],
+        snapshot: Option<Snapshot>,
+    ) -> Result<(), ExecError> {
         let groups = geometry.group_count();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if groups == 1 || self.workers.is_none() {
                 let mut arena = Arena::default();
                 for g in 0..groups {
-                    kernel.run_group(geometry, g, &bindings, &mut arena);
+                    kernel.run_group(geometry, g, bindings, &mut arena);
                 }
             } else {
                 let run = || {
                     (0..groups).into_par_iter().for_each_init(Arena::default, |arena, g| {
-                        kernel.run_group(geometry, g, &bindings, arena)
+                        kernel.run_group(geometry, g, bindings, arena)
                     })
                 };
                 match (&self.workers, rayon::current_thread_index()) {

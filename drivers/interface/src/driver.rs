@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
+use crate::command_buffer::{CommandBufferBuilder, CommandBufferDesc};
 use crate::error::ExecError;
 use crate::memory::AllocId;
 use crate::op::{Accepted, Completion, Submission};
@@ -89,6 +90,17 @@ pub trait Driver: Send + Sync {
     /// A driver that ran the operation to the end inside this call returns
     /// [`Accepted::Done`] and sends no completion.
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError>;
+
+    /// Starts recording a command buffer (seed 003). Drivers without command
+    /// buffers refuse, and finalizing a command graph for them fails with
+    /// [`ExecError::Unsupported`].
+    fn create_command_buffer(
+        &self,
+        desc: CommandBufferDesc,
+    ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        let _ = desc;
+        Err(ExecError::Unsupported { device: self.info().name.clone(), what: "command buffers" })
+    }
 
     /// Makes progress on accepted work. Drivers that run on their own threads have
     /// nothing to do; the simulated device executes here, in virtual-time order.

@@ -10,6 +10,7 @@
 //! * [`memory`]: host storage, device allocations and slices;
 //! * [`op`]: the [`DeviceOp`]s a driver runs and the [`Completion`]s it reports;
 //! * [`driver`]: the [`Driver`] trait itself;
+//! * [`command_buffer`]: command buffers recorded once and replayed (command graphs);
 //! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler.
 //!
 //! Backends live beside this crate (`gantry-cpu`, `gantry-sim`). The scheduler reaches
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod command_buffer;
 pub mod driver;
 pub mod error;
 pub mod fusion;
@@ -32,6 +34,10 @@ pub use access::{
     PrivateAccessor, Read, ReadWrite, Readable, Writable, Write,
 };
 pub use bytemuck::{Pod, Zeroable};
+pub use command_buffer::{
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Plan, PlanBuilder,
+    PlannedOp, RecordedArg, RecordedOp, SyncPoint,
+};
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};

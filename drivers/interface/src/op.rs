@@ -6,6 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::access::AccessMode;
+use crate::command_buffer::CommandBufferLaunch;
 use crate::error::ExecError;
 use crate::item::HostCtx;
 use crate::kernel::ClosureKernel;
@@ -82,6 +83,9 @@ pub enum DeviceOp {
     HostTask(HostTask),
     /// Nothing: completes when its wait-list has (barriers, empty command groups).
     Marker,
+    /// Replay a command buffer (a partition of a command graph) with its argument
+    /// table bound to memory.
+    CommandBuffer(CommandBufferLaunch),
 }
 
 /// An operation handed to [`Driver::submit`](crate::Driver::submit).
@@ -156,12 +160,20 @@ impl Snapshot {
     /// # Safety
     /// The bindings must be valid and not written concurrently.
     pub unsafe fn take(args: &[MemArg], bindings: &[Binding]) -> Self {
+        // SAFETY: forwarded.
+        unsafe { Self::take_modes(args.iter().map(|a| a.mode).zip(bindings.iter().copied())) }
+    }
+
+    /// Saves every binding whose mode writes.
+    ///
+    /// # Safety
+    /// The bindings must be valid and not written concurrently.
+    pub unsafe fn take_modes(args: impl IntoIterator<Item = (AccessMode, Binding)>) -> Self {
         let saved = args
-            .iter()
-            .zip(bindings)
-            .filter(|(a, _)| a.mode.writes())
+            .into_iter()
+            .filter(|(mode, _)| mode.writes())
             // SAFETY: the caller guarantees validity.
-            .map(|(_, b)| (*b, unsafe { std::slice::from_raw_parts(b.ptr, b.len) }.to_vec()))
+            .map(|(_, b)| (b, unsafe { std::slice::from_raw_parts(b.ptr, b.len) }.to_vec()))
             .collect();
         Self { saved }
     }

@@ -26,6 +26,13 @@
 //!   its completion with its virtual start and end. A waiter always ends strictly after
 //!   what it waits on, so this order respects every wait-list, and completion order
 //!   can differ from submission order.
+//! * **Command buffers.** [`Driver::create_command_buffer`] records a [`Plan`]
+//!   (kernels, device copies, fills and markers; host↔buffer writes and reads are
+//!   refused). A replay ([`DeviceOp::CommandBuffer`]) is one operation to the rest of
+//!   the driver: it resolves its argument table at submission, occupies one engine
+//!   (compute if the plan has a kernel or fill, else copy) and takes the latency
+//!   *once* plus the sum of what the cost model charges each recorded operation, then
+//!   runs the operations in plan order with the memory rules of individual operations.
 //!
 //! Nothing depends on wall-clock time or thread scheduling: the same submissions and
 //! polls produce the same completions, in the same order, with the same timestamps.
@@ -38,9 +45,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    fill_bytes, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostStorage, KernelLaunch, MemRef, MemSlice,
-    OpId, ScratchKind, Snapshot, Submission,
+    fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
+    CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostStorage, MemRef, MemSlice, OpId, Plan,
+    PlanBuilder, RecordedArg, RecordedOp, ScratchKind, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -139,12 +147,15 @@ enum Engine {
 /// One planned fault. Counts start at 0 and count only this device's operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// The `nth` kernel submitted fails without running.
+    /// The `nth` kernel submitted fails without running. Kernels recorded in a command
+    /// buffer count once per replay, at the replay's submission, in plan order; the
+    /// faulted kernel fails inside the replay like a panicking one would.
     Kernel {
         /// Which kernel.
         nth: u64,
     },
-    /// The `nth` copy (including memory moves) fails without copying.
+    /// The `nth` copy (including memory moves) fails without copying. Copies recorded
+    /// in a command buffer count like kernels recorded in one.
     Copy {
         /// Which copy.
         nth: u64,
@@ -156,7 +167,7 @@ pub enum Fault {
     },
     /// The device is lost when its `nth` operation executes: that operation and every
     /// later one fail with [`ExecError::DeviceLost`], and so do later submissions and
-    /// allocations.
+    /// allocations. A command-buffer replay is one operation.
     DeviceLost {
         /// Which operation.
         nth: u64,
@@ -314,12 +325,36 @@ impl Region {
         let ptr = unsafe { self.storage.as_ptr().add(self.offset) };
         Binding::new(ptr, self.len)
     }
+
+    /// The `len` bytes at `offset` inside this region, if they lie within it.
+    fn sub(&self, offset: usize, len: usize) -> Option<Region> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then(|| Region { storage: self.storage.clone(), offset: self.offset + offset, len })
+    }
 }
 
 /// A kernel launch and the resolved memory of its global slots.
 struct KernelWork {
-    launch: KernelLaunch,
+    kernel: Arc<ClosureKernel>,
+    geometry: Geometry,
+    /// How the kernel uses each slot (`modes[i]` belongs to `regions[i]`).
+    modes: SmallVec<[AccessMode; 8]>,
     regions: SmallVec<[Region; 8]>,
+}
+
+/// One operation of a command-buffer replay, its memory resolved at submission.
+struct PlanStep {
+    work: Work,
+    /// Earlier steps it depends on (indexes into [`PlanWork::steps`], all smaller
+    /// than its own).
+    deps: SmallVec<[u32; 2]>,
+    /// Named in the errors of the steps that depend on it.
+    name: Arc<str>,
+}
+
+/// A command-buffer replay: its plan's operations in plan order.
+struct PlanWork {
+    steps: Vec<PlanStep>,
 }
 
 /// An operation with its memory resolved at submission.
@@ -336,6 +371,8 @@ enum Work {
         pattern: SmallVec<[u8; 16]>,
     },
     Kernel(Box<KernelWork>),
+    /// A command-buffer replay (never nested: its steps are single operations).
+    Plan(PlanWork),
     /// An operation that cannot run; it fails with this error at its virtual time.
     Invalid(ExecError),
 }
@@ -440,9 +477,173 @@ impl SimDriver {
             Work::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
             Work::Kernel(k) => {
                 let bytes = k.regions.iter().map(|r| r.len).sum();
-                let items = k.launch.geometry.global_size();
-                (Engine::Compute, self.cost.kernel_ns(items, &k.launch.kernel.cost, bytes))
+                let items = k.geometry.global_size();
+                (Engine::Compute, self.cost.kernel_ns(items, &k.kernel.cost, bytes))
             }
+            Work::Plan(plan) => {
+                // One engine for the whole replay: compute if anything needs it.
+                let mut engine = Engine::None;
+                let mut ns = 0u64;
+                for step in &plan.steps {
+                    let (e, t) = self.cost_of(&step.work);
+                    ns = ns.saturating_add(t);
+                    engine = match (engine, e) {
+                        (Engine::Compute, _) | (_, Engine::Compute) => Engine::Compute,
+                        (Engine::Copy, _) | (_, Engine::Copy) => Engine::Copy,
+                        _ => Engine::None,
+                    };
+                }
+                (engine, ns)
+            }
+        }
+    }
+
+    /// Counts a kernel against the fault plan and fails it if a fault targets it.
+    fn kernel_fault(&self, state: &mut State) -> Result<(), ExecError> {
+        let nth = state.kernels;
+        state.kernels += 1;
+        if self.faults.has(Fault::Kernel { nth }) || self.faults.draws(1, nth, self.faults.kernel_per_mille) {
+            return Err(self.fault("kernel launch failed"));
+        }
+        Ok(())
+    }
+
+    /// Counts a copy against the fault plan and fails it if a fault targets it.
+    fn copy_fault(&self, state: &mut State) -> Result<(), ExecError> {
+        let nth = state.copies;
+        state.copies += 1;
+        if self.faults.has(Fault::Copy { nth }) || self.faults.draws(2, nth, self.faults.copy_per_mille) {
+            return Err(self.fault("copy failed"));
+        }
+        Ok(())
+    }
+
+    /// Checks a kernel's argument count and local memory against the device.
+    fn check_kernel(&self, kernel: &ClosureKernel, args: usize) -> Result<(), ExecError> {
+        if args != kernel.global_slots {
+            return Err(self.driver_error(format!(
+                "kernel `{}` has {} global slots but {} arguments",
+                kernel.name, kernel.global_slots, args
+            )));
+        }
+        let local: usize =
+            kernel.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
+        if local > MAX_LOCAL_MEMORY {
+            return Err(self.driver_error(format!(
+                "kernel `{}` needs {local} bytes of local memory, the device has {}",
+                kernel.name, MAX_LOCAL_MEMORY
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that a fill's length is a whole number of patterns.
+    fn check_fill(&self, len: usize, pattern: &[u8]) -> Result<(), ExecError> {
+        let whole = match pattern.len() {
+            0 => len == 0,
+            p => len.is_multiple_of(p),
+        };
+        if whole {
+            Ok(())
+        } else {
+            Err(self.driver_error(format!("fill of {len} bytes with a {}-byte pattern", pattern.len())))
+        }
+    }
+
+    /// Resolves a command-buffer launch: its argument table against the allocation
+    /// table, then every recorded operation against the table. An operation that
+    /// cannot run becomes a [`Work::Invalid`] step (it and its dependents fail at
+    /// replay, independent ones still run); a launch that cannot run at all is an
+    /// error.
+    fn prepare_plan(&self, state: &mut State, launch: CommandBufferLaunch) -> Result<Work, ExecError> {
+        let plan = Plan::of(&launch.buffer)
+            .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
+        if launch.args.len() != plan.entries {
+            return Err(self.driver_error(format!(
+                "command buffer has {} argument entries but {} were bound",
+                plan.entries,
+                launch.args.len()
+            )));
+        }
+        let entries: Vec<(Region, bool)> = launch
+            .args
+            .iter()
+            .map(|a| Ok((self.resolve(state, &a.mem, None)?, matches!(a.mem.mem, MemRef::Host(_)))))
+            .collect::<Result<_, ExecError>>()?;
+        let mut steps = Vec::with_capacity(plan.ops.len());
+        for (i, planned) in plan.ops.iter().enumerate() {
+            let work = match planned.deps.iter().find(|&&d| d as usize >= i) {
+                Some(d) => Err(self.driver_error(format!("recorded operation {i} depends on later {d}"))),
+                None => self.prepare_recorded(state, &planned.op, &entries),
+            };
+            let name = match &planned.op {
+                RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
+                op => op.label().into(),
+            };
+            let work = work.unwrap_or_else(Work::Invalid);
+            steps.push(PlanStep { work, deps: planned.deps.clone(), name });
+        }
+        Ok(Work::Plan(PlanWork { steps }))
+    }
+
+    /// Resolves one recorded operation against the bound argument table (each entry
+    /// with whether it is host memory), with the rules of the matching single
+    /// operation: kernels and fills need device memory, copies may cross the link.
+    fn prepare_recorded(
+        &self,
+        state: &mut State,
+        op: &RecordedOp,
+        entries: &[(Region, bool)],
+    ) -> Result<Work, ExecError> {
+        let region = |a: &RecordedArg, host: Option<&'static str>| -> Result<(Region, bool), ExecError> {
+            let (entry, is_host) = entries.get(a.entry as usize).ok_or_else(|| {
+                self.driver_error(format!("argument entry {} outside a table of {}", a.entry, entries.len()))
+            })?;
+            if let (true, Some(what)) = (*is_host, host) {
+                return Err(self.unsupported(what));
+            }
+            let sub = entry.sub(a.offset, a.len).ok_or_else(|| {
+                self.driver_error(format!(
+                    "recorded range {}..+{} outside argument entry {} of {} bytes",
+                    a.offset, a.len, a.entry, entry.len
+                ))
+            })?;
+            Ok((sub, *is_host))
+        };
+        match op {
+            RecordedOp::Marker => Ok(Work::Marker),
+            RecordedOp::Kernel { kernel, geometry, args } => {
+                self.kernel_fault(state)?;
+                self.check_kernel(kernel, args.len())?;
+                let regions = args
+                    .iter()
+                    .map(|a| region(a, Some("kernel arguments in host memory")).map(|r| r.0))
+                    .collect::<Result<_, _>>()?;
+                let modes = args.iter().map(|a| a.mode).collect();
+                Ok(Work::Kernel(Box::new(KernelWork {
+                    kernel: kernel.clone(),
+                    geometry: *geometry,
+                    modes,
+                    regions,
+                })))
+            }
+            RecordedOp::Copy { src, dst } => {
+                self.copy_fault(state)?;
+                if src.len != dst.len {
+                    return Err(
+                        self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
+                    );
+                }
+                let (src, src_host) = region(src, None)?;
+                let (dst, dst_host) = region(dst, None)?;
+                Ok(Work::Copy { src, dst, over_link: src_host || dst_host })
+            }
+            RecordedOp::Fill { dst, pattern } => {
+                self.check_fill(dst.len, pattern)?;
+                let (dst, _) = region(dst, Some("fills of host memory"))?;
+                Ok(Work::Fill { dst, pattern: pattern.clone() })
+            }
+            RecordedOp::Write { .. } | RecordedOp::Read { .. } => Err(self.unsupported(op.label())),
         }
     }
 
@@ -451,13 +652,7 @@ impl SimDriver {
         match op {
             DeviceOp::Marker => Ok(Work::Marker),
             DeviceOp::Copy { src, dst } => {
-                let nth = state.copies;
-                state.copies += 1;
-                if self.faults.has(Fault::Copy { nth })
-                    || self.faults.draws(2, nth, self.faults.copy_per_mille)
-                {
-                    return Err(self.fault("copy failed"));
-                }
+                self.copy_fault(state)?;
                 if src.len != dst.len {
                     return Err(
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
@@ -469,52 +664,27 @@ impl SimDriver {
                 Ok(Work::Copy { src, dst, over_link })
             }
             DeviceOp::Fill { dst, pattern } => {
-                let whole = match pattern.len() {
-                    0 => dst.len == 0,
-                    p => dst.len % p == 0,
-                };
-                if !whole {
-                    return Err(self.driver_error(format!(
-                        "fill of {} bytes with a {}-byte pattern",
-                        dst.len,
-                        pattern.len()
-                    )));
-                }
+                self.check_fill(dst.len, &pattern)?;
                 let dst = self.resolve(state, &dst, Some("fills of host memory"))?;
                 Ok(Work::Fill { dst, pattern })
             }
             DeviceOp::Kernel(launch) => {
-                let nth = state.kernels;
-                state.kernels += 1;
-                if self.faults.has(Fault::Kernel { nth })
-                    || self.faults.draws(1, nth, self.faults.kernel_per_mille)
-                {
-                    return Err(self.fault("kernel launch failed"));
-                }
-                let kernel = &launch.kernel;
-                if launch.args.len() != kernel.global_slots {
-                    return Err(self.driver_error(format!(
-                        "kernel `{}` has {} global slots but {} arguments",
-                        kernel.name,
-                        kernel.global_slots,
-                        launch.args.len()
-                    )));
-                }
-                let local: usize =
-                    kernel.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
-                if local > MAX_LOCAL_MEMORY {
-                    return Err(self.driver_error(format!(
-                        "kernel `{}` needs {local} bytes of local memory, the device has {}",
-                        kernel.name, MAX_LOCAL_MEMORY
-                    )));
-                }
+                self.kernel_fault(state)?;
+                self.check_kernel(&launch.kernel, launch.args.len())?;
                 let regions = launch
                     .args
                     .iter()
                     .map(|a| self.resolve(state, &a.mem, Some("kernel arguments in host memory")))
                     .collect::<Result<_, _>>()?;
-                Ok(Work::Kernel(Box::new(KernelWork { launch, regions })))
+                let modes = launch.args.iter().map(|a| a.mode).collect();
+                Ok(Work::Kernel(Box::new(KernelWork {
+                    kernel: launch.kernel,
+                    geometry: launch.geometry,
+                    modes,
+                    regions,
+                })))
             }
+            DeviceOp::CommandBuffer(launch) => self.prepare_plan(state, launch),
             DeviceOp::HostTask(_) => Err(self.unsupported("host tasks")),
         }
     }
@@ -541,12 +711,14 @@ impl SimDriver {
                 Ok(())
             }
             Work::Kernel(work) => {
-                let KernelWork { launch, regions } = *work;
+                let KernelWork { kernel, geometry, modes, regions } = *work;
                 let bindings: SmallVec<[Binding; 8]> = regions.iter().map(Region::binding).collect();
-                let (kernel, geometry) = (&launch.kernel, &launch.geometry);
+                let geometry = &geometry;
                 // SAFETY: the bindings are live (held by `regions`) and nothing else
                 // runs on the device while this kernel does.
-                let snapshot = preserve.then(|| unsafe { Snapshot::take(&launch.args, &bindings) });
+                let snapshot = preserve.then(|| unsafe {
+                    Snapshot::take_modes(modes.iter().copied().zip(bindings.iter().copied()))
+                });
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     for g in 0..geometry.group_count() {
                         kernel.run_group(geometry, g, &bindings, arena);
@@ -561,7 +733,43 @@ impl SimDriver {
                     ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
                 })
             }
+            Work::Plan(plan) => self.replay(plan, preserve, arena),
         }
+    }
+
+    /// Runs a replay's steps in plan order (see [`SimDriver::replay_steps`]); its
+    /// result is the first step's error.
+    fn replay(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
+        self.replay_steps(plan, preserve, arena).into_iter().flatten().next().map_or(Ok(()), Err)
+    }
+
+    /// Runs a replay's steps in plan order and returns each step's error (empty when
+    /// none failed). A failed step fails the steps that depend on it, directly or not,
+    /// with a dependency error naming it; independent steps still run. Each step
+    /// follows the failure rules of its single operation (a panicking kernel restores
+    /// what it wrote when `preserve` is set).
+    fn replay_steps(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Vec<Option<ExecError>> {
+        // `failed[i]`: step `i`'s error and the one its dependents get; allocated at
+        // the first failure.
+        let mut failed: Vec<Option<(ExecError, ExecError)>> = Vec::new();
+        let count = plan.steps.len();
+        for (i, PlanStep { work, deps, name }) in plan.steps.into_iter().enumerate() {
+            let blocked = deps
+                .iter()
+                .find_map(|&d| failed.get(d as usize).and_then(Option::as_ref).map(|(_, dep)| dep.clone()));
+            let result = match blocked {
+                Some(e) => Err(e),
+                None => self.execute(work, preserve, arena),
+            };
+            if let Err(e) = result {
+                if failed.is_empty() {
+                    failed = vec![None; count];
+                }
+                let for_dependents = e.as_dependency_of(name);
+                failed[i] = Some((e, for_dependents));
+            }
+        }
+        failed.into_iter().map(|f| f.map(|(own, _)| own)).collect()
     }
 }
 
@@ -599,6 +807,18 @@ impl Driver for SimDriver {
         if let Some(storage) = state.memory.remove(&id) {
             state.allocated -= storage.len();
         }
+    }
+
+    /// Command buffers are [`Plan`]s of kernels, device copies, fills and markers,
+    /// replayed as one operation (see the crate docs). Host↔buffer writes and reads
+    /// (the seed's "memory buffer write/read") are refused as unsupported, like on the
+    /// seed's OpenCL backend.
+    fn create_command_buffer(
+        &self,
+        desc: CommandBufferDesc,
+    ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
+        Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts)))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
@@ -702,8 +922,8 @@ mod tests {
     use super::*;
     use crossbeam_channel::{unbounded, Receiver};
     use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostTask, MemArg, OpHandle, Range, ReadWrite,
-        Scratch,
+        phase, AccessMode, Accessor, ClosureKernel, CommandBuffer, Geometry, HostTask, KernelLaunch, MemArg,
+        OpHandle, PlannedOp, Range, ReadWrite, Scratch, SyncPoint,
     };
     use std::time::Instant;
 
@@ -1238,5 +1458,352 @@ mod tests {
         submit(&d, 2, add(100, dev(buf, 0, 400), 1), &[first]);
         d.poll();
         assert_eq!(spans(&rx), vec![(1, 0, 410), (2, 410, 820)]);
+    }
+
+    // ---- Command buffers -------------------------------------------------------------
+
+    fn rarg(entry: u32, offset: usize, len: usize) -> RecordedArg {
+        RecordedArg { entry, offset, len, mode: AccessMode::ReadWrite }
+    }
+
+    /// A recorded kernel over the `n` u32s of `arg` that sets each to `f(old, index)`.
+    fn rec_map(
+        name: &str,
+        n: usize,
+        arg: RecordedArg,
+        f: impl Fn(u32, usize) -> u32 + Send + Sync + 'static,
+    ) -> RecordedOp {
+        let DeviceOp::Kernel(launch) = map_kernel(name, n, dev(AllocId(u64::MAX), 0, 0), f) else {
+            unreachable!()
+        };
+        RecordedOp::Kernel {
+            kernel: launch.kernel,
+            geometry: launch.geometry,
+            args: smallvec::smallvec![arg],
+        }
+    }
+
+    fn rec_add(n: usize, arg: RecordedArg, k: u32) -> RecordedOp {
+        rec_map("add", n, arg, move |x, _| x + k)
+    }
+
+    fn rec_fill(arg: RecordedArg, value: u32) -> RecordedOp {
+        RecordedOp::Fill { dst: arg, pattern: value.to_ne_bytes().into_iter().collect() }
+    }
+
+    /// Records `ops` (each with the sync points it depends on) into a command buffer.
+    fn record(d: &SimDriver, entries: usize, ops: Vec<(RecordedOp, Vec<u32>)>) -> CommandBuffer {
+        let mut b = d.create_command_buffer(CommandBufferDesc { entries, in_order: false }).unwrap();
+        for (i, (op, deps)) in ops.into_iter().enumerate() {
+            let deps: Vec<SyncPoint> = deps.into_iter().map(SyncPoint).collect();
+            assert_eq!(b.append(op, &deps), Ok(SyncPoint(i as u32)));
+        }
+        b.finalize().unwrap()
+    }
+
+    /// A replay of `buffer` with entry `i` bound to the whole of `entries[i]`.
+    fn replay_op(buffer: &CommandBuffer, entries: &[MemSlice]) -> DeviceOp {
+        let args = entries.iter().map(|m| MemArg { mem: m.clone(), mode: AccessMode::ReadWrite }).collect();
+        DeviceOp::CommandBuffer(CommandBufferLaunch { buffer: buffer.clone(), args })
+    }
+
+    const CB_N: usize = 64;
+
+    fn cb_model() -> CostModel {
+        // 64 items / 16 lanes = 4 ns; 256 bytes / 64 B/ns = 4 ns: every kernel and fill
+        // of CB_N u32s takes 4 ns, a copy of half of them 2 ns.
+        CostModel {
+            item_ns: 1.0,
+            compute_units: 16,
+            memory_bytes_per_ns: 64.0,
+            compute_engines: 1,
+            ..Default::default()
+        }
+    }
+
+    /// One replay's (start, end, lane) and the two entries' data after it.
+    type ReplayRun = ((u64, u64, u32), Vec<u32>, Vec<u32>);
+
+    /// Three replays of fill → three increments → copy into another entry, with an
+    /// independent accumulating kernel; returns every replay's (start, end, lane) and
+    /// the data read back after it.
+    fn replay_scenario() -> Vec<ReplayRun> {
+        let (d, rx) = driver(SimConfig { latency_ns: 100, cost: cb_model(), ..Default::default() });
+        let (n, bytes, half) = (CB_N, CB_N * 4, CB_N * 2);
+        let a = d.alloc(bytes).unwrap();
+        let b = d.alloc(bytes).unwrap();
+        let buffer = record(
+            &d,
+            2,
+            vec![
+                (rec_fill(rarg(0, 0, bytes), 5), vec![]),
+                (rec_add(n, rarg(0, 0, bytes), 1), vec![0]),
+                (rec_add(n, rarg(0, 0, bytes), 1), vec![1]),
+                (rec_add(n, rarg(0, 0, bytes), 1), vec![2]),
+                (rec_add(n, rarg(1, 0, bytes), 10), vec![]),
+                // b[n/2..] = a[..n/2], after both writers of a and b.
+                (RecordedOp::Copy { src: rarg(0, 0, half), dst: rarg(1, half, half) }, vec![3, 4]),
+                (RecordedOp::Marker, vec![5]),
+            ],
+        );
+        let (out_a, out_b) = (Arc::new(HostStorage::zeroed(bytes)), Arc::new(HostStorage::zeroed(bytes)));
+        let mut runs = Vec::new();
+        for r in 0..3u64 {
+            let rep = submit(&d, 10 * r, replay_op(&buffer, &[dev(a, 0, bytes), dev(b, 0, bytes)]), &[]);
+            submit(
+                &d,
+                10 * r + 1,
+                copy(dev(a, 0, bytes), host(&out_a, 0, bytes)),
+                std::slice::from_ref(&rep),
+            );
+            submit(&d, 10 * r + 2, copy(dev(b, 0, bytes), host(&out_b, 0, bytes)), &[rep]);
+            d.poll();
+            let done = drain(&rx);
+            assert_eq!(done.len(), 3, "one completion per replay: {done:?}");
+            assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+            let c = done.iter().find(|c| c.op.0 == 10 * r).unwrap();
+            runs.push(((c.started_ns, c.ended_ns, c.lane), read_u32(&out_a), read_u32(&out_b)));
+        }
+        runs
+    }
+
+    /// A recorded plan replays three times against device allocations with the data
+    /// of its operations run one by one, as one operation that takes the launch
+    /// latency once: shorter than launching its kernels separately.
+    #[test]
+    fn command_buffer_replays_against_device_memory() {
+        let runs = replay_scenario();
+        let n = CB_N;
+        for (r, (span, a, b)) in runs.iter().enumerate() {
+            let r = r as u32 + 1;
+            assert_eq!(a, &vec![8; n], "replay {r}: fill then three increments");
+            let expect_b: Vec<u32> = (0..n).map(|i| if i < n / 2 { 10 * r } else { 8 }).collect();
+            assert_eq!(b, &expect_b, "replay {r}");
+            // latency once + fill 4 + 4 kernels × 4 + copy 2.
+            assert_eq!(span.1 - span.0, 100 + 4 + 4 * 4 + 2, "replay {r}");
+            assert_eq!(span.2, 1, "on the (only) compute engine");
+        }
+        assert_eq!(runs, replay_scenario(), "same program, same timeline");
+
+        // The same four kernels launched separately, as a chain: latency each time.
+        let (d, rx) = driver(SimConfig { latency_ns: 100, cost: cb_model(), ..Default::default() });
+        let a = d.alloc(n * 4).unwrap();
+        let mut prev: Vec<OpHandle> = vec![];
+        for i in 0..4 {
+            prev = vec![submit(&d, i, add(n, dev(a, 0, n * 4), 1), &prev)];
+        }
+        d.poll();
+        let separate = drain(&rx).last().unwrap().ended_ns;
+        assert_eq!(separate, 4 * (100 + 4));
+        let replay = runs[0].0 .1 - runs[0].0 .0;
+        assert!(replay < separate, "replay {replay} ns, separate launches {separate} ns");
+    }
+
+    /// Host↔buffer writes and reads cannot be recorded; kernels, copies, fills and
+    /// markers can.
+    #[test]
+    fn command_buffers_refuse_host_writes_and_reads() {
+        let (d, _rx) = sim();
+        let mut b = d.create_command_buffer(CommandBufferDesc { entries: 2, in_order: true }).unwrap();
+        let host_data = Arc::new(HostStorage::zeroed(16));
+        let write = RecordedOp::Write { src: host_data.clone(), dst: rarg(0, 0, 16) };
+        let read = RecordedOp::Read { src: rarg(0, 0, 16), dst: host_data };
+        assert!(matches!(
+            b.append(write, &[]),
+            Err(ExecError::Unsupported { what: "memory buffer write", device }) if &*device == "sim"
+        ));
+        assert!(matches!(
+            b.append(read, &[]),
+            Err(ExecError::Unsupported { what: "memory buffer read", .. })
+        ));
+        assert_eq!(b.append(rec_fill(rarg(0, 0, 16), 1), &[]), Ok(SyncPoint(0)));
+        assert_eq!(b.append(rec_add(4, rarg(0, 0, 16), 1), &[]), Ok(SyncPoint(1)));
+        assert_eq!(
+            b.append(RecordedOp::Copy { src: rarg(0, 0, 16), dst: rarg(1, 0, 16) }, &[]),
+            Ok(SyncPoint(2))
+        );
+        assert_eq!(b.append(RecordedOp::Marker, &[]), Ok(SyncPoint(3)));
+        let plan = b.finalize().unwrap();
+        assert_eq!(Plan::of(&plan).unwrap().ops.len(), 4);
+    }
+
+    /// A panicking kernel inside a plan fails the operations that depend on it,
+    /// directly or not, restores what it wrote (with `preserve_on_failure`), and
+    /// leaves independent operations to run; the replay reports the kernel's error.
+    #[test]
+    fn failing_kernel_in_a_plan_fails_only_its_dependents() {
+        let (d, rx) = sim();
+        let n = 2500; // several work-groups: some are written before the panic
+        let bytes = n * 4;
+        let (a, b, c) = (d.alloc(bytes).unwrap(), d.alloc(bytes).unwrap(), d.alloc(bytes).unwrap());
+        let input = host_u32(&vec![5; n]);
+        let up = submit(&d, 0, copy(host(&input, 0, bytes), dev(a, 0, bytes)), &[]);
+        let bad =
+            rec_map("bad", n, rarg(0, 0, bytes), move |_, i| if i == n - 1 { panic!("boom") } else { 99 });
+        let buffer = record(
+            &d,
+            3,
+            vec![
+                (bad, vec![]),
+                (rec_add(n, rarg(0, 0, bytes), 1), vec![0]),
+                (RecordedOp::Copy { src: rarg(0, 0, bytes), dst: rarg(1, 0, bytes) }, vec![1]),
+                (rec_add(n, rarg(2, 0, bytes), 7), vec![]),
+            ],
+        );
+        let launch = replay_op(&buffer, &[dev(a, 0, bytes), dev(b, 0, bytes), dev(c, 0, bytes)]);
+        let rep = d
+            .submit(Submission { id: OpId(1), op: launch, waits: &[up], preserve_on_failure: true })
+            .unwrap()
+            .handle()
+            .unwrap();
+        submit(&d, 2, DeviceOp::Marker, &[rep]);
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), [0, 1, 2], "one completion for the replay");
+        match &done[1].result {
+            Err(ExecError::KernelPanicked { kernel, message }) => {
+                assert_eq!((&**kernel, message.as_str()), ("bad", "boom"));
+            }
+            other => panic!("expected KernelPanicked, got {other:?}"),
+        }
+        assert!(matches!(&done[2].result, Err(ExecError::DependencyFailed { .. })));
+        let outs: Vec<Arc<HostStorage>> = (0..3).map(|_| Arc::new(HostStorage::zeroed(bytes))).collect();
+        for (i, (id, out)) in [a, b, c].into_iter().zip(&outs).enumerate() {
+            submit(&d, 10 + i as u64, copy(dev(id, 0, bytes), host(out, 0, bytes)), &[]);
+        }
+        d.poll();
+        assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
+        assert!(read_u32(&outs[0]).iter().all(|&x| x == 5), "restored; the dependent add did not run");
+        assert!(read_u32(&outs[1]).iter().all(|&x| x == 0), "the transitive dependent copy did not run");
+        assert!(read_u32(&outs[2]).iter().all(|&x| x == 7), "the independent add ran");
+    }
+
+    /// Kernel faults count recorded kernels, once per replay: the faulted kernel fails
+    /// inside the replay (its dependents with it) and the replay reports the fault.
+    #[test]
+    fn kernel_faults_target_kernels_inside_plans() {
+        // Kernel 1 of this device fails by plan: the second recorded kernel.
+        let faults = FaultPlan::default().with(Fault::Kernel { nth: 1 });
+        let (d, rx) = driver(SimConfig { faults, ..Default::default() });
+        let buf = d.alloc(16).unwrap();
+        let buffer = record(
+            &d,
+            1,
+            vec![
+                (rec_add(4, rarg(0, 0, 16), 1), vec![]),
+                (rec_add(4, rarg(0, 0, 16), 2), vec![0]),
+                (rec_add(4, rarg(0, 0, 16), 4), vec![1]),
+                (rec_add(4, rarg(0, 0, 16), 8), vec![0]),
+            ],
+        );
+        submit(&d, 0, replay_op(&buffer, &[dev(buf, 0, 16)]), &[]);
+        let out = Arc::new(HostStorage::zeroed(16));
+        submit(&d, 1, copy(dev(buf, 0, 16), host(&out, 0, 16)), &[]);
+        d.poll();
+        let done = drain(&rx);
+        assert!(matches!(&done[0].result, Err(ExecError::Fault { what: "kernel launch failed", .. })));
+        assert_eq!(read_u32(&out), [9; 4], "the first and the fourth kernel ran");
+        // The next replay counts kernels 4.. and runs all of them.
+        submit(&d, 2, replay_op(&buffer, &[dev(buf, 0, 16)]), &[]);
+        submit(&d, 3, copy(dev(buf, 0, 16), host(&out, 0, 16)), &[]);
+        d.poll();
+        assert!(drain(&rx).iter().all(|c| c.result.is_ok()));
+        assert_eq!(read_u32(&out), [24; 4]);
+    }
+
+    /// Inside a replay, a failed step's dependents fail with dependency errors naming
+    /// the step they depend on, down to the root cause; independent steps run.
+    #[test]
+    fn plan_failures_chain_as_dependency_errors() {
+        let (d, _rx) = sim();
+        let buf = d.alloc(16).unwrap();
+        let buffer = record(
+            &d,
+            1,
+            vec![
+                (rec_fill(rarg(0, 0, 16), 3), vec![]),
+                (rec_map("bad", 4, rarg(0, 0, 16), |_, _| panic!("boom")), vec![0]),
+                (rec_add(4, rarg(0, 0, 16), 1), vec![1]),
+                (RecordedOp::Marker, vec![2]),
+                (rec_add(4, rarg(0, 0, 16), 10), vec![0]),
+            ],
+        );
+        let launch = replay_op(&buffer, &[dev(buf, 0, 16)]);
+        let work = {
+            let mut state = d.state.lock();
+            d.prepare(&mut state, launch).unwrap()
+        };
+        let errors = d.replay_steps(
+            match work {
+                Work::Plan(plan) => plan,
+                _ => unreachable!("a replay prepares to a plan"),
+            },
+            true,
+            &mut Arena::default(),
+        );
+        assert_eq!(errors.len(), 5);
+        assert!(errors[0].is_none() && errors[4].is_none(), "{errors:?}");
+        assert!(matches!(&errors[1], Some(ExecError::KernelPanicked { kernel, .. }) if &**kernel == "bad"));
+        match &errors[2] {
+            Some(e @ ExecError::DependencyFailed { dependency, .. }) => {
+                assert_eq!(&**dependency, "bad");
+                assert_eq!(Some(e.root_cause()), errors[1].as_ref());
+            }
+            other => panic!("expected DependencyFailed, got {other:?}"),
+        }
+        match &errors[3] {
+            Some(e @ ExecError::DependencyFailed { dependency, .. }) => {
+                assert_eq!(&**dependency, "add", "named after its direct dependency");
+                assert_eq!(Some(e.root_cause()), errors[1].as_ref());
+            }
+            other => panic!("expected DependencyFailed, got {other:?}"),
+        }
+        let storage = d.state.lock().memory[&buf].clone();
+        assert_eq!(read_u32(&storage), [13; 4], "fill and the independent add ran, the rest did not");
+    }
+
+    /// Malformed launches complete with an error instead of panicking: a wrong number
+    /// of bound entries, a buffer of another driver, a hand-built plan with a forward
+    /// dependency or an entry outside its table, kernels bound to host memory.
+    #[test]
+    fn bad_command_buffer_launches_fail_without_panicking() {
+        let (d, rx) = sim();
+        let buf = d.alloc(16).unwrap();
+        let buffer = record(&d, 2, vec![(rec_add(4, rarg(0, 0, 16), 1), vec![])]);
+        submit(&d, 0, replay_op(&buffer, &[dev(buf, 0, 16)]), &[]); // one entry of two
+        let foreign: CommandBuffer = Arc::new(5u32);
+        submit(&d, 1, replay_op(&foreign, &[]), &[]);
+        let hand_built = |op: RecordedOp, deps: SmallVec<[u32; 2]>| -> CommandBuffer {
+            Arc::new(Plan { entries: 1, in_order: false, ops: vec![PlannedOp { op, deps }], work_items: 1 })
+        };
+        let forward = hand_built(RecordedOp::Marker, smallvec::smallvec![3]);
+        submit(&d, 2, replay_op(&forward, &[dev(buf, 0, 16)]), &[]);
+        let outside = hand_built(rec_add(4, rarg(4, 0, 16), 1), smallvec::smallvec![]);
+        submit(&d, 3, replay_op(&outside, &[dev(buf, 0, 16)]), &[]);
+        let gone = d.alloc(16).unwrap();
+        d.free(gone);
+        let one = record(&d, 1, vec![(rec_add(4, rarg(0, 0, 16), 1), vec![])]);
+        submit(&d, 4, replay_op(&one, &[dev(gone, 0, 16)]), &[]);
+        let host_mem = host_u32(&[1, 2, 3, 4]);
+        submit(&d, 5, replay_op(&one, &[host(&host_mem, 0, 16)]), &[]);
+        // Copies may use host entries, over the link.
+        let up = record(&d, 2, vec![(RecordedOp::Copy { src: rarg(0, 0, 16), dst: rarg(1, 0, 16) }, vec![])]);
+        submit(&d, 6, replay_op(&up, &[host(&host_mem, 0, 16), dev(buf, 0, 16)]), &[]);
+        d.poll();
+        let done = drain(&rx);
+        assert_eq!(order(&done), [0, 1, 2, 3, 4, 5, 6]);
+        for c in &done[..5] {
+            assert!(matches!(&c.result, Err(ExecError::Driver { .. })), "{c:?}");
+        }
+        assert!(matches!(
+            &done[5].result,
+            Err(ExecError::Unsupported { what: "kernel arguments in host memory", .. })
+        ));
+        assert!(done[6].result.is_ok(), "{:?}", done[6]);
+        assert_eq!(read_u32(&host_mem), [1, 2, 3, 4]);
+        let out = Arc::new(HostStorage::zeroed(16));
+        submit(&d, 7, copy(dev(buf, 0, 16), host(&out, 0, 16)), &[]);
+        d.poll();
+        assert_eq!(read_u32(&out), [1, 2, 3, 4], "only the host-to-device copy changed the buffer");
     }
 }

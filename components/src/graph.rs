@@ -1,0 +1,290 @@
+//! Command graphs (seed 003): the nodes of a modifiable graph, the finalize request
+//! the partition stage serves, and the executable plan it produces.
+//!
+//! A modifiable graph is plain data owned by its user handle; the scheduler sees it
+//! once, when it is finalized: the request becomes an entity carrying [`Finalizing`],
+//! and the partition stage (`gantry_systems::partition`) linearizes it, assigns
+//! partitions, fuses kernel chains if asked, and records one driver command buffer
+//! per partition. Each submission of the executable graph then becomes one command
+//! per partition, resolved against the memory records like any other command.
+
+use std::sync::Arc;
+
+use bevy_ecs::component::Component;
+use bevy_ecs::resource::Resource;
+use gantry_driver::fusion::FusionWarning;
+use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostCtx, HostStorage};
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use crate::command::{CommandKind, Requirement};
+use crate::event::EventShared;
+use crate::handle::BufferCore;
+use crate::memory::ByteRange;
+use crate::resources::DeviceId;
+
+/// Index of a node in its graph, in insertion order.
+pub type NodeId = u32;
+
+/// A host task a graph runs once per submission: it must be callable again.
+pub type GraphHostFn = Arc<Mutex<Box<dyn FnMut(&HostCtx<'_>) + Send>>>;
+
+/// What a node does.
+#[derive(Clone)]
+pub enum NodeWork {
+    /// Launch a kernel; one requirement per global accessor slot.
+    Kernel {
+        /// The kernel.
+        kernel: Arc<ClosureKernel>,
+        /// Its iteration space.
+        geometry: Geometry,
+    },
+    /// Run a host task; one requirement per host accessor slot.
+    HostTask {
+        /// The closure.
+        run: GraphHostFn,
+        /// Its command group's tag.
+        tag: u64,
+    },
+    /// Copy requirement 0 into requirement 1.
+    Copy,
+    /// Copy these bytes (captured when recorded) into requirement 0.
+    CopyFromHost(Arc<HostStorage>),
+    /// Copy requirement 0 into this host storage.
+    CopyToHost(Arc<HostStorage>),
+    /// Fill requirement 0 with this element pattern.
+    Fill(SmallVec<[u8; 16]>),
+    /// Nothing: an empty node, a barrier, or a sub-graph's entry or exit.
+    Empty,
+}
+
+/// One node of a command graph.
+#[derive(Clone)]
+pub struct GraphNode {
+    /// Kind (`Kernel`, `HostTask`, `Copy`, `CopyFromHost`, `CopyToHost`, `Fill`,
+    /// `Marker` for empty nodes, `Barrier`).
+    pub kind: CommandKind,
+    /// Name, for errors and traces.
+    pub name: Arc<str>,
+    /// The device that runs it (host tasks: the host).
+    pub device: DeviceId,
+    /// The buffer ranges it uses, in argument order.
+    pub requirements: SmallVec<[Requirement; 4]>,
+    /// Argument slots bound to dynamic parameters: (slot, parameter index).
+    pub params: SmallVec<[(u32, u32); 1]>,
+    /// What it does.
+    pub work: NodeWork,
+    /// The nodes it depends on.
+    pub preds: SmallVec<[NodeId; 4]>,
+}
+
+impl GraphNode {
+    /// Whether partitioning isolates it (seed 003: host tasks get a partition of their
+    /// own, and so do nodes of another device than the graph's).
+    pub fn is_isolated(&self, graph_device: DeviceId) -> bool {
+        self.kind == CommandKind::HostTask || self.device != graph_device
+    }
+}
+
+/// Properties of `finalize`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphProps {
+    /// Accept updates (dynamic parameters, whole-graph updates) after finalizing.
+    pub updatable: bool,
+    /// Fuse kernel chains inside each partition; `Some(barriers)` inserts a
+    /// work-group barrier between fused kernels when `barriers` is true.
+    pub fusion: Option<bool>,
+}
+
+impl GraphProps {
+    /// The graph may be updated after finalizing.
+    pub fn updatable(mut self) -> Self {
+        self.updatable = true;
+        self
+    }
+    /// Fuse kernel chains inside partitions, with work-group barriers between them.
+    pub fn fused(mut self) -> Self {
+        self.fusion = Some(true);
+        self
+    }
+    /// Fuse kernel chains inside partitions without barriers between them.
+    pub fn fused_without_barriers(mut self) -> Self {
+        self.fusion = Some(false);
+        self
+    }
+}
+
+/// Why a graph could not be finalized.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FinalizeError {
+    /// The edges form a cycle (possible only with unchecked `make_edge`).
+    #[error("the graph has a cycle through node {node}")]
+    Cycle {
+        /// A node on the cycle.
+        node: NodeId,
+    },
+    /// A linearization policy returned something that is not a topological order.
+    #[error("linearizer `{policy}` returned an invalid order: {why}")]
+    BadOrder {
+        /// The policy's name.
+        policy: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A node's device cannot record it into a command buffer (seed 003's
+    /// `feature_not_supported`).
+    #[error("node {node} (`{name}`): {what} is not supported in command buffers by device `{device}`")]
+    Unsupported {
+        /// The node.
+        node: NodeId,
+        /// Its name.
+        name: String,
+        /// The device.
+        device: String,
+        /// What it asked for.
+        what: String,
+    },
+    /// The driver failed otherwise while recording.
+    #[error("recording a command buffer for partition {partition} failed: {error}")]
+    Driver {
+        /// The partition.
+        partition: u32,
+        /// The driver's error.
+        error: ExecError,
+    },
+}
+
+/// Where an argument-table entry's memory comes from at each submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntrySource {
+    /// A fixed buffer: an index into [`ExecPlan::buffers`].
+    Buffer(u32),
+    /// A dynamic parameter's current buffer: an index into the executable graph's
+    /// parameter table.
+    Param(u32),
+}
+
+/// One entry of a partition's argument table: a buffer range the partition uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Whose memory.
+    pub source: EntrySource,
+    /// The union of its uses' modes.
+    pub mode: AccessMode,
+    /// The hull of its uses' ranges.
+    pub range: ByteRange,
+}
+
+/// What a partition runs at each submission.
+#[derive(Clone)]
+pub enum PartitionBody {
+    /// A recorded command buffer over an argument table.
+    Commands {
+        /// The driver's command buffer.
+        buffer: CommandBuffer,
+        /// Its argument table.
+        entries: Vec<Entry>,
+        /// Ranges it orders against without binding them (buffers a fused kernel
+        /// internalized).
+        internal: Vec<Entry>,
+    },
+    /// One host task node, run as a host task command.
+    HostTask {
+        /// The node.
+        node: NodeId,
+    },
+}
+
+/// One partition of an executable graph.
+#[derive(Clone)]
+pub struct PartitionPlan {
+    /// The device it runs on.
+    pub device: DeviceId,
+    /// Its nodes, in execution order (after graph fusion: the nodes it stands for).
+    pub nodes: Vec<NodeId>,
+    /// The partitions that must finish first (indexes into [`ExecPlan::partitions`]).
+    pub preds: SmallVec<[u32; 2]>,
+    /// Whether its nodes form one path (seed 003, "In-Order Graph Partitions").
+    pub in_order: bool,
+    /// What it runs.
+    pub body: PartitionBody,
+}
+
+/// A chain of kernels graph fusion turned into one.
+#[derive(Clone, Debug)]
+pub struct FusedChain {
+    /// The fused nodes, in order.
+    pub nodes: Vec<NodeId>,
+    /// The fused kernel's name.
+    pub name: Arc<str>,
+    /// What the fusion compiler did not do as asked.
+    pub warnings: Vec<FusionWarning>,
+}
+
+/// The executable form of a graph.
+#[derive(Clone)]
+pub struct ExecPlan {
+    /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates).
+    pub nodes: Arc<[GraphNode]>,
+    /// The fixed buffers its partitions bind.
+    pub buffers: Vec<Arc<BufferCore>>,
+    /// The linearization: every node once, dependencies first.
+    pub order: Vec<NodeId>,
+    /// The partition of each node.
+    pub partition_of: Vec<u32>,
+    /// The partitions, dependencies first.
+    pub partitions: Vec<PartitionPlan>,
+    /// The kernel chains graph fusion fused.
+    pub fused: Vec<FusedChain>,
+    /// Why chains that graph fusion considered were not fused.
+    pub not_fused: Vec<String>,
+}
+
+impl ExecPlan {
+    /// Partitions no other partition depends on (the submission's tails).
+    pub fn tails(&self) -> Vec<u32> {
+        let mut has_succ = vec![false; self.partitions.len()];
+        for p in &self.partitions {
+            for &q in &p.preds {
+                has_succ[q as usize] = true;
+            }
+        }
+        (0..self.partitions.len() as u32).filter(|&p| !has_succ[p as usize]).collect()
+    }
+}
+
+/// A request to finalize a graph, served by the partition stage.
+pub struct FinalizeJob {
+    /// The nodes.
+    pub nodes: Arc<[GraphNode]>,
+    /// The device of the graph's non-isolated nodes.
+    pub device: DeviceId,
+    /// Finalize properties.
+    pub props: GraphProps,
+    /// Completed when the result is in.
+    pub event: Arc<EventShared>,
+    /// The result.
+    pub result: Mutex<Option<Result<ExecPlan, FinalizeError>>>,
+}
+
+/// Marks a finalize request entity.
+#[derive(Component, Clone)]
+pub struct Finalizing(pub Arc<FinalizeJob>);
+
+/// Orders a graph's nodes for execution (seed 003, "Execution Order"). The partition
+/// stage asks it for a topological order; reverse depth-first is the default, and
+/// researchers plug in others with `RuntimeBuilder::linearizer`.
+pub trait Linearizer: Send + Sync {
+    /// A short name, for reports and errors.
+    fn name(&self) -> &str;
+    /// Every node once, each after its predecessors. `preds[n]` and `succs[n]` are
+    /// node `n`'s edges.
+    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId>;
+}
+
+/// The graph policies the partition stage uses.
+#[derive(Resource, Clone)]
+pub struct GraphPolicy {
+    /// How nodes are linearized.
+    pub linearizer: Arc<dyn Linearizer>,
+}

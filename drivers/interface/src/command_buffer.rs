@@ -1,0 +1,312 @@
+//! Command buffers (seed 003, "UR Command-Buffer Experimental Feature"): a series of
+//! device operations and their dependencies, recorded once when a command graph is
+//! finalized and replayed on every submission of the graph.
+//!
+//! A command buffer does not name memory directly. Its operations address an
+//! *argument table*: entry `i` is bound at each submission to the memory of one buffer
+//! ([`CommandBufferLaunch::args`]), and an operation's [`RecordedArg`] is a byte range
+//! inside an entry. So the same command buffer replays after the scheduler moved a
+//! buffer, and a dynamic parameter swaps the buffer behind an entry without
+//! re-recording anything.
+//!
+//! The entry points mirror the seed's: [`Driver::create_command_buffer`] (create),
+//! [`CommandBufferBuilder::append`] (append kernel, copy, fill or marker with sync
+//! points), [`CommandBufferBuilder::finalize`] and [`DeviceOp::CommandBuffer`]
+//! (enqueue with a wait-list). The generic [`Plan`] is what the CPU and simulated
+//! drivers record: a pre-validated list they walk in order at replay.
+//!
+//! [`Driver::create_command_buffer`]: crate::Driver::create_command_buffer
+//! [`DeviceOp::CommandBuffer`]: crate::DeviceOp::CommandBuffer
+
+use std::any::Any;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::access::AccessMode;
+use crate::error::ExecError;
+use crate::kernel::ClosureKernel;
+use crate::memory::HostStorage;
+use crate::op::MemArg;
+use crate::range::Geometry;
+
+/// A byte range of one argument-table entry, as a recorded operation uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedArg {
+    /// The argument-table entry.
+    pub entry: u32,
+    /// First byte inside the entry's memory.
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// How the operation uses it.
+    pub mode: AccessMode,
+}
+
+/// An operation recorded into a command buffer.
+#[derive(Clone, Debug)]
+pub enum RecordedOp {
+    /// A kernel launch; one argument per global accessor slot.
+    Kernel {
+        /// The kernel.
+        kernel: Arc<ClosureKernel>,
+        /// Its iteration space.
+        geometry: Geometry,
+        /// Its arguments.
+        args: SmallVec<[RecordedArg; 4]>,
+    },
+    /// A buffer-to-buffer copy of equal lengths.
+    Copy {
+        /// Source bytes.
+        src: RecordedArg,
+        /// Destination bytes.
+        dst: RecordedArg,
+    },
+    /// A copy of host data (captured when recorded) into a buffer: the seed's "memory
+    /// buffer write", which some backends cannot record.
+    Write {
+        /// The bytes.
+        src: Arc<HostStorage>,
+        /// Destination bytes.
+        dst: RecordedArg,
+    },
+    /// A copy from a buffer into host memory: the seed's "memory buffer read".
+    Read {
+        /// Source bytes.
+        src: RecordedArg,
+        /// Where they go.
+        dst: Arc<HostStorage>,
+    },
+    /// A fill with a repeated element pattern.
+    Fill {
+        /// Destination bytes (a multiple of the pattern's length).
+        dst: RecordedArg,
+        /// One element's bytes.
+        pattern: SmallVec<[u8; 16]>,
+    },
+    /// Nothing: a synchronization point (empty nodes, barriers).
+    Marker,
+}
+
+impl RecordedOp {
+    /// A short name for errors: `kernel`, `copy`, `memory buffer write`, …
+    pub fn label(&self) -> &'static str {
+        match self {
+            RecordedOp::Kernel { .. } => "kernel",
+            RecordedOp::Copy { .. } => "copy",
+            RecordedOp::Write { .. } => "memory buffer write",
+            RecordedOp::Read { .. } => "memory buffer read",
+            RecordedOp::Fill { .. } => "fill",
+            RecordedOp::Marker => "marker",
+        }
+    }
+
+    /// Its buffer arguments.
+    pub fn args(&self) -> SmallVec<[RecordedArg; 4]> {
+        match self {
+            RecordedOp::Kernel { args, .. } => args.clone(),
+            RecordedOp::Copy { src, dst } => smallvec::smallvec![*src, *dst],
+            RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => smallvec::smallvec![*dst],
+            RecordedOp::Read { src, .. } => smallvec::smallvec![*src],
+            RecordedOp::Marker => SmallVec::new(),
+        }
+    }
+}
+
+/// Names an appended operation, so later ones can depend on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SyncPoint(pub u32);
+
+/// How to create a command buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandBufferDesc {
+    /// Size of the argument table.
+    pub entries: usize,
+    /// Every operation depends on the one before it (seed 003, "In-Order Graph
+    /// Partitions"): a hint that the backend needs no synchronization inside.
+    pub in_order: bool,
+}
+
+/// A finalized command buffer: the driver's own representation, replayed by
+/// [`DeviceOp::CommandBuffer`](crate::DeviceOp::CommandBuffer).
+pub type CommandBuffer = Arc<dyn Any + Send + Sync>;
+
+/// Records operations into a command buffer.
+pub trait CommandBufferBuilder: Send {
+    /// Appends `op`, ordered after the operations named in `deps`. Refuses operations
+    /// the backend cannot record ([`ExecError::Unsupported`]) and malformed ones.
+    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError>;
+    /// Ends recording.
+    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError>;
+}
+
+/// A submission of a command buffer, with its argument table bound to memory.
+#[derive(Clone, Debug)]
+pub struct CommandBufferLaunch {
+    /// The command buffer.
+    pub buffer: CommandBuffer,
+    /// One per argument-table entry: the whole memory of the buffer behind it.
+    pub args: SmallVec<[MemArg; 4]>,
+}
+
+/// One operation of a [`Plan`].
+#[derive(Clone, Debug)]
+pub struct PlannedOp {
+    /// The operation.
+    pub op: RecordedOp,
+    /// Earlier operations it depends on (indexes into [`Plan::ops`]).
+    pub deps: SmallVec<[u32; 2]>,
+}
+
+/// The generic recorded form of a command buffer: operations in an order that respects
+/// their dependencies, validated against the argument table when appended. Replaying
+/// it in order is always correct; a driver may overlap independent operations.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Size of the argument table.
+    pub entries: usize,
+    /// Whether each operation depends on the previous one.
+    pub in_order: bool,
+    /// The operations, dependencies first.
+    pub ops: Vec<PlannedOp>,
+    /// Total work-items of its kernels, plus one per other operation: drivers use it
+    /// to decide where to run a replay.
+    pub work_items: usize,
+}
+
+impl Plan {
+    /// The plan behind a command buffer recorded by a [`PlanBuilder`].
+    pub fn of(buffer: &CommandBuffer) -> Option<&Plan> {
+        buffer.downcast_ref::<Plan>()
+    }
+}
+
+/// Records a [`Plan`], refusing what the backend's `accepts` says it cannot run.
+pub struct PlanBuilder {
+    plan: Plan,
+    device: Arc<str>,
+    accepts: fn(&RecordedOp) -> bool,
+}
+
+impl PlanBuilder {
+    /// Starts a plan for `device`; `accepts` says which operations it can record.
+    pub fn new(desc: CommandBufferDesc, device: Arc<str>, accepts: fn(&RecordedOp) -> bool) -> Self {
+        let plan = Plan { entries: desc.entries, in_order: desc.in_order, ops: Vec::new(), work_items: 0 };
+        Self { plan, device, accepts }
+    }
+
+    fn invalid(&self, message: String) -> ExecError {
+        ExecError::Driver { device: self.device.clone(), message }
+    }
+}
+
+impl CommandBufferBuilder for PlanBuilder {
+    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError> {
+        if !(self.accepts)(&op) {
+            return Err(ExecError::Unsupported { device: self.device.clone(), what: op.label() });
+        }
+        let index = self.plan.ops.len() as u32;
+        if let Some(d) = deps.iter().find(|d| d.0 >= index) {
+            return Err(self.invalid(format!("sync point {} names no earlier command", d.0)));
+        }
+        for a in op.args() {
+            if a.entry as usize >= self.plan.entries {
+                return Err(self.invalid(format!(
+                    "argument entry {} outside a table of {}",
+                    a.entry, self.plan.entries
+                )));
+            }
+        }
+        match &op {
+            RecordedOp::Kernel { kernel, args, .. } if args.len() != kernel.global_slots => {
+                return Err(self.invalid(format!(
+                    "kernel `{}` has {} buffer slots but {} arguments",
+                    kernel.name,
+                    kernel.global_slots,
+                    args.len()
+                )));
+            }
+            RecordedOp::Copy { src, dst } if src.len != dst.len => {
+                return Err(self.invalid(format!("copy of {} bytes into {} bytes", src.len, dst.len)));
+            }
+            RecordedOp::Fill { dst, pattern } if pattern.is_empty() || dst.len % pattern.len() != 0 => {
+                return Err(self.invalid(format!(
+                    "fill of {} bytes with a {}-byte pattern",
+                    dst.len,
+                    pattern.len()
+                )));
+            }
+            _ => {}
+        }
+        let mut deps: SmallVec<[u32; 2]> = deps.iter().map(|d| d.0).collect();
+        if self.plan.in_order && index > 0 && !deps.contains(&(index - 1)) {
+            deps.push(index - 1);
+        }
+        self.plan.work_items += match &op {
+            RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
+            _ => 1,
+        };
+        self.plan.ops.push(PlannedOp { op, deps });
+        Ok(SyncPoint(index))
+    }
+
+    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
+        Ok(Arc::new(self.plan))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(entry: u32, len: usize) -> RecordedArg {
+        RecordedArg { entry, offset: 0, len, mode: AccessMode::ReadWrite }
+    }
+
+    fn builder(in_order: bool) -> Box<dyn CommandBufferBuilder> {
+        Box::new(PlanBuilder::new(CommandBufferDesc { entries: 2, in_order }, "test".into(), |op| {
+            !matches!(op, RecordedOp::Read { .. })
+        }))
+    }
+
+    #[test]
+    fn appends_validate_entries_dependencies_and_support() {
+        let mut b = builder(false);
+        let a =
+            b.append(RecordedOp::Fill { dst: arg(0, 8), pattern: [1, 2, 3, 4].into_iter().collect() }, &[]);
+        assert_eq!(a, Ok(SyncPoint(0)));
+        assert!(matches!(b.append(RecordedOp::Marker, &[SyncPoint(5)]), Err(ExecError::Driver { .. })));
+        assert!(matches!(
+            b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(2, 8) }, &[]),
+            Err(ExecError::Driver { .. })
+        ));
+        assert!(matches!(
+            b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(1, 4) }, &[]),
+            Err(ExecError::Driver { .. })
+        ));
+        let read = RecordedOp::Read { src: arg(0, 4), dst: Arc::new(HostStorage::zeroed(4)) };
+        assert!(matches!(
+            b.append(read, &[]),
+            Err(ExecError::Unsupported { what: "memory buffer read", .. })
+        ));
+        assert_eq!(
+            b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(1, 8) }, &[SyncPoint(0)]),
+            Ok(SyncPoint(1))
+        );
+        let plan = b.finalize().unwrap();
+        let plan = Plan::of(&plan).unwrap();
+        assert_eq!(plan.ops.len(), 2);
+        assert_eq!(plan.ops[1].deps.as_slice(), &[0]);
+    }
+
+    #[test]
+    fn in_order_buffers_chain_every_operation() {
+        let mut b = builder(true);
+        for _ in 0..3 {
+            b.append(RecordedOp::Marker, &[]).unwrap();
+        }
+        let plan = b.finalize().unwrap();
+        let deps: Vec<Vec<u32>> = Plan::of(&plan).unwrap().ops.iter().map(|o| o.deps.to_vec()).collect();
+        assert_eq!(deps, vec![vec![], vec![0], vec![1]]);
+    }
+}

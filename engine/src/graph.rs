@@ -1,0 +1,951 @@
+//! Command graphs (seed 003): record a frame once, replay it every frame.
+//!
+//! A [`CommandGraph`] is built with explicit [`CommandGraph::add`] calls or by
+//! recording queues ([`CommandGraph::begin_recording`]). Edges come from the
+//! dependencies given, from events of recorded commands, from in-order queues and
+//! barriers, and — like eager submissions — from the buffer ranges the nodes access.
+//! [`CommandGraph::finalize`] turns it into an [`ExecutableGraph`] in the scheduler's
+//! partition stage: one driver command buffer per partition. Each
+//! [`Queue::submit_graph`](crate::Queue::submit_graph) resolves the partitions' buffer
+//! ranges against the memory records like any command, so eager work and graph work
+//! on the same buffer are ordered both ways.
+//!
+//! ```
+//! use gantry::{GraphProps, Runtime};
+//! let rt = Runtime::new();
+//! let q = rt.in_order_queue();
+//! let buf = rt.buffer(&[0u32; 64]);
+//! let graph = rt.graph();
+//! graph.begin_recording(&q)?;
+//! q.submit(|cg| {
+//!     let b = cg.elements_mut(&buf);
+//!     cg.parallel_for(64, move |it| *b.elem(it) += 1);
+//! })?;
+//! q.submit(|cg| {
+//!     let b = cg.elements_mut(&buf);
+//!     cg.parallel_for(64, move |it| *b.elem(it) *= 2);
+//! })?;
+//! graph.end_recording(&q)?;
+//! assert_eq!(buf.to_vec()?, vec![0; 64], "recording runs nothing");
+//! let exec = graph.finalize(GraphProps::default())?;
+//! for _ in 0..3 {
+//!     q.submit_graph(&exec)?;
+//! }
+//! q.wait()?;
+//! assert_eq!(buf.to_vec()?, vec![14; 64]); // ((0+1)*2+1)*2+1)*2
+//! # Ok::<(), gantry::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use gantry_components::{BufferCore, EntrySource};
+use gantry_components::{
+    ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
+    GraphProps, Message, NodeId, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
+};
+use gantry_driver::AccessMode;
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::handler::{Built, Handler, KeepAlive};
+use crate::runtime::{DeviceId, Runtime, Shared};
+
+/// A node of a [`CommandGraph`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub(crate) graph: u64,
+    pub(crate) index: NodeId,
+}
+
+impl Node {
+    /// Its index in the graph (insertion order), as partition reports name it.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// One earlier access to a buffer range inside a graph: edges come from conflicts.
+struct Access {
+    node: NodeId,
+    range: ByteRange,
+    writes: bool,
+}
+
+/// A dynamic parameter's state in its graph.
+struct Param {
+    buffer: Arc<BufferCore>,
+    keep: KeepAlive,
+    elem_size: usize,
+}
+
+/// A queue recording into the graph.
+struct Recorder {
+    queue: u64,
+    /// Its last node (in-order queues chain their nodes).
+    last: Option<NodeId>,
+    /// Its nodes since its last barrier, and that barrier.
+    since_barrier: Vec<NodeId>,
+    barrier: Option<NodeId>,
+}
+
+#[derive(Default)]
+struct GraphState {
+    nodes: Vec<GraphNode>,
+    keep: Vec<KeepAlive>,
+    accesses: HashMap<u64, Vec<Access>>,
+    recorders: Vec<Recorder>,
+    /// Buffers marked as recorded (host access refused) until recording ends.
+    marked: Vec<Arc<BufferCore>>,
+    params: Vec<Param>,
+}
+
+pub(crate) struct GraphShared {
+    id: u64,
+    rt: Arc<Shared>,
+    device: DeviceId,
+    state: Mutex<GraphState>,
+}
+
+/// A modifiable command graph. Clones share the graph. See the [module docs](self).
+#[derive(Clone)]
+pub struct CommandGraph {
+    pub(crate) inner: Arc<GraphShared>,
+}
+
+/// A buffer argument that can be swapped in an executable graph without
+/// re-finalizing (seed 003, "Graph Update": kernel arguments by index). Bind it to
+/// argument slots of kernel nodes with [`CommandGraph::set_arg`]; change it with
+/// [`ExecutableGraph::update_param`].
+pub struct DynamicBuffer<T> {
+    graph: u64,
+    index: u32,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DynamicBuffer<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DynamicBuffer<T> {}
+
+impl<T> DynamicBuffer<T> {
+    /// Its index in its graph.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+impl Runtime {
+    /// A new, empty command graph whose nodes run on the default device.
+    pub fn graph(&self) -> CommandGraph {
+        self.graph_on(self.default_device)
+    }
+
+    /// A new, empty command graph whose nodes run on `device` (nodes recorded from
+    /// queues of other devices get partitions of their own).
+    pub fn graph_on(&self, device: DeviceId) -> CommandGraph {
+        let shared = &self.shared;
+        let inner = GraphShared {
+            id: shared.next_id(),
+            rt: shared.clone(),
+            device,
+            state: Mutex::new(GraphState::default()),
+        };
+        CommandGraph { inner: Arc::new(inner) }
+    }
+}
+
+impl GraphState {
+    /// Edges from the buffer accesses of `reqs` to earlier conflicting ones, recorded
+    /// as accesses of `node`.
+    fn access_edges(&mut self, node: NodeId, reqs: &[Requirement], preds: &mut SmallVec<[NodeId; 4]>) {
+        for r in reqs {
+            let list = self.accesses.entry(r.buffer.id).or_default();
+            let writes = r.mode.writes();
+            for a in list.iter() {
+                if a.node != node
+                    && a.range.overlaps(&r.range)
+                    && (a.writes || writes)
+                    && !preds.contains(&a.node)
+                {
+                    preds.push(a.node);
+                }
+            }
+            if writes {
+                list.retain(|a| !(r.range.start <= a.range.start && a.range.end <= r.range.end));
+            }
+            list.push(Access { node, range: r.range, writes });
+        }
+    }
+
+    fn mark_recorded(&mut self, reqs: &[Requirement]) {
+        for r in reqs {
+            if !self.marked.iter().any(|b| Arc::ptr_eq(b, &r.buffer)) {
+                r.buffer.recorded.fetch_add(1, Ordering::AcqRel);
+                self.marked.push(r.buffer.clone());
+            }
+        }
+    }
+
+    fn unmark_recorded(&mut self) {
+        for b in self.marked.drain(..) {
+            b.recorded.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for GraphShared {
+    fn drop(&mut self) {
+        self.state.get_mut().unmark_recorded();
+    }
+}
+
+impl CommandGraph {
+    /// Identifies the graph in errors.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.inner.state.lock().nodes.len()
+    }
+
+    /// Each node's predecessors, by node index.
+    pub fn edges(&self) -> Vec<Vec<u32>> {
+        self.inner.state.lock().nodes.iter().map(|n| n.preds.to_vec()).collect()
+    }
+
+    fn node(&self, index: NodeId) -> Node {
+        Node { graph: self.inner.id, index }
+    }
+
+    fn check_nodes(&self, nodes: &[Node], len: usize) -> Result<()> {
+        for n in nodes {
+            if n.graph != self.inner.id || n.index as usize >= len {
+                return Err(Error::ForeignNode { node: n.index, graph: n.graph, this: self.inner.id });
+            }
+        }
+        Ok(())
+    }
+
+    fn device_info(&self, device: DeviceId) -> &gantry_driver::DeviceInfo {
+        &self.inner.rt.devices[device as usize]
+    }
+
+    /// Adds a node built by `build` (a command group, as for `Queue::submit`) that
+    /// depends on `deps` and on earlier nodes whose buffer accesses conflict with its
+    /// own. A command group without an action is an empty node.
+    ///
+    /// ```
+    /// use gantry::{GraphProps, Runtime};
+    /// let rt = Runtime::new();
+    /// let buf = rt.buffer_zeroed::<u32>(16);
+    /// let graph = rt.graph();
+    /// let fill = graph.add(|cg| cg.fill(&buf, 3), &[])?;
+    /// let double = graph.add(|cg| {
+    ///     let b = cg.elements_mut(&buf);
+    ///     cg.parallel_for(16, move |it| *b.elem(it) *= 2);
+    /// }, &[fill])?;
+    /// assert_eq!(graph.edges()[double.index() as usize], vec![fill.index()]);
+    /// rt.queue().submit_graph(&graph.finalize(GraphProps::default())?)?.wait()?;
+    /// assert_eq!(buf.to_vec()?, vec![6; 16]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn add(&self, build: impl FnOnce(&mut Handler), deps: &[Node]) -> Result<Node> {
+        if !self.inner.state.lock().recorders.is_empty() {
+            return Err(Error::GraphRecording(self.inner.id));
+        }
+        let rt = &self.inner.rt;
+        let mut cg = Handler::for_graph(rt.id, rt.next_id(), self.inner.id);
+        build(&mut cg);
+        let built = cg.finish(self.device_info(self.inner.device))?;
+        let mut st = self.inner.state.lock();
+        self.check_nodes(deps, st.nodes.len())?;
+        let index =
+            self.push(&mut st, built, self.inner.device, deps.iter().map(|d| d.index).collect(), false)?;
+        Ok(self.node(index))
+    }
+
+    /// Adds an empty node that depends on `deps`: a join point.
+    pub fn add_empty(&self, deps: &[Node]) -> Result<Node> {
+        self.add(|_| {}, deps)
+    }
+
+    /// Appends a built command group as a node.
+    fn push(
+        &self,
+        st: &mut GraphState,
+        mut built: Built,
+        device: DeviceId,
+        mut preds: SmallVec<[NodeId; 4]>,
+        recording: bool,
+    ) -> Result<NodeId> {
+        if let Some(w) = built.waits.first() {
+            return Err(Error::EventOutsideGraph(w.name.to_string()));
+        }
+        for w in &built.graph_waits {
+            if w.graph != self.inner.id || w.index as usize >= st.nodes.len() {
+                return Err(Error::EventOutsideGraph(format!("node {} of graph {}", w.index, w.graph)));
+            }
+            if !preds.contains(&w.index) {
+                preds.push(w.index);
+            }
+        }
+        let index = st.nodes.len() as NodeId;
+        st.access_edges(index, &built.requirements, &mut preds);
+        if recording {
+            st.mark_recorded(&built.requirements);
+        }
+        let work = match built.host.take() {
+            Some(run) => NodeWork::HostTask { run: Arc::new(Mutex::new(run)), tag: built.tag },
+            None => match std::mem::replace(&mut built.work, Work::Marker) {
+                Work::Kernel { kernel, geometry } => NodeWork::Kernel { kernel, geometry },
+                Work::Copy => NodeWork::Copy,
+                Work::CopyFromHost(data) => NodeWork::CopyFromHost(data),
+                Work::CopyToHost(out) => NodeWork::CopyToHost(out),
+                Work::Fill(pattern) => NodeWork::Fill(pattern),
+                _ => NodeWork::Empty,
+            },
+        };
+        let device = if built.kind == CommandKind::HostTask { 0 } else { device };
+        preds.sort_unstable();
+        st.keep.append(&mut built.keep);
+        st.nodes.push(GraphNode {
+            kind: built.kind,
+            name: built.name,
+            device,
+            requirements: built.requirements,
+            params: SmallVec::new(),
+            work,
+            preds,
+        });
+        Ok(index)
+    }
+
+    /// Adds an edge `from → to`: `to` runs after `from`. A self edge, a node of
+    /// another graph and an edge that closes a cycle are errors.
+    pub fn make_edge(&self, from: Node, to: Node) -> Result<()> {
+        self.edge(from, to, true)
+    }
+
+    /// [`make_edge`](Self::make_edge) without the cycle check (seed 003's opt-out, for
+    /// large graphs built by trusted code); a cycle is then reported by `finalize`.
+    pub fn make_edge_unchecked(&self, from: Node, to: Node) -> Result<()> {
+        self.edge(from, to, false)
+    }
+
+    fn edge(&self, from: Node, to: Node, check: bool) -> Result<()> {
+        let mut st = self.inner.state.lock();
+        self.check_nodes(&[from, to], st.nodes.len())?;
+        if from.index == to.index {
+            return Err(Error::SelfEdge(from.index));
+        }
+        if check && reaches(&st.nodes, to.index, from.index) {
+            return Err(Error::CycleEdge { from: from.index, to: to.index });
+        }
+        let preds = &mut st.nodes[to.index as usize].preds;
+        if !preds.contains(&from.index) {
+            preds.push(from.index);
+            preds.sort_unstable();
+        }
+        Ok(())
+    }
+
+    /// Adds `sub`'s nodes as a sub-graph that runs after `deps` (and after earlier
+    /// nodes whose buffer accesses conflict with the sub-graph's). Returns the node
+    /// that completes after the whole sub-graph; later nodes depend on it. Adding the
+    /// same graph twice copies it twice.
+    pub fn add_graph(&self, sub: &ExecutableGraph, deps: &[Node]) -> Result<Node> {
+        let mut st = self.inner.state.lock();
+        if !st.recorders.is_empty() {
+            return Err(Error::GraphRecording(self.inner.id));
+        }
+        self.check_nodes(deps, st.nodes.len())?;
+        let exit = self.insert_subgraph(&mut st, sub, deps.iter().map(|d| d.index).collect(), false);
+        Ok(self.node(exit))
+    }
+
+    /// Copies `sub`'s nodes in between an entry node (depending on `deps`) and an exit
+    /// node, which it returns.
+    fn insert_subgraph(
+        &self,
+        st: &mut GraphState,
+        sub: &ExecutableGraph,
+        mut entry_preds: SmallVec<[NodeId; 4]>,
+        recording: bool,
+    ) -> NodeId {
+        let (plan, params) = {
+            let s = sub.inner.state.lock();
+            (s.plan.clone(), s.params.clone())
+        };
+        let empty = |name: &str, preds: SmallVec<[NodeId; 4]>| GraphNode {
+            kind: CommandKind::Marker,
+            name: name.into(),
+            device: self.inner.device,
+            requirements: SmallVec::new(),
+            params: SmallVec::new(),
+            work: NodeWork::Empty,
+            preds,
+        };
+        let entry = st.nodes.len() as NodeId;
+        // The sub-graph's accesses, with parameters resolved to their buffers.
+        let sub_nodes: Vec<GraphNode> = plan
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut n = n.clone();
+                for &(slot, p) in &n.params {
+                    n.requirements[slot as usize].buffer = params[p as usize].0.clone();
+                }
+                n.params.clear();
+                n
+            })
+            .collect();
+        let all_reqs: Vec<Requirement> =
+            sub_nodes.iter().flat_map(|n| n.requirements.iter().cloned()).collect();
+        let exit = entry + 1 + sub_nodes.len() as NodeId;
+        st.access_edges(exit, &all_reqs, &mut entry_preds);
+        if recording {
+            st.mark_recorded(&all_reqs);
+        }
+        entry_preds.retain(|p| *p != exit);
+        entry_preds.sort_unstable();
+        st.nodes.push(empty("subgraph_entry", entry_preds));
+        let mut has_succ = vec![false; sub_nodes.len()];
+        for mut n in sub_nodes {
+            for p in n.preds.iter_mut() {
+                has_succ[*p as usize] = true;
+                *p += entry + 1;
+            }
+            if n.preds.is_empty() {
+                n.preds.push(entry);
+            }
+            st.nodes.push(n);
+        }
+        let leaves: SmallVec<[NodeId; 4]> =
+            (0..has_succ.len()).filter(|&i| !has_succ[i]).map(|i| entry + 1 + i as NodeId).collect();
+        let leaves = if leaves.is_empty() { smallvec::smallvec![entry] } else { leaves };
+        st.nodes.push(empty("subgraph_exit", leaves));
+        st.keep.extend(sub.inner.keep.iter().cloned());
+        st.keep.extend(params.iter().map(|p| p.1.clone()));
+        exit
+    }
+
+    /// Sends `queue`'s submissions into this graph instead of running them, until
+    /// [`end_recording`](Self::end_recording). An in-order queue records a chain;
+    /// `Queue::barrier` records a barrier node; an empty command group an empty node.
+    /// While recording, waiting on the queue or on a recorded event, and host access to
+    /// a recorded buffer, are errors.
+    pub fn begin_recording(&self, queue: &crate::Queue) -> Result<()> {
+        let mut st = self.inner.state.lock();
+        queue.start_recording(self)?;
+        st.recorders.push(Recorder {
+            queue: queue.id(),
+            last: None,
+            since_barrier: Vec::new(),
+            barrier: None,
+        });
+        Ok(())
+    }
+
+    /// Stops recording `queue` into this graph.
+    pub fn end_recording(&self, queue: &crate::Queue) -> Result<()> {
+        let not = || Error::NotRecording { queue: queue.id(), graph: self.inner.id };
+        let mut st = self.inner.state.lock();
+        let i = st.recorders.iter().position(|r| r.queue == queue.id()).ok_or_else(not)?;
+        queue.stop_recording(self).ok_or_else(not)?;
+        st.recorders.remove(i);
+        if st.recorders.is_empty() {
+            st.unmark_recorded();
+        }
+        Ok(())
+    }
+
+    /// Whether a queue records into this graph.
+    pub fn is_recording(&self) -> bool {
+        !self.inner.state.lock().recorders.is_empty()
+    }
+
+    /// Records a submission of a recording queue.
+    pub(crate) fn record(&self, queue: &Arc<QueueCore>, built: Built) -> Result<Event> {
+        let name = built.name.clone();
+        let barrier = built.kind == CommandKind::Barrier;
+        self.record_with(queue, name, barrier, |g, st, preds| g.push(st, built, queue.device, preds, true))
+    }
+
+    /// Records a barrier of a recording queue: a node after everything the queue
+    /// recorded since its previous barrier.
+    pub(crate) fn record_barrier(&self, queue: &Arc<QueueCore>) -> Result<Event> {
+        let built = Built {
+            kind: CommandKind::Barrier,
+            work: Work::Marker,
+            host: None,
+            tag: 0,
+            name: "barrier".into(),
+            requirements: SmallVec::new(),
+            waits: SmallVec::new(),
+            readback: None,
+            keep: Vec::new(),
+            graph_waits: SmallVec::new(),
+        };
+        self.record(queue, built)
+    }
+
+    /// Records the submission of an executable graph to a recording queue: a
+    /// sub-graph node.
+    pub(crate) fn add_graph_recorded(&self, sub: &ExecutableGraph, queue: &Arc<QueueCore>) -> Result<Event> {
+        self.record_with(queue, "subgraph".into(), false, |g, st, preds| {
+            Ok(g.insert_subgraph(st, sub, preds, true))
+        })
+    }
+
+    fn record_with(
+        &self,
+        queue: &Arc<QueueCore>,
+        name: Arc<str>,
+        barrier: bool,
+        add: impl FnOnce(&Self, &mut GraphState, SmallVec<[NodeId; 4]>) -> Result<NodeId>,
+    ) -> Result<Event> {
+        let mut st = self.inner.state.lock();
+        let r =
+            st.recorders.iter().position(|r| r.queue == queue.id).ok_or(Error::QueueRecording(queue.id))?;
+        let mut preds: SmallVec<[NodeId; 4]> = SmallVec::new();
+        let rec = &st.recorders[r];
+        if barrier {
+            preds.extend(rec.since_barrier.iter().copied());
+            preds.extend(rec.barrier);
+        } else {
+            preds.extend(rec.barrier);
+            if queue.in_order {
+                preds.extend(rec.last);
+            }
+        }
+        preds.sort_unstable();
+        preds.dedup();
+        let index = add(self, &mut st, preds)?;
+        let rec = &mut st.recorders[r];
+        rec.last = Some(index);
+        if barrier {
+            rec.barrier = Some(index);
+            rec.since_barrier.clear();
+        } else {
+            rec.since_barrier.push(index);
+        }
+        let shared = Arc::new(EventShared::new(name, self.inner.rt.id, self.inner.rt.now_ns()));
+        Ok(Event { shared, rt: Arc::downgrade(&self.inner.rt), fusion: None, node: Some(self.node(index)) })
+    }
+
+    /// A dynamic parameter whose value starts as `buffer`.
+    pub fn dynamic_buffer<T: Pod>(&self, buffer: &Buffer<T>) -> DynamicBuffer<T> {
+        let mut st = self.inner.state.lock();
+        let index = st.params.len() as u32;
+        st.params.push(Param {
+            buffer: buffer.core().clone(),
+            keep: buffer.keep_alive(),
+            elem_size: std::mem::size_of::<T>(),
+        });
+        DynamicBuffer { graph: self.inner.id, index, _t: std::marker::PhantomData }
+    }
+
+    /// Binds argument `slot` (accessor order) of kernel `node` to `param`: the node
+    /// uses the parameter's buffer, over the same range, from now on and after every
+    /// [`ExecutableGraph::update_param`]. The slot's buffer must have the parameter's
+    /// size and element type. Edges stay those of the buffers the node was built with.
+    pub fn set_arg<T: Pod>(&self, node: Node, slot: u32, param: &DynamicBuffer<T>) -> Result<()> {
+        let mut st = self.inner.state.lock();
+        self.check_nodes(&[node], st.nodes.len())?;
+        let mismatch = |why: String| Error::ParamMismatch { param: param.index, why };
+        if param.graph != self.inner.id {
+            return Err(mismatch(format!("belongs to graph {}, not {}", param.graph, self.inner.id)));
+        }
+        let p = &st.params[param.index as usize];
+        let (bytes, elem, buffer) = (p.buffer.bytes, p.elem_size, p.buffer.clone());
+        let n = &mut st.nodes[node.index as usize];
+        if n.kind != CommandKind::Kernel {
+            return Err(mismatch(format!("node {} is a {}, not a kernel", node.index, n.kind.name())));
+        }
+        let Some(req) = n.requirements.get_mut(slot as usize) else {
+            return Err(mismatch(format!("node {} has no argument slot {slot}", node.index)));
+        };
+        if req.buffer.bytes != bytes || req.elem_size as usize != elem {
+            return Err(mismatch(format!(
+                "slot {slot} of node {} uses a buffer of {} bytes of {}-byte elements; the parameter's has {bytes} of {elem}",
+                node.index, req.buffer.bytes, req.elem_size
+            )));
+        }
+        req.buffer = buffer;
+        n.params.retain(|(s, _)| *s != slot);
+        n.params.push((slot, param.index));
+        Ok(())
+    }
+
+    /// Finalizes the graph into an executable graph (in the scheduler's partition
+    /// stage): linearization, partitions, graph fusion if `props` asks, and one
+    /// command buffer per partition. The graph stays modifiable.
+    pub fn finalize(&self, props: GraphProps) -> Result<ExecutableGraph> {
+        let (nodes, keep, params) = {
+            let st = self.inner.state.lock();
+            if !st.recorders.is_empty() {
+                return Err(Error::GraphRecording(self.inner.id));
+            }
+            let params: Vec<(Arc<BufferCore>, KeepAlive)> =
+                st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
+            (Arc::<[GraphNode]>::from(st.nodes.clone()), st.keep.clone(), params)
+        };
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props)?;
+        let exec = ExecShared {
+            id: self.inner.rt.next_id(),
+            graph: self.inner.id,
+            device: self.inner.device,
+            rt: self.inner.rt.clone(),
+            props,
+            keep,
+            state: Mutex::new(ExecState { plan: Arc::new(plan), params: params.into(), last: None }),
+        };
+        Ok(ExecutableGraph { inner: Arc::new(exec) })
+    }
+}
+
+/// Runs a finalize request through the scheduler and waits for it.
+fn finalize_nodes(
+    rt: &Arc<Shared>,
+    nodes: Arc<[GraphNode]>,
+    device: DeviceId,
+    props: GraphProps,
+) -> Result<ExecPlan> {
+    let job = Arc::new(FinalizeJob {
+        nodes,
+        device,
+        props,
+        event: Arc::new(EventShared::new("finalize".into(), rt.id, rt.now_ns())),
+        result: Mutex::new(None),
+    });
+    rt.send(Message::FinalizeGraph(job.clone()))?;
+    rt.wait_for(&job.event, EventStatus::Complete)?;
+    let result = job.result.lock().take().ok_or(Error::RuntimeDropped)?;
+    Ok(result?)
+}
+
+/// Whether `to` is reachable from `from` along edges (predecessor lists reversed).
+fn reaches(nodes: &[GraphNode], from: NodeId, to: NodeId) -> bool {
+    // Walk predecessors from `to` back towards `from`.
+    let mut seen = vec![false; nodes.len()];
+    let mut stack = vec![to];
+    while let Some(n) = stack.pop() {
+        if n == from {
+            return true;
+        }
+        if std::mem::replace(&mut seen[n as usize], true) {
+            continue;
+        }
+        stack.extend(nodes[n as usize].preds.iter().copied());
+    }
+    false
+}
+
+struct ExecState {
+    plan: Arc<ExecPlan>,
+    /// Current buffers of the dynamic parameters.
+    params: Arc<[(Arc<BufferCore>, KeepAlive)]>,
+    /// The previous submission's completion: the next one starts after it.
+    last: Option<Arc<EventShared>>,
+}
+
+struct ExecShared {
+    id: u64,
+    graph: u64,
+    device: DeviceId,
+    rt: Arc<Shared>,
+    props: GraphProps,
+    keep: Vec<KeepAlive>,
+    state: Mutex<ExecState>,
+}
+
+/// A finalized command graph: submit it with
+/// [`Queue::submit_graph`](crate::Queue::submit_graph) as often as needed. Clones
+/// share it.
+#[derive(Clone)]
+pub struct ExecutableGraph {
+    inner: Arc<ExecShared>,
+}
+
+/// One partition of an executable graph, for inspection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    /// Its nodes (indexes of the modifiable graph), in execution order.
+    pub nodes: Vec<u32>,
+    /// The partitions that run first.
+    pub preds: Vec<u32>,
+    /// Whether its nodes form one path.
+    pub in_order: bool,
+    /// Whether it is a host task.
+    pub host_task: bool,
+    /// The device it runs on.
+    pub device: DeviceId,
+}
+
+impl ExecutableGraph {
+    /// Identifies the executable graph in errors.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    fn plan(&self) -> Arc<ExecPlan> {
+        self.inner.state.lock().plan.clone()
+    }
+
+    /// The partitions, in the order they were numbered.
+    pub fn partitions(&self) -> Vec<PartitionInfo> {
+        self.plan()
+            .partitions
+            .iter()
+            .map(|p| PartitionInfo {
+                nodes: p.nodes.clone(),
+                preds: p.preds.to_vec(),
+                in_order: p.in_order,
+                host_task: matches!(p.body, PartitionBody::HostTask { .. }),
+                device: p.device,
+            })
+            .collect()
+    }
+
+    /// The partition of each node.
+    pub fn partition_of(&self) -> Vec<u32> {
+        self.plan().partition_of.clone()
+    }
+
+    /// The linearization: node indexes in execution order.
+    pub fn order(&self) -> Vec<u32> {
+        self.plan().order.clone()
+    }
+
+    /// The kernel chains graph fusion fused: each chain's nodes and fused name.
+    pub fn fused_chains(&self) -> Vec<(Vec<u32>, String)> {
+        self.plan().fused.iter().map(|c| (c.nodes.clone(), c.name.to_string())).collect()
+    }
+
+    /// Why chains graph fusion considered were not fused.
+    pub fn not_fused(&self) -> Vec<String> {
+        self.plan().not_fused.clone()
+    }
+
+    fn check_updatable(&self) -> Result<()> {
+        if self.inner.props.updatable {
+            Ok(())
+        } else {
+            Err(Error::NotUpdatable(self.inner.id))
+        }
+    }
+
+    /// Points dynamic parameter `param` at `buffer` for every later submission
+    /// (submissions already made keep the buffer they were made with). The graph must
+    /// be finalized as updatable; the buffer must have the parameter's size.
+    pub fn update_param<T: Pod>(&self, param: &DynamicBuffer<T>, buffer: &Buffer<T>) -> Result<()> {
+        self.check_updatable()?;
+        let mismatch = |why: String| Error::ParamMismatch { param: param.index, why };
+        if param.graph != self.inner.graph {
+            return Err(mismatch(format!("belongs to graph {}, not to this graph's", param.graph)));
+        }
+        if buffer.runtime_id() != self.inner.rt.id {
+            return Err(Error::ForeignObject("a buffer"));
+        }
+        let mut st = self.inner.state.lock();
+        let Some(current) = st.params.get(param.index as usize) else {
+            return Err(mismatch("was created after this graph was finalized".into()));
+        };
+        if current.0.bytes != buffer.core().bytes {
+            return Err(mismatch(format!(
+                "new buffer has {} bytes, the parameter {}",
+                buffer.core().bytes,
+                current.0.bytes
+            )));
+        }
+        let mut params = st.params.to_vec();
+        params[param.index as usize] = (buffer.core().clone(), buffer.keep_alive());
+        st.params = params.into();
+        Ok(())
+    }
+
+    /// Replaces the nodes' commands with those of `graph`, which must have the same
+    /// topology (node count, node kinds, edges), for every later submission. The graph
+    /// must be finalized as updatable. `graph` is finalized with this graph's
+    /// properties.
+    pub fn update(&self, graph: &CommandGraph) -> Result<()> {
+        self.check_updatable()?;
+        let (nodes, params) = {
+            let st = graph.inner.state.lock();
+            if !st.recorders.is_empty() {
+                return Err(Error::GraphRecording(graph.inner.id));
+            }
+            let params: Vec<(Arc<BufferCore>, KeepAlive)> =
+                st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
+            (Arc::<[GraphNode]>::from(st.nodes.clone()), params)
+        };
+        let current = self.plan();
+        same_topology(&current.nodes, &nodes).map_err(Error::TopologyMismatch)?;
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props)?;
+        let mut st = self.inner.state.lock();
+        st.plan = Arc::new(plan);
+        if !params.is_empty() {
+            st.params = params.into();
+        }
+        Ok(())
+    }
+
+    /// Submits one execution (see [`Queue::submit_graph`](crate::Queue::submit_graph)).
+    pub(crate) fn submit(&self, queue: &Arc<QueueCore>) -> Result<Event> {
+        let rt = &self.inner.rt;
+        let mut st = self.inner.state.lock();
+        let (plan, params) = (st.plan.clone(), st.params.clone());
+        let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::new();
+        let prev = st.last.clone();
+        let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
+        for (i, part) in plan.partitions.iter().enumerate() {
+            let name: Arc<str> = format!("graph {} partition {i}", self.inner.id).into();
+            let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
+            let mut waits: SmallVec<[Arc<EventShared>; 1]> =
+                part.preds.iter().map(|&p| events[p as usize].clone()).collect();
+            if part.preds.is_empty() {
+                waits.extend(prev.iter().cloned());
+            }
+            let desc = match &part.body {
+                PartitionBody::Commands { buffer, entries, internal } => {
+                    let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::new();
+                    let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::new();
+                    let core = |s: EntrySource| match s {
+                        EntrySource::Buffer(b) => &plan.buffers[b as usize],
+                        EntrySource::Param(p) => &params[p as usize].0,
+                    };
+                    for e in entries {
+                        let idx = add_requirement(&mut reqs, core(e.source), e.mode, e.range, false);
+                        args.push((idx, e.mode));
+                    }
+                    for e in internal {
+                        add_requirement(&mut reqs, core(e.source), e.mode, e.range, true);
+                    }
+                    CommandDesc {
+                        kind: CommandKind::CommandBuffer,
+                        name,
+                        queue: queue.clone(),
+                        device: part.device,
+                        requirements: reqs,
+                        waits,
+                        work: Work::CommandBuffer { buffer: buffer.clone(), entries: args },
+                        event: event.clone(),
+                        fusion: None,
+                    }
+                }
+                PartitionBody::HostTask { node } => {
+                    let n = &plan.nodes[*node as usize];
+                    let NodeWork::HostTask { run, tag } = &n.work else {
+                        unreachable!("host-task partitions hold host tasks")
+                    };
+                    let mut reqs = n.requirements.clone();
+                    for &(slot, p) in &n.params {
+                        reqs[slot as usize].buffer = params[p as usize].0.clone();
+                    }
+                    let run = run.clone();
+                    let once: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
+                    CommandDesc {
+                        kind: CommandKind::HostTask,
+                        name: n.name.clone(),
+                        queue: queue.clone(),
+                        device: 0,
+                        requirements: reqs,
+                        waits,
+                        work: Work::HostTask { run: SyncCell::new(once), tag: *tag },
+                        event: event.clone(),
+                        fusion: None,
+                    }
+                }
+            };
+            send(desc)?;
+            events.push(event);
+        }
+        let tails = plan.tails();
+        let done = match tails.as_slice() {
+            [only] => events[*only as usize].clone(),
+            _ => {
+                // Several tails (or none): one marker completes after all of them.
+                let name: Arc<str> = format!("graph {}", self.inner.id).into();
+                let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
+                let mut waits: SmallVec<[Arc<EventShared>; 1]> =
+                    tails.iter().map(|&t| events[t as usize].clone()).collect();
+                if tails.is_empty() {
+                    waits.extend(prev.iter().cloned());
+                }
+                send(CommandDesc {
+                    kind: CommandKind::Marker,
+                    name,
+                    queue: queue.clone(),
+                    device: self.inner.device,
+                    requirements: SmallVec::new(),
+                    waits,
+                    work: Work::Marker,
+                    event: event.clone(),
+                    fusion: None,
+                })?;
+                event
+            }
+        };
+        st.last = Some(done.clone());
+        Ok(Event { shared: done, rt: Arc::downgrade(rt), fusion: None, node: None })
+    }
+}
+
+/// Adds a requirement on `buffer` or widens the one already there; returns its index.
+fn add_requirement(
+    reqs: &mut SmallVec<[Requirement; 4]>,
+    buffer: &Arc<BufferCore>,
+    mode: AccessMode,
+    range: ByteRange,
+    internal: bool,
+) -> u32 {
+    match reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) {
+        Some(i) => {
+            let r = &mut reqs[i];
+            if r.internal && !internal {
+                r.internal = false;
+                r.mode = mode;
+            } else if !internal && (r.mode != mode || r.range != range) {
+                r.mode = if r.mode == AccessMode::Read && mode == AccessMode::Read {
+                    AccessMode::Read
+                } else {
+                    AccessMode::ReadWrite
+                };
+            }
+            r.range = ByteRange { start: r.range.start.min(range.start), end: r.range.end.max(range.end) };
+            i as u32
+        }
+        None => {
+            let mut r = Requirement::new(buffer.clone(), mode, range);
+            r.internal = internal;
+            reqs.push(r);
+            (reqs.len() - 1) as u32
+        }
+    }
+}
+
+/// Seed 003's whole-graph update check, plus node kinds and the exact edges.
+fn same_topology(a: &[GraphNode], b: &[GraphNode]) -> std::result::Result<(), String> {
+    if a.len() != b.len() {
+        return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
+    }
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if x.kind != y.kind {
+            return Err(format!("node {i} is a {}, in the update a {}", x.kind.name(), y.kind.name()));
+        }
+        if x.preds != y.preds {
+            return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,778 @@
+//! The **partition** stage: finalizes command graphs (seed 003, "Graph
+//! Partitioning"). For each finalize request it
+//!
+//! 1. checks the edges for cycles and linearizes the nodes with the
+//!    [`GraphPolicy`]'s [`Linearizer`] ([`ReverseDfs`] by default, [`BreadthFirst`]
+//!    to compare);
+//! 2. assigns partitions with the seed's two-step algorithm ([`assign_groups`]): host
+//!    tasks (and nodes of another device) are isolated, their predecessors and
+//!    successors grouped around them, and groups merged when a `make_edge` back edge
+//!    reaches a host task that was already processed;
+//! 3. tracks each partition's real predecessors, so independent roots run
+//!    concurrently, and marks single-path partitions in-order;
+//! 4. with the fusion property, fuses kernel chains inside each partition through the
+//!    fusion compiler ([`fusion_chains`]);
+//! 5. records one driver command buffer per partition over an argument table of the
+//!    buffers it uses.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bevy_ecs::world::World;
+use gantry_components::{
+    warn_fusion, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing,
+    FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeWork, PartitionBody, PartitionPlan,
+    Requirement, SchedulerConfig, WorkLists,
+};
+use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
+use gantry_driver::{
+    AccessMode, CommandBufferDesc, DeviceInfo, Driver, ExecError, RecordedArg, RecordedOp, SyncPoint,
+};
+use smallvec::SmallVec;
+
+use crate::fusion::{fusion_arg, union_requirement};
+
+type Adjacency = Vec<SmallVec<[NodeId; 4]>>;
+
+/// Seed 003's default: reverse post-order of a depth-first walk from the roots (in
+/// insertion order).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReverseDfs;
+
+impl Linearizer for ReverseDfs {
+    fn name(&self) -> &str {
+        "reverse-dfs"
+    }
+
+    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId> {
+        let n = preds.len();
+        let mut visited = vec![false; n];
+        let mut post = Vec::with_capacity(n);
+        let mut stack: Vec<(NodeId, usize)> = Vec::new();
+        for root in (0..n as NodeId).filter(|&i| preds[i as usize].is_empty()) {
+            if visited[root as usize] {
+                continue;
+            }
+            visited[root as usize] = true;
+            stack.push((root, 0));
+            while let Some((node, next)) = stack.last_mut() {
+                let node = *node;
+                match succs[node as usize].get(*next) {
+                    Some(&s) => {
+                        *next += 1;
+                        if !visited[s as usize] {
+                            visited[s as usize] = true;
+                            stack.push((s, 0));
+                        }
+                    }
+                    None => {
+                        post.push(node);
+                        stack.pop();
+                    }
+                }
+            }
+        }
+        post.reverse();
+        post
+    }
+}
+
+/// Breadth-first (Kahn) order: a node as soon as all its predecessors are placed,
+/// roots in insertion order. The alternative the seed names.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BreadthFirst;
+
+impl Linearizer for BreadthFirst {
+    fn name(&self) -> &str {
+        "breadth-first"
+    }
+
+    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId> {
+        let mut pending: Vec<usize> = preds.iter().map(|p| p.len()).collect();
+        let mut queue: VecDeque<NodeId> =
+            (0..preds.len() as NodeId).filter(|&i| pending[i as usize] == 0).collect();
+        let mut order = Vec::with_capacity(preds.len());
+        while let Some(n) = queue.pop_front() {
+            order.push(n);
+            for &s in &succs[n as usize] {
+                pending[s as usize] -= 1;
+                if pending[s as usize] == 0 {
+                    queue.push_back(s);
+                }
+            }
+        }
+        order
+    }
+}
+
+/// The partition stage system: serves every finalize request of this flush.
+pub fn partition(world: &mut World) {
+    let jobs = std::mem::take(&mut world.resource_mut::<WorkLists>().finalize);
+    for e in jobs {
+        let Some(job) = world.get::<Finalizing>(e).map(|f| f.0.clone()) else { continue };
+        world.despawn(e);
+        let result = {
+            let devices: Vec<(Arc<dyn Driver>, DeviceInfo)> =
+                world.resource::<Devices>().0.iter().map(|d| (d.driver.clone(), d.info.clone())).collect();
+            let linearizer = world.resource::<GraphPolicy>().linearizer.clone();
+            let fusions = world.resource::<Fusions>();
+            let ctx = Finalize {
+                devices: &devices,
+                linearizer: &*linearizer,
+                compiler: &*fusions.compiler,
+                warnings: &fusions.warnings,
+            };
+            ctx.run(&job)
+        };
+        *job.result.lock() = Some(result);
+        let now = world.resource::<SchedulerConfig>().now_ns();
+        job.event.finish(Ok(()), now, now);
+    }
+}
+
+/// What finalizing reads from the world.
+struct Finalize<'a> {
+    devices: &'a [(Arc<dyn Driver>, DeviceInfo)],
+    linearizer: &'a dyn Linearizer,
+    compiler: &'a dyn FusionCompiler,
+    warnings: &'a std::sync::atomic::AtomicUsize,
+}
+
+/// The successor lists of `nodes`.
+fn successors(nodes: &[GraphNode]) -> Adjacency {
+    let mut succs: Adjacency = vec![SmallVec::new(); nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for &p in &n.preds {
+            succs[p as usize].push(i as NodeId);
+        }
+    }
+    succs
+}
+
+/// A node on a cycle, if the edges have one (Kahn's algorithm leaves it unplaced).
+fn find_cycle(preds: &Adjacency, succs: &Adjacency) -> Option<NodeId> {
+    let order = BreadthFirst.order(preds, succs);
+    if order.len() == preds.len() {
+        return None;
+    }
+    let mut placed = vec![false; preds.len()];
+    for n in order {
+        placed[n as usize] = true;
+    }
+    placed.iter().position(|p| !p).map(|n| n as NodeId)
+}
+
+/// Checks that `order` is a topological order of every node.
+fn check_order(order: &[NodeId], preds: &Adjacency) -> Result<(), String> {
+    if order.len() != preds.len() {
+        return Err(format!("{} nodes ordered, the graph has {}", order.len(), preds.len()));
+    }
+    let mut pos = vec![usize::MAX; preds.len()];
+    for (i, &n) in order.iter().enumerate() {
+        match pos.get_mut(n as usize) {
+            Some(p) if *p == usize::MAX => *p = i,
+            _ => return Err(format!("node {n} is out of range or placed twice")),
+        }
+    }
+    for (n, ps) in preds.iter().enumerate() {
+        if let Some(p) = ps.iter().find(|&&p| pos[p as usize] > pos[n]) {
+            return Err(format!("node {n} is placed before its predecessor {p}"));
+        }
+    }
+    Ok(())
+}
+
+/// Seed 003's partition annotation ("Graph Partitioning", the worked examples):
+/// returns a group number per node; nodes with equal numbers share a partition and
+/// groups run in increasing order. `isolated[n]` marks host tasks (and nodes of
+/// another device).
+///
+/// Isolated nodes are processed in insertion order. For each, its predecessors
+/// (upwards, stopping at isolated nodes and at nodes already in a lower group) take a
+/// new group, the node takes the next, and its successors (downwards, stopping at
+/// isolated nodes) the one after. A successor walk that reaches an isolated node
+/// already processed (possible only through a `make_edge` back edge) queues it again
+/// at the front, and the predecessors of the node just processed are merged into the
+/// group of that node's predecessors, so both feed it together.
+///
+/// Unlike the seed's recursive version, the walks are iterative (no stack overflow on
+/// long chains), the downward walk visits each node once per pass, and a node is
+/// queued again only once at a time.
+pub fn assign_groups(preds: &Adjacency, succs: &Adjacency, isolated: &[bool]) -> Vec<i64> {
+    let n = preds.len();
+    let mut group = vec![-1i64; n];
+    let mut queue: VecDeque<NodeId> = (0..n as NodeId).filter(|&i| isolated[i as usize]).collect();
+    let mut current = -1i64;
+    let mut seen = vec![u64::MAX; n];
+    let mut pass = 0u64;
+    let mut stack: Vec<NodeId> = Vec::new();
+    while let Some(ht) = queue.pop_front() {
+        let h = ht as usize;
+        current += 1;
+        stack.extend(preds[h].iter().copied());
+        while let Some(x) = stack.pop() {
+            let x = x as usize;
+            if isolated[x] || (group[x] != -1 && group[x] <= current) {
+                continue;
+            }
+            group[x] = current;
+            stack.extend(preds[x].iter().copied());
+        }
+        current += 1;
+        group[h] = current;
+        current += 1;
+        pass += 1;
+        let queued_before = queue.len();
+        stack.extend(succs[h].iter().copied());
+        while let Some(x) = stack.pop() {
+            let xi = x as usize;
+            if seen[xi] == pass {
+                continue;
+            }
+            seen[xi] = pass;
+            if isolated[xi] {
+                if group[xi] != -1 && !queue.contains(&x) {
+                    queue.push_front(x);
+                }
+                continue;
+            }
+            group[xi] = current;
+            stack.extend(succs[xi].iter().copied());
+        }
+        if queue.len() > queued_before {
+            // Merge: this node's predecessors join the group of the predecessors of
+            // each already-processed node it reached (which runs again).
+            let from = group[h] - 1;
+            for &other in queue.iter() {
+                let g = group[other as usize];
+                if g == -1 {
+                    break;
+                }
+                for x in group.iter_mut() {
+                    if *x == from {
+                        *x = g - 1;
+                    }
+                }
+            }
+        }
+    }
+    group
+}
+
+/// Partitions of contiguous runs of `order`, split around isolated nodes: the
+/// fallback when group merging produced partitions that depend on each other both
+/// ways (the seed leaves that case open).
+fn contiguous_groups(order: &[NodeId], isolated: &[bool]) -> Vec<i64> {
+    let mut group = vec![0i64; order.len()];
+    let (mut g, mut open) = (0i64, false);
+    for &n in order {
+        if isolated[n as usize] {
+            g += i64::from(open);
+            group[n as usize] = g;
+            g += 1;
+            open = false;
+        } else {
+            group[n as usize] = g;
+            open = true;
+        }
+    }
+    group
+}
+
+/// Partitions from group numbers: nodes grouped by number (in increasing order), each
+/// partition's nodes in `order`; then the partitions' predecessors. `None` if the
+/// partitions depend on each other in a cycle.
+fn build_partitions(
+    group: &[i64],
+    order: &[NodeId],
+    preds: &Adjacency,
+) -> Option<(Vec<Vec<NodeId>>, Vec<SmallVec<[u32; 2]>>, Vec<u32>)> {
+    let mut numbers: Vec<i64> = group.to_vec();
+    numbers.sort_unstable();
+    numbers.dedup();
+    let index: HashMap<i64, u32> = numbers.iter().enumerate().map(|(i, &g)| (g, i as u32)).collect();
+    let count = numbers.len();
+    let mut part_of: Vec<u32> = group.iter().map(|g| index[g]).collect();
+    let mut part_preds: Vec<SmallVec<[u32; 2]>> = vec![SmallVec::new(); count];
+    for (n, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            let (a, b) = (part_of[p as usize], part_of[n]);
+            if a != b && !part_preds[b as usize].contains(&a) {
+                part_preds[b as usize].push(a);
+            }
+        }
+    }
+    // Topological order of the partitions, stable by group number.
+    let mut succ: Vec<Vec<u32>> = vec![Vec::new(); count];
+    let mut pending: Vec<usize> = part_preds.iter().map(|p| p.len()).collect();
+    for (b, ps) in part_preds.iter().enumerate() {
+        for &a in ps {
+            succ[a as usize].push(b as u32);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<u32> =
+        (0..count as u32).filter(|&p| pending[p as usize] == 0).collect();
+    let mut rank = vec![u32::MAX; count];
+    let mut next = 0u32;
+    while let Some(p) = ready.pop_first() {
+        rank[p as usize] = next;
+        next += 1;
+        for &s in &succ[p as usize] {
+            pending[s as usize] -= 1;
+            if pending[s as usize] == 0 {
+                ready.insert(s);
+            }
+        }
+    }
+    if (next as usize) < count {
+        return None;
+    }
+    for p in part_of.iter_mut() {
+        *p = rank[*p as usize];
+    }
+    let mut parts: Vec<Vec<NodeId>> = vec![Vec::new(); count];
+    for &n in order {
+        parts[part_of[n as usize] as usize].push(n);
+    }
+    let mut ranked_preds: Vec<SmallVec<[u32; 2]>> = vec![SmallVec::new(); count];
+    for (old, ps) in part_preds.into_iter().enumerate() {
+        let mut ps: SmallVec<[u32; 2]> = ps.into_iter().map(|p| rank[p as usize]).collect();
+        ps.sort_unstable();
+        ranked_preds[rank[old] as usize] = ps;
+    }
+    Some((parts, ranked_preds, part_of))
+}
+
+/// Whether `nodes` (in order) form one path: each depends on the one before, and on
+/// nothing else inside the partition.
+fn is_single_path(nodes: &[NodeId], preds: &Adjacency, part_of: &[u32]) -> bool {
+    nodes.windows(2).all(|w| {
+        let mut inside =
+            preds[w[1] as usize].iter().filter(|&&p| part_of[p as usize] == part_of[w[1] as usize]);
+        inside.next() == Some(&w[0]) && inside.next().is_none()
+    })
+}
+
+/// One operation of a partition's command buffer: a node or a fused chain.
+struct Step {
+    /// The nodes it stands for (one, or a fused chain).
+    nodes: SmallVec<[NodeId; 1]>,
+    /// Its requirements in argument order (internal ones last, not bound).
+    requirements: SmallVec<[Requirement; 4]>,
+    /// Slots bound to dynamic parameters.
+    params: SmallVec<[(u32, u32); 1]>,
+    /// What it runs.
+    op: StepOp,
+    /// Earlier steps it depends on.
+    deps: SmallVec<[u32; 2]>,
+}
+
+enum StepOp {
+    Node(NodeWork),
+    Fused { kernel: Arc<gantry_driver::ClosureKernel>, geometry: gantry_driver::Geometry },
+}
+
+/// Groups a partition's kernels into chains to fuse (in execution order). A copy,
+/// fill or empty node that depends on a chain's kernel and that a later kernel
+/// depends on ends the chain; one that does not depend on the chain is moved before
+/// it. Returns the chains and, per chain end, why it ended early.
+pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>, Vec<String>) {
+    let mut chains: Vec<Vec<NodeId>> = Vec::new();
+    let mut why = Vec::new();
+    let mut current: Vec<NodeId> = Vec::new();
+    let mut after: HashMap<NodeId, bool> = HashMap::new();
+    for &n in nodes {
+        let node = &graph[n as usize];
+        let in_chain = |p: &NodeId| current.contains(p);
+        let depends_on_chain =
+            node.preds.iter().any(|p| in_chain(p) || after.get(p).copied().unwrap_or(false));
+        // Kernels with dynamic parameters stay unfused (their arguments change).
+        if node.kind == CommandKind::Kernel && node.params.is_empty() {
+            let through_other = node.preds.iter().find(|p| after.get(p).copied().unwrap_or(false));
+            if let Some(&other) = through_other {
+                why.push(format!(
+                    "`{}` orders between the kernels `{}` and `{}`",
+                    graph[other as usize].name, graph[current[0] as usize].name, node.name
+                ));
+                chains.push(std::mem::take(&mut current));
+                after.clear();
+            }
+            current.push(n);
+        } else {
+            after.insert(n, depends_on_chain);
+        }
+    }
+    chains.push(current);
+    chains.retain(|c| c.len() > 1);
+    (chains, why)
+}
+
+impl Finalize<'_> {
+    fn run(&self, job: &FinalizeJob) -> Result<ExecPlan, FinalizeError> {
+        let nodes = &job.nodes;
+        let preds: Adjacency = nodes.iter().map(|n| n.preds.clone()).collect();
+        let succs = successors(nodes);
+        if let Some(node) = find_cycle(&preds, &succs) {
+            return Err(FinalizeError::Cycle { node });
+        }
+        let order = self.linearizer.order(&preds, &succs);
+        check_order(&order, &preds)
+            .map_err(|why| FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why })?;
+        let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(job.device)).collect();
+        let groups = assign_groups(&preds, &succs, &isolated);
+        let (parts, part_preds, part_of) = match build_partitions(&groups, &order, &preds) {
+            Some(p) => p,
+            None => {
+                tracing::warn!(
+                    "graph partitions formed a cycle after group merging; using contiguous partitions"
+                );
+                build_partitions(&contiguous_groups(&order, &isolated), &order, &preds)
+                    .expect("contiguous partitions of a topological order are acyclic")
+            }
+        };
+
+        let mut plan = ExecPlan {
+            nodes: nodes.clone(),
+            buffers: Vec::new(),
+            order,
+            partition_of: part_of.clone(),
+            partitions: Vec::with_capacity(parts.len()),
+            fused: Vec::new(),
+            not_fused: Vec::new(),
+        };
+        let mut buffer_index: HashMap<u64, u32> = HashMap::new();
+        for (p, (members, pp)) in parts.into_iter().zip(part_preds).enumerate() {
+            let first = members[0] as usize;
+            let device = nodes[first].device;
+            let in_order = is_single_path(&members, &preds, &part_of);
+            let body = if nodes[first].kind == CommandKind::HostTask {
+                PartitionBody::HostTask { node: members[0] }
+            } else {
+                let steps = self.steps(&members, nodes, job, &mut plan)?;
+                self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut buffer_index)?
+            };
+            plan.partitions.push(PartitionPlan { device, nodes: members, preds: pp, in_order, body });
+        }
+        Ok(plan)
+    }
+
+    /// The partition's operations: its nodes in order, with kernel chains fused when
+    /// the fusion property asks for it.
+    fn steps(
+        &self,
+        members: &[NodeId],
+        nodes: &[GraphNode],
+        job: &FinalizeJob,
+        plan: &mut ExecPlan,
+    ) -> Result<Vec<Step>, FinalizeError> {
+        // Which chain (by index) each fused node belongs to.
+        let mut chain_of: HashMap<NodeId, usize> = HashMap::new();
+        let mut fused: Vec<Option<(Vec<NodeId>, Step)>> = Vec::new();
+        if let Some(barriers) = job.props.fusion {
+            let (chains, why) = fusion_chains(members, nodes);
+            for w in why {
+                warn_fusion(self.warnings, format_args!("graph fusion: chain not fused further: {w}"));
+                plan.not_fused.push(w);
+            }
+            for chain in chains {
+                match self.fuse(&chain, nodes, barriers) {
+                    Ok((step, chain_info)) => {
+                        for &n in &chain {
+                            chain_of.insert(n, fused.len());
+                        }
+                        fused.push(Some((chain, step)));
+                        plan.fused.push(chain_info);
+                    }
+                    Err(why) => {
+                        let names: Vec<&str> = chain.iter().map(|&n| &*nodes[n as usize].name).collect();
+                        let msg = format!("kernels {names:?} not fused: {why}");
+                        warn_fusion(self.warnings, format_args!("graph fusion: {msg}"));
+                        plan.not_fused.push(msg);
+                    }
+                }
+            }
+        }
+
+        // Emit in order: a fused chain at its last kernel; nodes that depend on the
+        // chain but came before its last kernel right after it.
+        let mut depends_on: HashMap<NodeId, usize> = HashMap::new();
+        for &n in members {
+            let c = nodes[n as usize]
+                .preds
+                .iter()
+                .find_map(|p| chain_of.get(p).or_else(|| depends_on.get(p)).copied());
+            if let (Some(c), false) = (c, chain_of.contains_key(&n)) {
+                depends_on.insert(n, c);
+            }
+        }
+        let mut steps: Vec<Step> = Vec::with_capacity(members.len());
+        let mut step_of: HashMap<NodeId, u32> = HashMap::new();
+        let mut deferred: Vec<Vec<NodeId>> = vec![Vec::new(); fused.len()];
+        let last_of: Vec<NodeId> =
+            fused.iter().map(|f| *f.as_ref().expect("chain").0.last().expect("kernel")).collect();
+        let mut emitted = vec![false; fused.len()];
+        let emit_node = |n: NodeId, steps: &mut Vec<Step>, step_of: &mut HashMap<NodeId, u32>| {
+            let node = &nodes[n as usize];
+            step_of.insert(n, steps.len() as u32);
+            steps.push(Step {
+                nodes: smallvec::smallvec![n],
+                requirements: node.requirements.clone(),
+                params: node.params.clone(),
+                op: StepOp::Node(node.work.clone()),
+                deps: SmallVec::new(),
+            });
+        };
+        for &n in members {
+            if let Some(&c) = chain_of.get(&n) {
+                if n == last_of[c] {
+                    let (chain, step) = fused[c].take().expect("chain emitted once");
+                    for &k in &chain {
+                        step_of.insert(k, steps.len() as u32);
+                    }
+                    steps.push(step);
+                    emitted[c] = true;
+                    for d in std::mem::take(&mut deferred[c]) {
+                        emit_node(d, &mut steps, &mut step_of);
+                    }
+                }
+                continue;
+            }
+            match depends_on.get(&n) {
+                Some(&c) if !emitted[c] => deferred[c].push(n),
+                _ => emit_node(n, &mut steps, &mut step_of),
+            }
+        }
+        // Dependencies between steps.
+        for i in 0..steps.len() {
+            let mut deps: SmallVec<[u32; 2]> = SmallVec::new();
+            for &n in &steps[i].nodes {
+                for p in &nodes[n as usize].preds {
+                    if let Some(&s) = step_of.get(p) {
+                        if s as usize != i && !deps.contains(&s) {
+                            deps.push(s);
+                        }
+                    }
+                }
+            }
+            deps.sort_unstable();
+            steps[i].deps = deps;
+        }
+        Ok(steps)
+    }
+
+    /// Fuses one chain through the fusion compiler.
+    fn fuse(
+        &self,
+        chain: &[NodeId],
+        nodes: &[GraphNode],
+        barriers: bool,
+    ) -> Result<(Step, FusedChain), String> {
+        let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
+        for &n in chain {
+            let node = &nodes[n as usize];
+            let NodeWork::Kernel { kernel, geometry } = &node.work else {
+                return Err(format!("`{}` is not a kernel", node.name));
+            };
+            let args = node.requirements.iter().map(fusion_arg).collect();
+            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args });
+        }
+        let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
+        let reqs: Vec<&[Requirement]> = chain.iter().map(|&n| &nodes[n as usize].requirements[..]).collect();
+        let pick = |uses: &[(u32, u32)]| -> Vec<&Requirement> {
+            uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]).collect()
+        };
+        let mut requirements: SmallVec<[Requirement; 4]> =
+            fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)).collect();
+        for i in &fused.internal {
+            let uses = pick(&i.uses);
+            let start = uses.iter().map(|r| r.range.start).min().expect("a use");
+            let end = uses.iter().map(|r| r.range.end).max().expect("a use");
+            requirements.push(union_requirement(&uses, start, end, true));
+        }
+        let info =
+            FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
+        let step = Step {
+            nodes: chain.iter().copied().collect(),
+            requirements,
+            params: SmallVec::new(),
+            op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry },
+            deps: SmallVec::new(),
+        };
+        Ok((step, info))
+    }
+
+    /// Records a partition's steps into a command buffer of its device.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        partition: u32,
+        device: u32,
+        in_order: bool,
+        steps: &[Step],
+        nodes: &[GraphNode],
+        buffers: &mut Vec<Arc<gantry_components::BufferCore>>,
+        buffer_index: &mut HashMap<u64, u32>,
+    ) -> Result<PartitionBody, FinalizeError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut internal: Vec<Entry> = Vec::new();
+        let mut entry_of: HashMap<EntrySource, u32> = HashMap::new();
+        let mut source = |r: &Requirement, param: Option<u32>| match param {
+            Some(p) => EntrySource::Param(p),
+            None => {
+                let next = buffers.len() as u32;
+                let i = *buffer_index.entry(r.buffer.id).or_insert(next);
+                if i == next {
+                    buffers.push(r.buffer.clone());
+                }
+                EntrySource::Buffer(i)
+            }
+        };
+        // Argument lists per step, built before the table is final.
+        let mut step_args: Vec<SmallVec<[RecordedArg; 4]>> = Vec::with_capacity(steps.len());
+        for step in steps {
+            let mut args = SmallVec::new();
+            for (slot, r) in step.requirements.iter().enumerate() {
+                let param = step.params.iter().find(|(s, _)| *s as usize == slot).map(|&(_, p)| p);
+                let src = source(r, param);
+                if r.internal {
+                    internal.push(Entry { source: src, mode: AccessMode::Read, range: r.range });
+                    continue;
+                }
+                let next = entries.len() as u32;
+                let e = *entry_of.entry(src).or_insert(next);
+                if e == next {
+                    entries.push(Entry { source: src, mode: r.mode, range: r.range });
+                } else {
+                    let entry = &mut entries[e as usize];
+                    entry.mode = merge_modes(entry.mode, entry.range, r.mode, r.range);
+                    entry.range.start = entry.range.start.min(r.range.start);
+                    entry.range.end = entry.range.end.max(r.range.end);
+                }
+                args.push(RecordedArg { entry: e, offset: r.range.start, len: r.range.len(), mode: r.mode });
+            }
+            step_args.push(args);
+        }
+        internal.retain(|i| !entry_of.contains_key(&i.source));
+
+        let (driver, info) = &self.devices[device as usize];
+        let first_node = steps.first().map_or(0, |s| s.nodes[0]);
+        let unsupported = |node: NodeId, e: ExecError| match e {
+            ExecError::Unsupported { device, what } => FinalizeError::Unsupported {
+                node,
+                name: nodes[node as usize].name.to_string(),
+                device: device.to_string(),
+                what: what.to_string(),
+            },
+            error => FinalizeError::Driver { partition, error },
+        };
+        let mut builder = driver
+            .create_command_buffer(CommandBufferDesc { entries: entries.len(), in_order })
+            .map_err(|e| unsupported(first_node, e))?;
+        let _ = info;
+        for (step, args) in steps.iter().zip(step_args) {
+            let op = match &step.op {
+                StepOp::Fused { kernel, geometry } => {
+                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
+                }
+                StepOp::Node(work) => match work {
+                    NodeWork::Kernel { kernel, geometry } => {
+                        RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
+                    }
+                    NodeWork::Copy => RecordedOp::Copy { src: args[0], dst: args[1] },
+                    NodeWork::CopyFromHost(data) => RecordedOp::Write { src: data.clone(), dst: args[0] },
+                    NodeWork::CopyToHost(out) => RecordedOp::Read { src: args[0], dst: out.clone() },
+                    NodeWork::Fill(pattern) => RecordedOp::Fill { dst: args[0], pattern: pattern.clone() },
+                    NodeWork::Empty => RecordedOp::Marker,
+                    NodeWork::HostTask { .. } => {
+                        return Err(FinalizeError::Unsupported {
+                            node: step.nodes[0],
+                            name: nodes[step.nodes[0] as usize].name.to_string(),
+                            device: info.name.to_string(),
+                            what: "a host task inside a device partition".into(),
+                        })
+                    }
+                },
+            };
+            let deps: SmallVec<[SyncPoint; 2]> = step.deps.iter().map(|&d| SyncPoint(d)).collect();
+            builder.append(op, &deps).map_err(|e| unsupported(step.nodes[0], e))?;
+        }
+        let buffer = builder.finalize().map_err(|e| unsupported(first_node, e))?;
+        Ok(PartitionBody::Commands { buffer, entries, internal })
+    }
+}
+
+/// The mode of an entry used first as `(a, ra)` and then as `(b, rb)`.
+fn merge_modes(
+    a: AccessMode,
+    ra: gantry_components::ByteRange,
+    b: AccessMode,
+    rb: gantry_components::ByteRange,
+) -> AccessMode {
+    use AccessMode::*;
+    match (a, b) {
+        (Read, Read) => Read,
+        // A discard-write first that covers every later use keeps discarding.
+        (DiscardWrite, _) if ra.start <= rb.start && rb.end <= ra.end => DiscardWrite,
+        _ => ReadWrite,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adjacency(n: usize, edges: &[(NodeId, NodeId)]) -> (Adjacency, Adjacency) {
+        let mut preds: Adjacency = vec![SmallVec::new(); n];
+        let mut succs: Adjacency = vec![SmallVec::new(); n];
+        for &(a, b) in edges {
+            preds[b as usize].push(a);
+            succs[a as usize].push(b);
+        }
+        (preds, succs)
+    }
+
+    /// Normalizes group numbers to partition indexes in increasing order.
+    fn partitions(groups: &[i64]) -> Vec<u32> {
+        let mut g: Vec<i64> = groups.to_vec();
+        g.sort_unstable();
+        g.dedup();
+        groups.iter().map(|x| g.iter().position(|y| y == x).unwrap() as u32).collect()
+    }
+
+    #[test]
+    fn linearizers_give_topological_orders() {
+        // 0 → 1 → 3, 0 → 2 → 3, 4 alone.
+        let (p, s) = adjacency(5, &[(0, 1), (0, 2), (1, 3), (2, 3)]);
+        let dfs = ReverseDfs.order(&p, &s);
+        let bfs = BreadthFirst.order(&p, &s);
+        assert!(check_order(&dfs, &p).is_ok(), "{dfs:?}");
+        assert!(check_order(&bfs, &p).is_ok(), "{bfs:?}");
+        assert_eq!(bfs, vec![0, 4, 1, 2, 3]);
+        assert_eq!(dfs, vec![4, 0, 2, 1, 3]);
+        assert!(check_order(&[1, 0, 2, 3, 4], &p).is_err());
+        assert!(check_order(&[0, 1, 2, 3], &p).is_err());
+    }
+
+    #[test]
+    fn a_host_task_splits_before_itself_and_after() {
+        // A → B → HT → C → D, E → HT
+        let (p, s) = adjacency(6, &[(0, 1), (1, 2), (2, 3), (3, 4), (5, 2)]);
+        let iso = [false, false, true, false, false, false];
+        assert_eq!(partitions(&assign_groups(&p, &s, &iso)), vec![0, 0, 1, 2, 2, 0]);
+    }
+
+    #[test]
+    fn cycles_are_found() {
+        let (p, s) = adjacency(3, &[(0, 1), (1, 2), (2, 1)]);
+        assert!(find_cycle(&p, &s).is_some());
+        let (p, s) = adjacency(3, &[(0, 1), (1, 2)]);
+        assert_eq!(find_cycle(&p, &s), None);
+    }
+
+    #[test]
+    fn contiguous_fallback_splits_around_isolated_nodes() {
+        let iso = [false, true, false, false];
+        let g = contiguous_groups(&[0, 1, 2, 3], &iso);
+        assert_eq!(partitions(&g), vec![0, 1, 2, 2]);
+    }
+}
