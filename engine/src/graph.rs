@@ -519,7 +519,10 @@ impl CommandGraph {
             st.recorders.iter().position(|r| r.queue == queue.id).ok_or(Error::QueueRecording(queue.id))?;
         let mut preds: SmallVec<[NodeId; 4]> = SmallVec::new();
         let rec = &st.recorders[r];
-        if barrier {
+        if barrier && queue.in_order {
+            // Its last node already follows everything before it.
+            preds.extend(rec.last);
+        } else if barrier {
             preds.extend(rec.since_barrier.iter().copied());
             preds.extend(rec.barrier);
         } else {

@@ -74,6 +74,7 @@ pub use gantry_driver::{
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::{CostModel, Fault, FaultPlan, SimConfig};
+pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;

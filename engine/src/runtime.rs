@@ -12,8 +12,8 @@ use bevy_ecs::world::World;
 use bytemuck::Pod;
 use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
-    BufferCore, Device, Devices, EventShared, EventStatus, Fusions, Inbox, Message, QueueCore,
-    SchedulerConfig, Stage, Stats, Timeline, WorkLists,
+    BufferCore, Device, Devices, EventShared, EventStatus, Fusions, GraphPolicy, Inbox, Linearizer, Message,
+    QueueCore, SchedulerConfig, Stage, Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
@@ -58,6 +58,17 @@ pub struct RuntimeBuilder {
     timeline: bool,
     fusion_warnings: Option<usize>,
     fusion_compiler: Option<Compiler>,
+    linearizer: Option<Policy>,
+}
+
+/// A graph linearization policy chosen by the user.
+#[derive(Clone)]
+struct Policy(Arc<dyn Linearizer>);
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name())
+    }
 }
 
 /// A fusion compiler chosen by the user.
@@ -86,6 +97,7 @@ impl Default for RuntimeBuilder {
             timeline: false,
             fusion_warnings: None,
             fusion_compiler: None,
+            linearizer: None,
         }
     }
 }
@@ -142,6 +154,13 @@ impl RuntimeBuilder {
         self.fusion_compiler = Some(Compiler(compiler));
         self
     }
+    /// How command graphs order their nodes at finalize (default:
+    /// [`ReverseDfs`](crate::ReverseDfs), seed 003's reverse depth-first order;
+    /// [`BreadthFirst`](crate::BreadthFirst) is the alternative it names).
+    pub fn linearizer(mut self, policy: Arc<dyn Linearizer>) -> Self {
+        self.linearizer = Some(Policy(policy));
+        self
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;
@@ -190,6 +209,9 @@ impl RuntimeBuilder {
             None => closure_fusion.clone(),
         };
         world.insert_resource(Fusions::new(compiler, fusion_warnings.clone()));
+        if let Some(Policy(linearizer)) = &self.linearizer {
+            world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
+        }
         let (wake_tx, wake_rx) = unbounded::<()>();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),

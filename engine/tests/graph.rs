@@ -1,0 +1,633 @@
+//! Command graphs (seed 003): record & replay, explicit nodes, partitions, updates,
+//! graph fusion and every typed error, on real data.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gantry::{
+    BreadthFirst, Buffer, CommandGraph, Error, EventStatus, ExecError, FinalizeError, GraphProps, Mode,
+    NdRange, Promotion, Runtime, SimConfig,
+};
+
+fn manual() -> Runtime {
+    Runtime::builder().mode(Mode::Manual).worker_threads(0).build()
+}
+
+/// Adds a node `buf[i] = buf[i] * mul + add`.
+fn affine(
+    graph: &CommandGraph,
+    buf: &Buffer<u32>,
+    mul: u32,
+    add: u32,
+    deps: &[gantry::Node],
+) -> gantry::Node {
+    graph
+        .add(
+            |cg| {
+                let b = cg.elements_mut(buf);
+                cg.parallel_for(buf.len(), move |it| *b.elem(it) = *b.elem(it) * mul + add);
+            },
+            deps,
+        )
+        .unwrap()
+}
+
+/// A host task node that counts its runs and adds 1 to every element of `buf`.
+fn counting_host(
+    graph: &CommandGraph,
+    buf: &Buffer<u32>,
+    runs: &Arc<AtomicUsize>,
+    deps: &[gantry::Node],
+) -> gantry::Node {
+    let runs = runs.clone();
+    graph
+        .add(
+            |cg| {
+                let mut b = cg.host_read_write(buf);
+                cg.host_task(move |ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    b.as_mut_slice(ctx).iter_mut().for_each(|x| *x += 1);
+                });
+            },
+            deps,
+        )
+        .unwrap()
+}
+
+#[test]
+fn state_advances_once_per_submission_not_at_add_or_finalize() {
+    for rt in [manual(), Runtime::new()] {
+        let buf = rt.buffer(&[1u32; 300]);
+        let graph = rt.graph();
+        let a = affine(&graph, &buf, 2, 0, &[]);
+        affine(&graph, &buf, 1, 3, &[a]);
+        assert_eq!(buf.to_vec().unwrap(), vec![1; 300], "adding runs nothing");
+        let exec = graph.finalize(GraphProps::default()).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![1; 300], "finalizing runs nothing");
+        let q = rt.queue();
+        let mut expect = 1u32;
+        for _ in 0..5 {
+            q.submit_graph(&exec).unwrap().wait().unwrap();
+            expect = expect * 2 + 3;
+            assert_eq!(buf.to_vec().unwrap(), vec![expect; 300]);
+        }
+        // Many replays without waiting in between: serialized, each applied once.
+        for _ in 0..200 {
+            q.submit_graph(&exec).unwrap();
+            expect = expect.wrapping_mul(2).wrapping_add(3);
+        }
+        q.wait().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![expect; 300]);
+    }
+}
+
+#[test]
+fn record_and_replay_in_order_queue_records_a_chain_with_barriers() {
+    let rt = manual();
+    let q = rt.in_order_queue();
+    let (a, b) = (rt.buffer(&[1u32; 64]), rt.buffer(&[0u32; 64]));
+    let graph = rt.graph();
+    graph.begin_recording(&q).unwrap();
+    assert!(q.is_recording() && graph.is_recording());
+    q.submit(|cg| {
+        let x = cg.elements_mut(&a);
+        cg.parallel_for(64, move |it| *x.elem(it) += 1);
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let (x, y) = (cg.read(&a), cg.elements_out(&b));
+        cg.parallel_for(64, move |it| *y.elem(it) = x.get(it, it.global_linear_id()) * 10);
+    })
+    .unwrap();
+    q.barrier().unwrap();
+    q.submit(|_| {}).unwrap(); // an empty command group: an empty node
+    graph.end_recording(&q).unwrap();
+    assert!(!q.is_recording());
+    assert_eq!(graph.edges(), vec![vec![], vec![0], vec![1], vec![2]]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    let parts = exec.partitions();
+    assert_eq!(parts.len(), 1);
+    assert!(parts[0].in_order, "a recorded in-order queue is one path");
+    for i in 1..=3u32 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(a.to_vec().unwrap(), vec![1 + i; 64]);
+        assert_eq!(b.to_vec().unwrap(), vec![(1 + i) * 10; 64]);
+    }
+}
+
+#[test]
+fn out_of_order_recording_derives_edges_from_buffers_and_events() {
+    let rt = manual();
+    let q = rt.queue();
+    let (a, b, c) = (rt.buffer(&[2u32; 16]), rt.buffer(&[0u32; 16]), rt.buffer(&[0u32; 16]));
+    let graph = rt.graph();
+    graph.begin_recording(&q).unwrap();
+    let first = q.submit(|cg| cg.fill(&b, 5)).unwrap();
+    q.submit(|cg| cg.fill(&c, 7)).unwrap();
+    q.submit(|cg| {
+        let (x, y) = (cg.read(&a), cg.elements_mut(&b));
+        cg.parallel_for(16, move |it| *y.elem(it) += x.get(it, it.global_linear_id()));
+    })
+    .unwrap();
+    // An explicit dependency on a recorded event becomes an edge.
+    q.submit(|cg| {
+        cg.depends_on(&first);
+        let y = cg.elements_mut(&c);
+        cg.parallel_for(16, move |it| *y.elem(it) *= 3);
+    })
+    .unwrap();
+    graph.end_recording(&q).unwrap();
+    assert_eq!(graph.edges(), vec![vec![], vec![], vec![0], vec![0, 1]]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    assert!(!exec.partitions()[0].in_order, "two independent chains are not one path");
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![7; 16]);
+    assert_eq!(c.to_vec().unwrap(), vec![21; 16]);
+}
+
+#[test]
+fn eager_and_graph_submissions_are_ordered_both_ways() {
+    for rt in [manual(), Runtime::new()] {
+        let q = rt.queue();
+        let buf = rt.buffer(&[0u32; 4096]);
+        let graph = rt.graph();
+        let n = affine(&graph, &buf, 3, 0, &[]);
+        affine(&graph, &buf, 1, 1, &[n]);
+        let exec = graph.finalize(GraphProps::default()).unwrap();
+        let mut expect = 0u32;
+        for i in 0..20u32 {
+            // Eager write, then the graph (which must see it), then an eager reader.
+            q.submit(|cg| cg.fill(&buf, i)).unwrap();
+            q.submit_graph(&exec).unwrap();
+            expect = i * 3 + 1;
+            let seen = Arc::new(Mutex::new(0u32));
+            let s = seen.clone();
+            q.submit(|cg| {
+                let b = cg.host_read(&buf);
+                cg.host_task(move |ctx| *s.lock().unwrap() = b.as_slice(ctx)[4095]);
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+            assert_eq!(*seen.lock().unwrap(), expect, "iteration {i}");
+        }
+        assert_eq!(buf.to_vec().unwrap(), vec![expect; 4096]);
+    }
+}
+
+#[test]
+fn fills_empty_nodes_and_copies_replay() {
+    let rt = manual();
+    let (a, b) = (rt.buffer_zeroed::<u32>(32), rt.buffer_zeroed::<u32>(32));
+    let graph = rt.graph();
+    let fill = graph.add(|cg| cg.fill_range(&a, 8..24, 9), &[]).unwrap();
+    let join = graph.add_empty(&[fill]).unwrap();
+    let bump = affine(&graph, &a, 1, 1, &[join]);
+    graph.add(|cg| cg.copy(&a, &b), &[bump]).unwrap();
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    let q = rt.queue();
+    for round in 1..=3u32 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        let expect: Vec<u32> = (0..32).map(|i| if (8..24).contains(&i) { 10 } else { round }).collect();
+        assert_eq!(a.to_vec().unwrap(), expect);
+        assert_eq!(b.to_vec().unwrap(), expect);
+    }
+}
+
+#[test]
+fn multiple_roots_with_host_tasks_run_as_independent_partitions() {
+    for rt in [manual(), Runtime::new()] {
+        let (x, y) = (rt.buffer(&[0u32; 128]), rt.buffer(&[0u32; 128]));
+        let (rx, ry) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let graph = rt.graph();
+        // Two roots, a host task in each branch: x*2 → host(+1) → x+5, y*3 → host(+1) → y+7.
+        let a = affine(&graph, &x, 2, 0, &[]);
+        let b = affine(&graph, &y, 3, 0, &[]);
+        let hx = counting_host(&graph, &x, &rx, &[a]);
+        let hy = counting_host(&graph, &y, &ry, &[b]);
+        affine(&graph, &x, 1, 5, &[hx]);
+        affine(&graph, &y, 1, 7, &[hy]);
+        let exec = graph.finalize(GraphProps::default()).unwrap();
+        let parts = exec.partitions();
+        assert_eq!(parts.len(), 6);
+        let roots: Vec<usize> = (0..parts.len()).filter(|&p| parts[p].preds.is_empty()).collect();
+        assert_eq!(roots.len(), 2, "each branch starts on its own: {parts:?}");
+        assert_eq!(parts.iter().filter(|p| p.host_task).count(), 2);
+        let q = rt.queue();
+        let (mut ex, mut ey) = (0u32, 0u32);
+        for i in 0..4 {
+            let ev = q.submit_graph(&exec).unwrap();
+            ev.wait().unwrap();
+            assert_eq!(ev.status(), EventStatus::Complete);
+            ex = (ex * 2 + 1) + 5;
+            ey = (ey * 3 + 1) + 7;
+            assert_eq!(rx.load(Ordering::SeqCst), i + 1);
+            assert_eq!(ry.load(Ordering::SeqCst), i + 1);
+            assert_eq!(x.to_vec().unwrap(), vec![ex; 128]);
+            assert_eq!(y.to_vec().unwrap(), vec![ey; 128]);
+        }
+    }
+}
+
+/// Seed 003's worked examples (reconstructed from the algorithm they illustrate):
+/// A → HT1 → B and C → HT2 → E give six partitions; adding `make_edge(E, HT1)` makes
+/// HT1 depend on the second branch, HT1 is processed again, and the group holding
+/// HT2's predecessors (C) is merged into the group of HT1's (A).
+#[test]
+fn partitions_of_the_seed_worked_examples() {
+    let rt = manual();
+    let bufs: Vec<Buffer<u32>> = (0..6).map(|_| rt.buffer(&[1u32; 8])).collect();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let build = || {
+        let g = rt.graph();
+        let a = affine(&g, &bufs[0], 2, 0, &[]);
+        let ht1 = counting_host(&g, &bufs[1], &runs, &[a]);
+        let b = affine(&g, &bufs[2], 2, 0, &[ht1]);
+        let c = affine(&g, &bufs[3], 2, 0, &[]);
+        let ht2 = counting_host(&g, &bufs[4], &runs, &[c]);
+        let e = affine(&g, &bufs[5], 2, 0, &[ht2]);
+        (g, [a, ht1, b, c, ht2, e])
+    };
+    let (g, _) = build();
+    let exec = g.finalize(GraphProps::default()).unwrap();
+    //                            A  HT1 B  C  HT2 E
+    assert_eq!(exec.partition_of(), vec![0, 1, 2, 3, 4, 5]);
+
+    let (g, [a, ht1, b, c, ht2, e]) = build();
+    g.make_edge(e, ht1).unwrap();
+    let exec = g.finalize(GraphProps::default()).unwrap();
+    //                            A  HT1 B  C  HT2 E
+    assert_eq!(exec.partition_of(), vec![0, 3, 4, 0, 1, 2]);
+    let parts = exec.partitions();
+    assert_eq!(parts[0].nodes.len(), 2, "A and C merged");
+    assert_eq!(parts[3].preds, vec![0, 2], "HT1 waits for A's group and for E");
+    let _ = (a, b, c, ht2);
+    rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    for (i, expect) in [2u32; 6].into_iter().enumerate() {
+        assert_eq!(bufs[i].to_vec().unwrap(), vec![expect; 8], "buffer {i}");
+    }
+}
+
+#[test]
+fn a_breadth_first_linearizer_can_be_plugged_in() {
+    let rt =
+        Runtime::builder().mode(Mode::Manual).worker_threads(0).linearizer(Arc::new(BreadthFirst)).build();
+    let bufs: Vec<Buffer<u32>> = (0..4).map(|_| rt.buffer(&[1u32; 4])).collect();
+    let g = rt.graph();
+    let r = affine(&g, &bufs[0], 2, 0, &[]);
+    let a = affine(&g, &bufs[1], 2, 0, &[r]);
+    affine(&g, &bufs[2], 2, 0, &[a]);
+    affine(&g, &bufs[3], 2, 0, &[r]);
+    let exec = g.finalize(GraphProps::default()).unwrap();
+    assert_eq!(exec.order(), vec![0, 1, 3, 2]);
+    let dfs = manual();
+    let g2 = dfs.graph();
+    let bufs2: Vec<Buffer<u32>> = (0..4).map(|_| dfs.buffer(&[1u32; 4])).collect();
+    let r = affine(&g2, &bufs2[0], 2, 0, &[]);
+    let a = affine(&g2, &bufs2[1], 2, 0, &[r]);
+    affine(&g2, &bufs2[2], 2, 0, &[a]);
+    affine(&g2, &bufs2[3], 2, 0, &[r]);
+    assert_eq!(g2.finalize(GraphProps::default()).unwrap().order(), vec![0, 3, 1, 2]);
+    rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+    assert!(bufs.iter().all(|b| b.to_vec().unwrap() == vec![2; 4]));
+}
+
+#[test]
+fn sub_graphs_added_twice_run_twice() {
+    let rt = manual();
+    let buf = rt.buffer(&[1u32; 16]);
+    let inner = rt.graph();
+    let n = affine(&inner, &buf, 2, 0, &[]);
+    affine(&inner, &buf, 1, 1, &[n]);
+    let sub = inner.finalize(GraphProps::default()).unwrap();
+    let outer = rt.graph();
+    let first = outer.add_graph(&sub, &[]).unwrap();
+    let second = outer.add_graph(&sub, &[first]).unwrap();
+    affine(&outer, &buf, 10, 0, &[second]);
+    let exec = outer.finalize(GraphProps::default()).unwrap();
+    rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+    // ((1*2+1)*2+1)*10
+    assert_eq!(buf.to_vec().unwrap(), vec![70; 16]);
+    // Edges from buffer accesses link sub-graphs added without explicit deps too.
+    let outer2 = rt.graph();
+    outer2.add_graph(&sub, &[]).unwrap();
+    outer2.add_graph(&sub, &[]).unwrap();
+    rt.queue().submit_graph(&outer2.finalize(GraphProps::default()).unwrap()).unwrap().wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![(70 * 2 + 1) * 2 + 1; 16]);
+    // Submitting an executable graph to a recording queue records it as a sub-graph.
+    let q = rt.in_order_queue();
+    let rec = rt.graph();
+    rec.begin_recording(&q).unwrap();
+    q.submit_graph(&sub).unwrap();
+    q.submit_graph(&sub).unwrap();
+    rec.end_recording(&q).unwrap();
+    assert_eq!(rec.node_count(), 2 * (2 + 2));
+    let before = buf.to_vec().unwrap()[0];
+    q.submit_graph(&rec.finalize(GraphProps::default()).unwrap()).unwrap().wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap()[0], ((before * 2 + 1) * 2 + 1));
+}
+
+#[test]
+fn event_status_follows_the_whole_execution() {
+    let rt = manual();
+    let buf = rt.buffer(&[0u32; 8]);
+    let gate = rt.buffer(&[0u32; 1]);
+    let graph = rt.graph();
+    affine(&graph, &buf, 1, 1, &[]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    // Hold the buffer on the host: the graph cannot start.
+    let guard = buf.write().unwrap();
+    let q = rt.queue();
+    let ev = q.submit_graph(&exec).unwrap();
+    rt.flush();
+    assert!(!ev.status().is_final(), "blocked behind a host access");
+    drop(guard);
+    ev.wait().unwrap();
+    assert_eq!(ev.status(), EventStatus::Complete);
+    assert!(ev.timestamps().ended_ns >= ev.timestamps().started_ns);
+    let _ = gate;
+}
+
+#[test]
+fn whole_graph_update_between_submissions_without_waits() {
+    for rt in [manual(), Runtime::new()] {
+        let buf = rt.buffer(&[1u32; 512]);
+        let build = |mul: u32, add: u32| {
+            let g = rt.graph();
+            let n = affine(&g, &buf, mul, 0, &[]);
+            affine(&g, &buf, 1, add, &[n]);
+            g
+        };
+        let exec = build(2, 0).finalize(GraphProps::default().updatable()).unwrap();
+        let q = rt.queue();
+        let mut expect = 1u32;
+        for round in 0..30u32 {
+            q.submit_graph(&exec).unwrap();
+            expect = expect * (2 + round % 3) + round;
+            // Update for the next submission while this one may still run.
+            exec.update(&build(2 + (round + 1) % 3, round + 1)).unwrap();
+        }
+        q.wait().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![expect; 512]);
+    }
+}
+
+#[test]
+fn dynamic_parameter_updates_affect_only_later_submissions() {
+    let rt = Runtime::new();
+    let (a, b, out) = (rt.buffer(&[1u32; 1024]), rt.buffer(&[100u32; 1024]), rt.buffer_zeroed::<u32>(1024));
+    let graph = rt.graph();
+    let param = graph.dynamic_buffer(&a);
+    let n = graph
+        .add(
+            |cg| {
+                let (x, o) = (cg.read(&a), cg.elements_mut(&out));
+                cg.parallel_for(1024, move |it| *o.elem(it) += x.get(it, it.global_linear_id()));
+            },
+            &[],
+        )
+        .unwrap();
+    graph.set_arg(n, 0, &param).unwrap();
+    let exec = graph.finalize(GraphProps::default().updatable()).unwrap();
+    let q = rt.queue();
+    // Hold `b` so the submissions after the update cannot finish early; the one
+    // before it reads `a` whatever happens next.
+    q.submit_graph(&exec).unwrap();
+    exec.update_param(&param, &b).unwrap();
+    q.submit_graph(&exec).unwrap();
+    q.submit_graph(&exec).unwrap();
+    exec.update_param(&param, &a).unwrap();
+    q.submit_graph(&exec).unwrap();
+    q.wait().unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![1 + 100 + 100 + 1; 1024]);
+    // Eager writes to the parameter's current buffer order before the next replay.
+    q.submit(|cg| cg.fill(&a, 5)).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![207; 1024]);
+}
+
+#[test]
+fn graph_fusion_fuses_a_chain_with_an_internalized_buffer() {
+    let rt = manual();
+    let n = 256;
+    let (x, tmp, out) = (rt.buffer(&vec![3u32; n]), rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n));
+    let graph = rt.graph();
+    let k1 = graph
+        .add(
+            |cg| {
+                let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
+                cg.promote(&t, Promotion::Private);
+                cg.parallel_for_nd(NdRange::new(n, 64), move |it| {
+                    *t.elem(it) = x.get(it, it.global_linear_id()) + 1
+                });
+            },
+            &[],
+        )
+        .unwrap();
+    graph
+        .add(
+            |cg| {
+                let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+                cg.promote(&t, Promotion::Private);
+                cg.parallel_for_nd(NdRange::new(n, 64), move |it| {
+                    *o.elem(it) = t.get(it, it.global_linear_id()) * 10
+                });
+            },
+            &[k1],
+        )
+        .unwrap();
+    let fused = graph.finalize(GraphProps::default().fused()).unwrap();
+    assert_eq!(fused.fused_chains().len(), 1);
+    assert_eq!(fused.fused_chains()[0].0, vec![0, 1]);
+    let q = rt.queue();
+    for _ in 0..3 {
+        q.submit_graph(&fused).unwrap().wait().unwrap();
+        assert_eq!(out.to_vec().unwrap(), vec![40; n]);
+        assert_eq!(tmp.to_vec().unwrap(), vec![0; n], "internalized: never written back");
+    }
+    // Unfused, the same graph writes the temporary.
+    let plain = graph.finalize(GraphProps::default()).unwrap();
+    assert!(plain.fused_chains().is_empty());
+    q.submit_graph(&plain).unwrap().wait().unwrap();
+    assert_eq!(tmp.to_vec().unwrap(), vec![4; n]);
+}
+
+#[test]
+fn graph_fusion_does_not_fuse_across_a_copy_between_kernels() {
+    let rt = manual();
+    let (a, b, c) = (rt.buffer(&[1u32; 64]), rt.buffer_zeroed::<u32>(64), rt.buffer_zeroed::<u32>(64));
+    let graph = rt.graph();
+    let k1 = affine(&graph, &a, 2, 0, &[]);
+    let copy = graph.add(|cg| cg.copy(&a, &b), &[k1]).unwrap();
+    let k2 = graph
+        .add(
+            |cg| {
+                let (x, y) = (cg.read(&b), cg.elements_out(&c));
+                cg.parallel_for(64, move |it| *y.elem(it) = x.get(it, it.global_linear_id()) + 1);
+            },
+            &[copy],
+        )
+        .unwrap();
+    affine(&graph, &c, 3, 0, &[k2]);
+    let exec = graph.finalize(GraphProps::default().fused()).unwrap();
+    assert_eq!(exec.not_fused().len(), 1, "{:?}", exec.not_fused());
+    assert!(exec.not_fused()[0].contains("copy"), "{:?}", exec.not_fused());
+    assert_eq!(exec.fused_chains().len(), 1, "the two kernels after the copy still fuse");
+    rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![2; 64]);
+    assert_eq!(c.to_vec().unwrap(), vec![9; 64]);
+}
+
+#[test]
+fn graphs_replay_on_the_simulated_device() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let q = rt.queue_with(gantry::QueueOptions { device: 1, in_order: true }).unwrap();
+    let buf = rt.buffer(&[1u32; 64]);
+    let graph = rt.graph_on(1);
+    graph.begin_recording(&q).unwrap();
+    for _ in 0..3 {
+        q.submit(|cg| {
+            let b = cg.elements_mut(&buf);
+            cg.parallel_for(64, move |it| *b.elem(it) *= 2);
+        })
+        .unwrap();
+    }
+    graph.end_recording(&q).unwrap();
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    assert_eq!(exec.partitions()[0].device, 1);
+    for round in 1..=3u32 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![1 << (3 * round); 64]);
+    }
+}
+
+#[test]
+fn a_failing_node_fails_the_execution_and_its_dependents_only() {
+    let rt = manual();
+    let (a, b) = (rt.buffer(&[1u32; 8]), rt.buffer(&[1u32; 8]));
+    let graph = rt.graph();
+    let bad = graph
+        .add(
+            |cg| {
+                let x = cg.elements_mut(&a);
+                cg.parallel_for(8, move |it| {
+                    *x.elem(it) = 99;
+                    if it.global_linear_id() == 7 {
+                        panic!("boom");
+                    }
+                });
+            },
+            &[],
+        )
+        .unwrap();
+    affine(&graph, &a, 2, 0, &[bad]);
+    affine(&graph, &b, 2, 0, &[]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    let err = rt.queue().submit_graph(&exec).unwrap().wait().unwrap_err();
+    assert!(matches!(err, Error::Exec(ExecError::KernelPanicked { .. })), "{err}");
+    assert_eq!(a.to_vec().unwrap(), vec![1; 8], "last valid contents kept");
+    assert_eq!(b.to_vec().unwrap(), vec![2; 8], "independent node ran");
+    // The runtime keeps going.
+    rt.queue().submit(|cg| cg.fill(&a, 4)).unwrap().wait().unwrap();
+    assert_eq!(a.to_vec().unwrap(), vec![4; 8]);
+}
+
+#[test]
+fn typed_errors_for_misuse() {
+    let rt = manual();
+    let q = rt.queue();
+    let buf = rt.buffer(&[0u32; 4]);
+    let graph = rt.graph();
+    let a = affine(&graph, &buf, 1, 1, &[]);
+    let b = affine(&graph, &buf, 1, 1, &[a]);
+    assert_eq!(graph.make_edge(a, a), Err(Error::SelfEdge(0)));
+    assert_eq!(graph.make_edge(b, a), Err(Error::CycleEdge { from: 1, to: 0 }));
+    let other = rt.graph();
+    let foreign = other.add_empty(&[]).unwrap();
+    assert!(matches!(graph.make_edge(foreign, a), Err(Error::ForeignNode { .. })));
+    assert!(matches!(graph.add_empty(&[foreign]), Err(Error::ForeignNode { .. })));
+    // The opt-out of the cycle check: finalize finds the cycle.
+    let cyclic = rt.graph();
+    let x = cyclic.add_empty(&[]).unwrap();
+    let y = cyclic.add_empty(&[x]).unwrap();
+    cyclic.make_edge_unchecked(y, x).unwrap();
+    assert!(matches!(
+        cyclic.finalize(GraphProps::default()),
+        Err(Error::Finalize(FinalizeError::Cycle { .. }))
+    ));
+
+    // Recording.
+    let eager = q.submit(|cg| cg.fill(&buf, 1)).unwrap();
+    graph.begin_recording(&q).unwrap();
+    assert_eq!(graph.begin_recording(&q), Err(Error::AlreadyRecording(q.id())));
+    assert_eq!(other.begin_recording(&q), Err(Error::AlreadyRecording(q.id())));
+    assert_eq!(q.wait(), Err(Error::QueueRecording(q.id())));
+    assert!(matches!(graph.add_empty(&[]), Err(Error::GraphRecording(_))));
+    assert!(matches!(graph.finalize(GraphProps::default()), Err(Error::GraphRecording(_))));
+    let recorded = q.submit(|cg| cg.fill(&buf, 2)).unwrap();
+    assert!(matches!(recorded.wait(), Err(Error::RecordedEvent(_))));
+    assert!(matches!(buf.to_vec(), Err(Error::BufferRecorded(_))));
+    assert!(matches!(
+        q.submit(|cg| {
+            cg.depends_on(&eager);
+        }),
+        Err(Error::EventOutsideGraph(_))
+    ));
+    assert!(matches!(q.start_fusion(), Err(Error::QueueRecording(_))));
+    graph.end_recording(&q).unwrap();
+    assert_eq!(graph.end_recording(&q), Err(Error::NotRecording { queue: q.id(), graph: graph.id() }));
+    // After recording: host access works again, and a recorded event is still not
+    // something eager work can depend on.
+    assert_eq!(buf.to_vec().unwrap(), vec![1; 4]);
+    assert!(matches!(
+        q.submit(|cg| {
+            cg.depends_on(&recorded);
+        }),
+        Err(Error::RecordedEvent(_))
+    ));
+
+    // Updates.
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    assert!(matches!(exec.update(&graph), Err(Error::NotUpdatable(_))));
+    let updatable = graph.finalize(GraphProps::default().updatable()).unwrap();
+    let smaller = rt.graph();
+    affine(&smaller, &buf, 1, 1, &[]);
+    assert!(matches!(updatable.update(&smaller), Err(Error::TopologyMismatch(_))));
+    let rewired = rt.graph();
+    let other_buf = rt.buffer(&[0u32; 4]);
+    affine(&rewired, &buf, 1, 1, &[]);
+    affine(&rewired, &other_buf, 1, 1, &[]); // no edge to the first
+    rewired.add(|cg| cg.fill(&other_buf, 3), &[]).unwrap();
+    assert!(matches!(updatable.update(&rewired), Err(Error::TopologyMismatch(_))));
+    let p = graph.dynamic_buffer(&buf);
+    let longer = rt.buffer(&[0u32; 8]);
+    assert!(matches!(updatable.update_param(&p, &longer), Err(Error::ParamMismatch { .. })));
+    assert!(matches!(graph.set_arg(a, 3, &p), Err(Error::ParamMismatch { .. })));
+    let q2 = other.dynamic_buffer(&longer);
+    assert!(matches!(graph.set_arg(a, 0, &q2), Err(Error::ParamMismatch { .. })));
+}
+
+#[test]
+fn a_node_the_driver_cannot_record_fails_finalize_as_unsupported() {
+    let rt = manual();
+    let buf = rt.buffer(&[7u32; 4]);
+    let out = gantry::Readback::new();
+    let graph = rt.graph();
+    graph.add(|cg| cg.copy_to_host(&buf, .., &out), &[]).unwrap();
+    match graph.finalize(GraphProps::default()) {
+        Err(Error::Finalize(FinalizeError::Unsupported { node: 0, what, .. })) => {
+            assert_eq!(what, "memory buffer read")
+        }
+        other => panic!("expected an unsupported-feature error, got {:?}", other.err()),
+    }
+    // The simulated device cannot record host-to-buffer writes either.
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let buf = rt.buffer(&[0u32; 4]);
+    let graph = rt.graph_on(1);
+    graph.add(|cg| cg.copy_from_host(&[1u32, 2, 3, 4], &buf, 0), &[]).unwrap();
+    assert!(matches!(
+        graph.finalize(GraphProps::default()),
+        Err(Error::Finalize(FinalizeError::Unsupported { .. }))
+    ));
+}
