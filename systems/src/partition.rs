@@ -279,14 +279,20 @@ fn contiguous_groups(order: &[NodeId], isolated: &[bool]) -> Vec<i64> {
     group
 }
 
+/// Partitions built from group numbers.
+struct Partitions {
+    /// Each partition's nodes, in execution order.
+    members: Vec<Vec<NodeId>>,
+    /// Each partition's predecessor partitions.
+    preds: Vec<SmallVec<[u32; 2]>>,
+    /// The partition of each node.
+    part_of: Vec<u32>,
+}
+
 /// Partitions from group numbers: nodes grouped by number (in increasing order), each
 /// partition's nodes in `order`; then the partitions' predecessors. `None` if the
 /// partitions depend on each other in a cycle.
-fn build_partitions(
-    group: &[i64],
-    order: &[NodeId],
-    preds: &Adjacency,
-) -> Option<(Vec<Vec<NodeId>>, Vec<SmallVec<[u32; 2]>>, Vec<u32>)> {
+fn build_partitions(group: &[i64], order: &[NodeId], preds: &Adjacency) -> Option<Partitions> {
     let mut numbers: Vec<i64> = group.to_vec();
     numbers.sort_unstable();
     numbers.dedup();
@@ -340,7 +346,7 @@ fn build_partitions(
         ps.sort_unstable();
         ranked_preds[rank[old] as usize] = ps;
     }
-    Some((parts, ranked_preds, part_of))
+    Some(Partitions { members: parts, preds: ranked_preds, part_of })
 }
 
 /// Whether `nodes` (in order) form one path: each depends on the one before, and on
@@ -420,16 +426,17 @@ impl Finalize<'_> {
             .map_err(|why| FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why })?;
         let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(job.device)).collect();
         let groups = assign_groups(&preds, &succs, &isolated);
-        let (parts, part_preds, part_of) = match build_partitions(&groups, &order, &preds) {
-            Some(p) => p,
-            None => {
-                tracing::warn!(
-                    "graph partitions formed a cycle after group merging; using contiguous partitions"
-                );
-                build_partitions(&contiguous_groups(&order, &isolated), &order, &preds)
-                    .expect("contiguous partitions of a topological order are acyclic")
-            }
-        };
+        let Partitions { members: parts, preds: part_preds, part_of } =
+            match build_partitions(&groups, &order, &preds) {
+                Some(p) => p,
+                None => {
+                    tracing::warn!(
+                        "graph partitions formed a cycle after group merging; using contiguous partitions"
+                    );
+                    build_partitions(&contiguous_groups(&order, &isolated), &order, &preds)
+                        .expect("contiguous partitions of a topological order are acyclic")
+                }
+            };
 
         let mut plan = ExecPlan {
             nodes: nodes.clone(),
@@ -543,9 +550,9 @@ impl Finalize<'_> {
             }
         }
         // Dependencies between steps.
-        for i in 0..steps.len() {
+        for (i, step) in steps.iter_mut().enumerate() {
             let mut deps: SmallVec<[u32; 2]> = SmallVec::new();
-            for &n in &steps[i].nodes {
+            for &n in &step.nodes {
                 for p in &nodes[n as usize].preds {
                     if let Some(&s) = step_of.get(p) {
                         if s as usize != i && !deps.contains(&s) {
@@ -555,7 +562,7 @@ impl Finalize<'_> {
                 }
             }
             deps.sort_unstable();
-            steps[i].deps = deps;
+            step.deps = deps;
         }
         Ok(steps)
     }
