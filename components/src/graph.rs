@@ -198,6 +198,8 @@ pub enum PartitionBody {
 /// One partition of an executable graph.
 #[derive(Clone)]
 pub struct PartitionPlan {
+    /// Its name in traces and errors (`partition 3`).
+    pub name: Arc<str>,
     /// The device it runs on.
     pub device: DeviceId,
     /// Its nodes, in execution order (after graph fusion: the nodes it stands for).
@@ -238,18 +240,20 @@ pub struct ExecPlan {
     pub fused: Vec<FusedChain>,
     /// Why chains that graph fusion considered were not fused.
     pub not_fused: Vec<String>,
+    /// Partitions no other partition depends on: a submission completes after them.
+    pub tails: Vec<u32>,
 }
 
 impl ExecPlan {
-    /// Partitions no other partition depends on (the submission's tails).
-    pub fn tails(&self) -> Vec<u32> {
+    /// Computes [`ExecPlan::tails`] from the partitions' predecessors.
+    pub fn find_tails(&mut self) {
         let mut has_succ = vec![false; self.partitions.len()];
         for p in &self.partitions {
             for &q in &p.preds {
                 has_succ[q as usize] = true;
             }
         }
-        (0..self.partitions.len() as u32).filter(|&p| !has_succ[p as usize]).collect()
+        self.tails = (0..self.partitions.len() as u32).filter(|&p| !has_succ[p as usize]).collect();
     }
 }
 

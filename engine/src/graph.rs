@@ -811,8 +811,8 @@ impl ExecutableGraph {
         let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::new();
         let prev = st.last.clone();
         let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
-        for (i, part) in plan.partitions.iter().enumerate() {
-            let name: Arc<str> = format!("graph {} partition {i}", self.inner.id).into();
+        for part in &plan.partitions {
+            let name = part.name.clone();
             let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
             let mut waits: SmallVec<[Arc<EventShared>; 1]> =
                 part.preds.iter().map(|&p| events[p as usize].clone()).collect();
@@ -873,7 +873,7 @@ impl ExecutableGraph {
             send(desc)?;
             events.push(event);
         }
-        let tails = plan.tails();
+        let tails = &plan.tails;
         let done = match tails.as_slice() {
             [only] => events[*only as usize].clone(),
             _ => {

@@ -348,22 +348,30 @@ pub(crate) fn union_requirement(
     }
 }
 
-/// Replaces the listed kernels by the fused kernel.
-fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
-    let listed = |e: Entity| kernels.contains(&e);
-    let all_reqs: Vec<Vec<Requirement>> =
-        kernels.iter().map(|&k| q.requirements(world, k).expect("requirements").0.to_vec()).collect();
+/// The fused kernel's requirements: one per argument (the union of the slots it
+/// stands for), then one ordering-only requirement per internalized buffer.
+/// `reqs[k]` are kernel `k`'s requirements.
+pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> SmallVec<[Requirement; 4]> {
     let pick = |uses: &[(u32, u32)]| -> Vec<&Requirement> {
-        uses.iter().map(|&(k, s)| &all_reqs[k as usize][s as usize]).collect()
+        uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]).collect()
     };
-    let mut reqs: SmallVec<[Requirement; 4]> =
+    let mut out: SmallVec<[Requirement; 4]> =
         fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)).collect();
     for i in &fused.internal {
         let uses = pick(&i.uses);
         let start = uses.iter().map(|r| r.range.start).min().expect("a use");
         let end = uses.iter().map(|r| r.range.end).max().expect("a use");
-        reqs.push(union_requirement(&uses, start, end, true));
+        out.push(union_requirement(&uses, start, end, true));
     }
+    out
+}
+
+/// Replaces the listed kernels by the fused kernel.
+fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
+    let listed = |e: Entity| kernels.contains(&e);
+    let all_reqs: Vec<Vec<Requirement>> =
+        kernels.iter().map(|&k| q.requirements(world, k).expect("requirements").0.to_vec()).collect();
+    let reqs = fused_requirements(&fused, &all_reqs.iter().map(|r| &r[..]).collect::<Vec<_>>());
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();

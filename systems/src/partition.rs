@@ -30,7 +30,7 @@ use gantry_driver::{
 };
 use smallvec::SmallVec;
 
-use crate::fusion::{fusion_arg, union_requirement};
+use crate::fusion::{fused_requirements, fusion_arg};
 
 type Adjacency = Vec<SmallVec<[NodeId; 4]>>;
 
@@ -446,6 +446,7 @@ impl Finalize<'_> {
             partitions: Vec::with_capacity(parts.len()),
             fused: Vec::new(),
             not_fused: Vec::new(),
+            tails: Vec::new(),
         };
         let mut buffer_index: HashMap<u64, u32> = HashMap::new();
         for (p, (members, pp)) in parts.into_iter().zip(part_preds).enumerate() {
@@ -458,8 +459,10 @@ impl Finalize<'_> {
                 let steps = self.steps(&members, nodes, job, &mut plan)?;
                 self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut buffer_index)?
             };
-            plan.partitions.push(PartitionPlan { device, nodes: members, preds: pp, in_order, body });
+            let name = format!("partition {p}").into();
+            plan.partitions.push(PartitionPlan { name, device, nodes: members, preds: pp, in_order, body });
         }
+        plan.find_tails();
         Ok(plan)
     }
 
@@ -585,17 +588,7 @@ impl Finalize<'_> {
         }
         let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
         let reqs: Vec<&[Requirement]> = chain.iter().map(|&n| &nodes[n as usize].requirements[..]).collect();
-        let pick = |uses: &[(u32, u32)]| -> Vec<&Requirement> {
-            uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]).collect()
-        };
-        let mut requirements: SmallVec<[Requirement; 4]> =
-            fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)).collect();
-        for i in &fused.internal {
-            let uses = pick(&i.uses);
-            let start = uses.iter().map(|r| r.range.start).min().expect("a use");
-            let end = uses.iter().map(|r| r.range.end).max().expect("a use");
-            requirements.push(union_requirement(&uses, start, end, true));
-        }
+        let requirements = fused_requirements(&fused, &reqs);
         let info =
             FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
         let step = Step {
