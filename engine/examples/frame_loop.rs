@@ -52,8 +52,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use gantry::{
-    Accessor, Buffer, CacheStats, Event, ExecutableGraph, FusionOutcome, FusionProps, GraphProps, Item, NdRange,
-    Queue, Read, Runtime,
+    Accessor, Buffer, CacheStats, Event, ExecutableGraph, FusionOutcome, FusionProps, GraphProps, Item,
+    NdRange, Queue, Read, Runtime,
 };
 
 /// Diffusion coefficient (stable for ≤ 0.25).
@@ -235,6 +235,11 @@ struct Sim {
     /// The grid as of the last snapshot frame (every `SNAPSHOT_EVERY`-th: 49, 99, ...).
     snapshot: Buffer<f32>,
     log: Arc<Mutex<Vec<FrameStat>>>,
+    /// With `--graph`: the recorded frame for each grid parity; frame `f` replays
+    /// `graphs[f % 2]`.
+    graphs: Option<[ExecutableGraph; 2]>,
+    /// Frames the recorded host task has run (its frame number).
+    replays: Arc<AtomicUsize>,
 }
 
 impl Sim {
@@ -250,19 +255,58 @@ impl Sim {
             history: rt.buffer_zeroed(HISTORY * w),
             snapshot: rt.buffer_zeroed(h * w),
             log: Arc::new(Mutex::new(Vec::new())),
+            graphs: None,
+            replays: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Records the frame's kernels and host task once per grid parity into a command
+    /// graph and finalizes it with `props`; later frames replay them.
+    fn record_graphs(&mut self, rt: &Runtime, props: GraphProps) -> gantry::Result<()> {
+        assert!(self.kernels != Kernels::Fused, "a graph records unfused kernels");
+        let mut execs = Vec::with_capacity(2);
+        for parity in 0..2 {
+            let graph = rt.graph();
+            graph.begin_recording(&self.q)?;
+            let mut recorded = Vec::new();
+            let submitted = self
+                .submit_kernel_pair(parity, &mut recorded)
+                .and_then(|()| self.submit_frame_stats(None).map(|_| ()));
+            graph.end_recording(&self.q)?;
+            submitted?;
+            execs.push(graph.finalize(props)?);
+        }
+        let [even, odd] = <[ExecutableGraph; 2]>::try_from(execs).ok().expect("two graphs");
+        self.graphs = Some([even, odd]);
+        Ok(())
     }
 
     /// Submits frame `f` and returns the events of its commands, in submission order;
     /// the last is the host task's. A fused frame's two kernels have one event, the
     /// fusion's.
+    ///
+    /// With recorded graphs, the frame's graph is replayed, then the probe copy and
+    /// snapshot are submitted; the replay's event comes last.
     fn submit_frame(&self, f: usize) -> gantry::Result<Vec<Event>> {
         let mut events = Vec::with_capacity(5);
-        let (h, w) = (self.h, self.w);
-        let (cur, next) = (&self.grids[f % 2], &self.grids[(f + 1) % 2]);
+        if let Some(graphs) = &self.graphs {
+            let replay = self.q.submit_graph(&graphs[f % 2])?;
+            self.submit_copies(f, &mut events)?;
+            events.push(replay);
+            return Ok(events);
+        }
+        self.submit_kernel_pair(f, &mut events)?;
+        self.submit_copies(f, &mut events)?;
+        // 4. Host task: fold the rows into the frame's totals.
+        events.push(self.submit_frame_stats(Some(f))?);
+        Ok(events)
+    }
 
+    /// 1., 2.: frame `f`'s two kernels, as `self.kernels` says.
+    fn submit_kernel_pair(&self, f: usize, events: &mut Vec<Event>) -> gantry::Result<()> {
+        let (cur, next) = (&self.grids[f % 2], &self.grids[(f + 1) % 2]);
         match self.kernels {
-            Kernels::Default => self.submit_kernels(cur, next, &mut events)?,
+            Kernels::Default => self.submit_kernels(cur, next, events)?,
             Kernels::RowGroups => {
                 events.push(self.submit_row_group_stencil(cur, next)?);
                 events.push(self.submit_row_group_stats(next)?);
@@ -276,6 +320,13 @@ impl Sim {
                 events.push(self.q.complete_fusion(FusionProps::default())?);
             }
         }
+        Ok(())
+    }
+
+    /// 3. and the snapshot: frame `f`'s copies of the new grid.
+    fn submit_copies(&self, f: usize, events: &mut Vec<Event>) -> gantry::Result<()> {
+        let (h, w) = (self.h, self.w);
+        let next = &self.grids[(f + 1) % 2];
 
         // 3. The probe row into the history ring.
         events.push(self.q.submit(|cg| {
@@ -290,18 +341,23 @@ impl Sim {
                 cg.copy(next, &self.snapshot);
             })?);
         }
+        Ok(())
+    }
 
-        // 4. Host task: fold the rows into the frame's totals.
+    /// 4. The host task folding the rows into frame `frame`'s totals; a recorded one
+    ///    (`None`) numbers its runs with `self.replays`.
+    fn submit_frame_stats(&self, frame: Option<usize>) -> gantry::Result<Event> {
         let log = self.log.clone();
-        events.push(self.q.submit(|cg| {
+        let replays = self.replays.clone();
+        self.q.submit(|cg| {
             cg.name("frame_stats");
             let rows = cg.host_read(&self.rows);
             cg.host_task(move |ctx| {
+                let frame = frame.unwrap_or_else(|| replays.fetch_add(1, Ordering::Relaxed));
                 let (heat, max) = fold_rows(rows.as_slice(ctx));
-                log.lock().unwrap().push(FrameStat { frame: f, heat, max });
+                log.lock().unwrap().push(FrameStat { frame, heat, max });
             });
-        })?);
-        Ok(events)
+        })
     }
 
     /// The default frame's kernels: 1. the stencil, 2. the row reduction.
@@ -446,12 +502,130 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-/// What one run of the loop measured, for `--fusion`'s comparison.
+/// What one run of the loop measured, for `--fusion`'s and `--graph`'s comparisons.
 struct Pass {
     mean_frame_ms: f64,
     /// The queue's last fusion.
     outcome: Option<FusionOutcome>,
     cache: Option<CacheStats>,
+    /// Kernel chains graph fusion fused, over the recorded graphs.
+    fused_chains: Vec<(Vec<u32>, String)>,
+    /// Why graph fusion fused no more, over the recorded graphs.
+    not_fused: Vec<String>,
+    /// What the run left: final grid, probe history, snapshot, frame stats.
+    outputs: Outputs,
+}
+
+/// A run's results, for comparing runs with each other.
+struct Outputs {
+    grid: Vec<f32>,
+    history: Vec<f32>,
+    snapshot: Vec<f32>,
+    log: Vec<FrameStat>,
+}
+
+/// Checks a run's results against the eager run's, bit for bit; prints what differs.
+fn same_outputs(label: &str, got: &Outputs, eager: &Outputs) -> bool {
+    let mut ok = true;
+    for (what, a, b) in [
+        ("final grid", &got.grid, &eager.grid),
+        ("probe history", &got.history, &eager.history),
+        ("snapshot", &got.snapshot, &eager.snapshot),
+    ] {
+        let (n, max_diff) = compare(a, b);
+        if n > 0 {
+            eprintln!("{label}: FAILED: {what}: {n} elements differ from the eager run, max difference {max_diff:e}");
+            ok = false;
+        }
+    }
+    let bits = |l: &[FrameStat]| -> Vec<(usize, u32, u32)> {
+        l.iter().map(|s| (s.frame, s.heat.to_bits(), s.max.to_bits())).collect()
+    };
+    if bits(&got.log) != bits(&eager.log) {
+        eprintln!("{label}: FAILED: frame stats differ from the eager run");
+        ok = false;
+    }
+    if ok {
+        println!(
+            "{label}: bit-identical to the eager run (grid, probe history, snapshot, {} frame stats)",
+            got.log.len()
+        );
+    }
+    ok
+}
+
+/// `--graph` (and `--graph --fusion`): eager, graph and (with fusion) fused-graph runs.
+fn graph_main(o: &Options, want: &mut Option<(Reference, f64)>) -> ExitCode {
+    let (h, w) = (o.size, o.size);
+    let kernels = if o.fusion { Kernels::RowGroups } else { Kernels::Default };
+    if o.fusion {
+        let groups = Sim::row_group_range(h, w);
+        let (gl, gw) = (groups.local.get(0), groups.local.get(1));
+        println!(
+            "\n--graph --fusion: stencil and row_stats as 2-D ND-ranges [{h}, {w}] with {gl}x{gw} work-groups \
+             (whole rows) in every run"
+        );
+    }
+    println!("\neager run (each frame: stencil, row_stats, probe_copy, [snapshot], frame_stats):");
+    let Some(eager) = run(o, kernels, None, want) else { return ExitCode::FAILURE };
+    println!(
+        "\ngraph run (stencil, row_stats, frame_stats recorded once per grid parity; each frame: \
+         submit_graph, probe_copy, [snapshot]):"
+    );
+    let Some(graph) = run(o, kernels, Some(GraphProps::default()), want) else { return ExitCode::FAILURE };
+    let mut ok = same_outputs("graph", &graph.outputs, &eager.outputs);
+    let fused = if o.fusion {
+        println!("\nfused graph run (the same graphs finalized with GraphProps::default().fused()):");
+        let Some(fused) = run(o, kernels, Some(GraphProps::default().fused()), want) else {
+            return ExitCode::FAILURE;
+        };
+        ok &= same_outputs("fused graph", &fused.outputs, &eager.outputs);
+        Some(fused)
+    } else {
+        None
+    };
+
+    let ratio = |p: &Pass| p.mean_frame_ms / eager.mean_frame_ms;
+    match &fused {
+        None => println!(
+            "\ngraph: mean frame time eager {:.3} ms, graph {:.3} ms: graph/eager {:.3}x",
+            eager.mean_frame_ms,
+            graph.mean_frame_ms,
+            ratio(&graph)
+        ),
+        Some(f) => {
+            println!(
+                "\ngraph: mean frame time eager {:.3} ms, graph {:.3} ms, fused graph {:.3} ms: \
+                 graph/eager {:.3}x, fused graph/eager {:.3}x",
+                eager.mean_frame_ms,
+                graph.mean_frame_ms,
+                f.mean_frame_ms,
+                ratio(&graph),
+                ratio(f)
+            );
+            let chains: Vec<String> =
+                f.fused_chains.iter().map(|(nodes, name)| format!("nodes {nodes:?} as `{name}`")).collect();
+            println!(
+                "graph fusion: {} chain(s) fused over the 2 graphs{}{}",
+                f.fused_chains.len(),
+                if chains.is_empty() { String::new() } else { format!(": {}", chains.join("; ")) },
+                if f.not_fused.is_empty() {
+                    String::new()
+                } else {
+                    format!("; not fused: {:?}", f.not_fused)
+                },
+            );
+            if f.fused_chains.is_empty() {
+                eprintln!("graph fusion: FAILED: no chain was fused");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
@@ -466,8 +640,11 @@ fn main() -> ExitCode {
     );
     // The serial run, made once and shared by the runs it verifies.
     let mut want = None;
+    if o.graph {
+        return graph_main(&o, &mut want);
+    }
     if !o.fusion {
-        return match run(&o, Kernels::Default, &mut want) {
+        return match run(&o, Kernels::Default, None, &mut want) {
             Some(_) => ExitCode::SUCCESS,
             None => ExitCode::FAILURE,
         };
@@ -479,9 +656,9 @@ fn main() -> ExitCode {
         "\n--fusion: stencil and row_stats as 2-D ND-ranges [{h}, {w}] with {gl}x{gw} work-groups (whole rows)\n\
          unfused run:"
     );
-    let Some(unfused) = run(&o, Kernels::RowGroups, &mut want) else { return ExitCode::FAILURE };
+    let Some(unfused) = run(&o, Kernels::RowGroups, None, &mut want) else { return ExitCode::FAILURE };
     println!("\nfused run (each frame: start_fusion, stencil, row_stats, complete_fusion):");
-    let Some(fused) = run(&o, Kernels::Fused, &mut want) else { return ExitCode::FAILURE };
+    let Some(fused) = run(&o, Kernels::Fused, None, &mut want) else { return ExitCode::FAILURE };
 
     println!(
         "\nfusion: mean frame time unfused {:.3} ms, fused {:.3} ms: fused/unfused {:.3}x",
@@ -525,16 +702,48 @@ fn main() -> ExitCode {
 }
 
 /// Runs the frame loop with `kernels` on a new runtime, prints its frame times and
-/// verifies it against the serial run (made on first use into `want`). `None` if it
-/// failed or differs.
-fn run(o: &Options, kernels: Kernels, want: &mut Option<(Reference, f64)>) -> Option<Pass> {
+/// verifies it against the serial run (made on first use into `want`). With `graph`,
+/// the frame's kernels and host task are recorded into graphs finalized with those
+/// properties, and replayed. `None` if it failed or differs.
+fn run(
+    o: &Options,
+    kernels: Kernels,
+    graph: Option<GraphProps>,
+    want: &mut Option<(Reference, f64)>,
+) -> Option<Pass> {
     let (h, w) = (o.size, o.size);
     let mut builder = Runtime::builder().preserve_on_failure(o.preserve);
     if let Some(t) = o.threads {
         builder = builder.worker_threads(t);
     }
     let rt = builder.build();
-    let sim = Sim::new(&rt, h, w, kernels);
+    let mut sim = Sim::new(&rt, h, w, kernels);
+    let (mut fused_chains, mut not_fused) = (Vec::new(), Vec::new());
+    if let Some(props) = graph {
+        let t = Instant::now();
+        if let Err(e) = sim.record_graphs(&rt, props) {
+            eprintln!("recording the frame graphs failed: {e}");
+            return None;
+        }
+        let graphs = sim.graphs.as_ref().expect("recorded");
+        for exec in graphs {
+            fused_chains.extend(exec.fused_chains());
+            not_fused.extend(exec.not_fused());
+        }
+        let parts = graphs[0].partitions();
+        println!(
+            "recorded and finalized 2 graphs in {:.3} ms: {} nodes each, in {} partitions ({} host task){}",
+            t.elapsed().as_secs_f64() * 1e3,
+            graphs[0].order().len(),
+            parts.len(),
+            parts.iter().filter(|p| p.host_task).count(),
+            if props.fusion.is_some() {
+                format!(", {} chain(s) fused", fused_chains.len())
+            } else {
+                String::new()
+            },
+        );
+    }
 
     // The loop: wait for frame f - inflight, submit frame f.
     let mut submitted_ns = Vec::with_capacity(o.frames);
@@ -602,13 +811,18 @@ fn run(o: &Options, kernels: Kernels, want: &mut Option<(Reference, f64)>) -> Op
     // Where a frame's time goes: each kind of command's mean run time.
     let mut busy: Vec<(String, f64, usize)> = Vec::new();
     // (A fused frame's kernels have no events of their own, only the fusion's, which
-    // ends when the fused kernel does: the frame time covers them.)
-    for e in frames.iter().flatten().filter(|e| e.name() != "fusion") {
-        let t = e.timestamps();
-        let ms = t.ended_ns.saturating_sub(t.started_ns) as f64 / 1e6;
-        match busy.iter_mut().find(|(name, ..)| name == e.name()) {
-            Some((_, total, n)) => (*total, *n) = (*total + ms, *n + 1),
-            None => busy.push((e.name().to_string(), ms, 1)),
+    // ends when the fused kernel does: the frame time covers them. A replay's event,
+    // a frame's last with graphs, is that of the graph's last partition, the host task.)
+    let replayed = sim.graphs.is_some();
+    for ev in &frames {
+        for (i, e) in ev.iter().enumerate().filter(|(_, e)| e.name() != "fusion") {
+            let t = e.timestamps();
+            let ms = t.ended_ns.saturating_sub(t.started_ns) as f64 / 1e6;
+            let name = if replayed && i + 1 == ev.len() { "replay's frame_stats" } else { e.name() };
+            match busy.iter_mut().find(|(n, ..)| n == name) {
+                Some((_, total, n)) => (*total, *n) = (*total + ms, *n + 1),
+                None => busy.push((name.to_string(), ms, 1)),
+            }
         }
     }
     let parts: Vec<String> =
@@ -616,7 +830,8 @@ fn run(o: &Options, kernels: Kernels, want: &mut Option<(Reference, f64)>) -> Op
     println!("mean run time per command, ms: {}", parts.join(", "));
     let secs = wall.as_secs_f64();
     println!(
-        "{commands} commands in {:.3} s: {:.0} commands/s, {:.1} frames/s",
+        "{commands} {} in {:.3} s: {:.0} commands/s, {:.1} frames/s",
+        if replayed { "submissions (a replay counts as one)" } else { "commands" },
         secs,
         commands as f64 / secs,
         o.frames as f64 / secs
@@ -662,5 +877,18 @@ fn run(o: &Options, kernels: Kernels, want: &mut Option<(Reference, f64)>) -> Op
         log.len(),
         *serial * 1e3 / o.frames as f64
     );
-    Some(Pass { mean_frame_ms: mean, outcome: sim.q.fusion_outcome(), cache: rt.fusion_cache_stats() })
+    let outputs = Outputs {
+        grid: read(&sim.grids[o.frames % 2]),
+        history: read(&sim.history),
+        snapshot: read(&sim.snapshot),
+        log,
+    };
+    Some(Pass {
+        mean_frame_ms: mean,
+        outcome: sim.q.fusion_outcome(),
+        cache: rt.fusion_cache_stats(),
+        fused_chains,
+        not_fused,
+        outputs,
+    })
 }

@@ -116,6 +116,13 @@ impl Event {
         self.shared.timestamps()
     }
 
+    /// The graph node this event's command was recorded as (while a queue records
+    /// into a graph), for [`CommandGraph::set_arg`](crate::CommandGraph::set_arg) and
+    /// [`CommandGraph::make_edge`](crate::CommandGraph::make_edge).
+    pub fn node(&self) -> Option<crate::Node> {
+        self.node
+    }
+
     /// The command's name.
     pub fn name(&self) -> &str {
         &self.shared.name

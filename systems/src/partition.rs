@@ -405,6 +405,9 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
             }
             current.push(n);
         } else {
+            if node.kind == CommandKind::Kernel {
+                why.push(format!("kernel `{}` has dynamic parameters and is not fused", node.name));
+            }
             after.insert(n, depends_on_chain);
         }
     }

@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
-    CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef, MemSlice,
-    OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, Submission,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
+    MemSlice, OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, Submission, SyncPoint,
 };
 use parking_lot::Mutex;
 use rayon::prelude::*;
@@ -149,7 +149,7 @@ impl Driver for CpuDriver {
         desc: CommandBufferDesc,
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
-        Ok(Box::new(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts)))
+        Ok(Box::new(CpuPlanBuilder(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts))))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
@@ -205,6 +205,34 @@ impl Driver for CpuDriver {
     }
 }
 
+/// A CPU command buffer: the plan, and the bindings of its operations for the argument
+/// table it was last replayed with. Host memory does not move, so every replay of a
+/// graph after the first reuses them: a replayed operation costs its own work and
+/// nothing else.
+struct CpuPlan {
+    plan: Plan,
+    bound: Mutex<Option<Arc<BoundPlan>>>,
+}
+
+/// A plan's operations bound to one argument table.
+struct BoundPlan {
+    /// The table (the key).
+    entries: SmallVec<[Binding; 4]>,
+    /// Each operation's arguments, or why they cannot be bound.
+    ops: Vec<Result<SmallVec<[Binding; 4]>, ExecError>>,
+}
+
+struct CpuPlanBuilder(PlanBuilder);
+
+impl CommandBufferBuilder for CpuPlanBuilder {
+    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError> {
+        self.0.append(op, deps)
+    }
+    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
+        Ok(Arc::new(CpuPlan { plan: self.0.into_plan(), bound: Mutex::new(None) }))
+    }
+}
+
 /// Resolves host memory to a raw binding.
 fn bind(inner: &Inner, mem: &MemSlice) -> Result<Binding, ExecError> {
     match &mem.mem {
@@ -253,8 +281,8 @@ impl Inner {
                     self.workers.as_ref()
                 }
             }
-            DeviceOp::CommandBuffer(launch) => match Plan::of(&launch.buffer) {
-                Some(plan) if plan.work_items <= self.inline_items => None,
+            DeviceOp::CommandBuffer(launch) => match launch.buffer.downcast_ref::<CpuPlan>() {
+                Some(cpu) if cpu.plan.work_items <= self.inline_items => None,
                 _ => self.workers.as_ref(),
             },
             DeviceOp::Copy { dst, .. } | DeviceOp::Fill { dst, .. } => {
@@ -427,8 +455,11 @@ impl Inner {
     /// with a dependency error) and restores its own written ranges; independent ones
     /// still run. The first error is the replay's.
     fn run_plan(&self, launch: &CommandBufferLaunch, preserve: bool) -> Result<(), ExecError> {
-        let plan = Plan::of(&launch.buffer)
+        let cpu = launch
+            .buffer
+            .downcast_ref::<CpuPlan>()
             .ok_or_else(|| self.invalid("a command buffer recorded by another driver".into()))?;
+        let plan = &cpu.plan;
         if launch.args.len() != plan.entries {
             return Err(self.invalid(format!(
                 "command buffer has {} argument entries but {} were bound",
@@ -436,7 +467,28 @@ impl Inner {
                 launch.args.len()
             )));
         }
-        let entries = bind_all(self, &launch.args)?;
+        let entries: SmallVec<[Binding; 4]> =
+            launch.args.iter().map(|a| bind(self, &a.mem)).collect::<Result<_, _>>()?;
+        let same = |b: &BoundPlan| {
+            b.entries.len() == entries.len()
+                && b.entries.iter().zip(&entries).all(|(x, y)| x.ptr == y.ptr && x.len == y.len)
+        };
+        let bound = {
+            let mut slot = cpu.bound.lock();
+            match &*slot {
+                Some(b) if same(b) => b.clone(),
+                _ => {
+                    let ops = plan
+                        .ops
+                        .iter()
+                        .map(|o| o.op.args().iter().map(|a| self.bind_recorded(&entries, a)).collect())
+                        .collect();
+                    let b = Arc::new(BoundPlan { entries: entries.clone(), ops });
+                    *slot = Some(b.clone());
+                    b
+                }
+            }
+        };
         // Allocated at the first failure only.
         let mut failed: Vec<Option<ExecError>> = Vec::new();
         let mut first = None;
@@ -446,7 +498,10 @@ impl Inner {
                 .flatten();
             let result = match blocked {
                 Some(e) => Err(e),
-                None => self.run_recorded(&planned.op, &entries, preserve),
+                None => match &bound.ops[i] {
+                    Ok(bindings) => self.run_recorded(&planned.op, bindings, preserve),
+                    Err(e) => Err(e.clone()),
+                },
             };
             if let Err(e) = result {
                 if failed.is_empty() {
@@ -475,28 +530,28 @@ impl Inner {
         Ok(Binding::new(unsafe { entry.ptr.add(a.offset) }, a.len))
     }
 
-    fn run_recorded(&self, op: &RecordedOp, entries: &[Binding], preserve: bool) -> Result<(), ExecError> {
+    /// Runs one recorded operation over its bound arguments (in [`RecordedOp::args`]
+    /// order).
+    fn run_recorded(&self, op: &RecordedOp, bindings: &[Binding], preserve: bool) -> Result<(), ExecError> {
         match op {
             RecordedOp::Kernel { kernel, geometry, args } => {
-                let bindings: SmallVec<[Binding; 8]> =
-                    args.iter().map(|a| self.bind_recorded(entries, a)).collect::<Result<_, _>>()?;
                 let saved = preserve.then(|| {
                     let pairs: SmallVec<[(AccessMode, Binding); 8]> =
                         args.iter().map(|a| a.mode).zip(bindings.iter().copied()).collect();
                     // SAFETY: live bindings, ordered against other work by scheduling.
                     unsafe { Snapshot::take_modes(pairs) }
                 });
-                self.run_bound(kernel, geometry, &bindings, saved)
+                self.run_bound(kernel, geometry, bindings, saved)
             }
-            RecordedOp::Copy { src, dst } => {
-                let (s, d) = (self.bind_recorded(entries, src)?, self.bind_recorded(entries, dst)?);
+            RecordedOp::Copy { .. } => {
+                let (s, d) = (bindings[0], bindings[1]);
                 // SAFETY: live ranges of equal length (checked when recorded); `copy`
                 // tolerates overlap.
                 unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
                 Ok(())
             }
-            RecordedOp::Write { src, dst } => {
-                let d = self.bind_recorded(entries, dst)?;
+            RecordedOp::Write { src, .. } => {
+                let d = bindings[0];
                 if src.len() != d.len {
                     return Err(self.invalid(format!("write of {} bytes into {} bytes", src.len(), d.len)));
                 }
@@ -504,8 +559,8 @@ impl Inner {
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), d.ptr, d.len) };
                 Ok(())
             }
-            RecordedOp::Fill { dst, pattern } => {
-                let d = self.bind_recorded(entries, dst)?;
+            RecordedOp::Fill { pattern, .. } => {
+                let d = bindings[0];
                 // SAFETY: live host memory, exclusive by scheduling; the length is a
                 // multiple of the pattern (checked when recorded).
                 unsafe { fill_bytes(d.ptr, d.len, pattern) };

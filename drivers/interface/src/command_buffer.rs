@@ -198,6 +198,12 @@ impl PlanBuilder {
     fn invalid(&self, message: String) -> ExecError {
         ExecError::Driver { device: self.device.clone(), message }
     }
+
+    /// The plan recorded so far, for drivers that wrap it in their own command-buffer
+    /// type.
+    pub fn into_plan(self) -> Plan {
+        self.plan
+    }
 }
 
 impl CommandBufferBuilder for PlanBuilder {
