@@ -35,6 +35,7 @@ use gantry::{
 };
 
 pub mod fusion;
+pub mod graph;
 
 /// Maximal number of buffers of a program.
 pub const MAX_BUFFERS: usize = 4;
@@ -996,6 +997,10 @@ impl Config {
     }
     /// Builds the runtime.
     pub fn build(&self) -> Runtime {
+        self.builder().build()
+    }
+    /// The runtime builder of [`Config::build`] (to add options).
+    pub fn builder(&self) -> gantry::RuntimeBuilder {
         let mut b = Runtime::builder().mode(self.mode).cpu(CpuConfig {
             worker_threads: self.workers,
             host_threads: self.host_threads,
@@ -1004,7 +1009,7 @@ impl Config {
         if self.sim {
             b = b.sim(SimConfig::default());
         }
-        b.build()
+        b
     }
 }
 
@@ -1045,7 +1050,12 @@ pub struct Session {
 impl Session {
     /// Builds the runtime, buffers and queues of `p`.
     pub fn new(p: &Program, config: Config) -> Session {
-        let rt = std::sync::Arc::new(config.build());
+        Session::with_runtime(p, config, config.build())
+    }
+
+    /// [`Session::new`] on `rt`, built from `config` with more options.
+    pub fn with_runtime(p: &Program, config: Config, rt: Runtime) -> Session {
+        let rt = std::sync::Arc::new(rt);
         let buffers = p.buffers.iter().map(|b| Some(rt.buffer(&b.contents()))).collect();
         let queues = p
             .queues

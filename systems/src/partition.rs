@@ -506,24 +506,37 @@ impl Finalize<'_> {
             }
         }
 
-        // Emit in order: a fused chain at its last kernel; nodes that depend on the
-        // chain but came before its last kernel right after it.
-        let mut depends_on: HashMap<NodeId, usize> = HashMap::new();
+        // Emit in order: a fused chain at its last kernel; a node that depends on
+        // chains not emitted yet waits until all of them are (then in order).
+        let mut depends_on: HashMap<NodeId, SmallVec<[usize; 2]>> = HashMap::new();
         for &n in members {
-            let c = nodes[n as usize]
-                .preds
-                .iter()
-                .find_map(|p| chain_of.get(p).or_else(|| depends_on.get(p)).copied());
-            if let (Some(c), false) = (c, chain_of.contains_key(&n)) {
-                depends_on.insert(n, c);
+            if chain_of.contains_key(&n) {
+                continue;
+            }
+            let mut chains: SmallVec<[usize; 2]> = SmallVec::new();
+            for p in &nodes[n as usize].preds {
+                let via: SmallVec<[usize; 2]> = match chain_of.get(p) {
+                    Some(&c) => smallvec::smallvec![c],
+                    None => depends_on.get(p).cloned().unwrap_or_default(),
+                };
+                for c in via {
+                    if !chains.contains(&c) {
+                        chains.push(c);
+                    }
+                }
+            }
+            if !chains.is_empty() {
+                depends_on.insert(n, chains);
             }
         }
         let mut steps: Vec<Step> = Vec::with_capacity(members.len());
         let mut step_of: HashMap<NodeId, u32> = HashMap::new();
-        let mut deferred: Vec<Vec<NodeId>> = vec![Vec::new(); fused.len()];
+        let mut pending: Vec<NodeId> = Vec::new();
         let last_of: Vec<NodeId> =
             fused.iter().map(|f| *f.as_ref().expect("chain").0.last().expect("kernel")).collect();
         let mut emitted = vec![false; fused.len()];
+        let ready =
+            |n: &NodeId, emitted: &[bool]| depends_on.get(n).is_none_or(|cs| cs.iter().all(|&c| emitted[c]));
         let emit_node = |n: NodeId, steps: &mut Vec<Step>, step_of: &mut HashMap<NodeId, u32>| {
             let node = &nodes[n as usize];
             step_of.insert(n, steps.len() as u32);
@@ -544,16 +557,29 @@ impl Finalize<'_> {
                     }
                     steps.push(step);
                     emitted[c] = true;
-                    for d in std::mem::take(&mut deferred[c]) {
-                        emit_node(d, &mut steps, &mut step_of);
+                    // Waiting nodes whose chains are all out now follow, in order (a
+                    // waiting node's own waiting predecessors wait for a subset).
+                    let waiting = std::mem::take(&mut pending);
+                    for d in waiting {
+                        if ready(&d, &emitted) {
+                            emit_node(d, &mut steps, &mut step_of);
+                        } else {
+                            pending.push(d);
+                        }
                     }
                 }
                 continue;
             }
-            match depends_on.get(&n) {
-                Some(&c) if !emitted[c] => deferred[c].push(n),
-                _ => emit_node(n, &mut steps, &mut step_of),
+            if ready(&n, &emitted) {
+                emit_node(n, &mut steps, &mut step_of);
+            } else {
+                pending.push(n);
             }
+        }
+        // Every chain is emitted at its last kernel, so nothing is left waiting; should
+        // a node be, it still runs (the driver checks its sync points).
+        for d in pending {
+            emit_node(d, &mut steps, &mut step_of);
         }
         // Dependencies between steps.
         for (i, step) in steps.iter_mut().enumerate() {
