@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use gantry_driver::fusion::Promotion;
-use gantry_driver::{AccessMode, AllocId, ClosureKernel, Geometry, HostCtx, HostStorage, MemSpace, OpHandle};
+use gantry_driver::{AccessMode, AllocId, ClosureKernel, Geometry, HostStorage, MemSpace, OpHandle};
 use smallvec::SmallVec;
 
 use crate::event::EventShared;
@@ -71,8 +71,7 @@ impl CommandKind {
     }
 }
 
-/// A closure a host task runs.
-pub type HostFn = Box<dyn FnOnce(&HostCtx<'_>) + Send>;
+pub use gantry_driver::HostFn;
 
 /// Makes a `Send` value `Sync` by allowing access only through `&mut` or by value, so
 /// components can own closures that are not `Sync` (host tasks).

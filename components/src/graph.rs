@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::resource::Resource;
 use gantry_driver::fusion::FusionWarning;
-use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostCtx, HostStorage};
+use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostFn, HostStorage};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
@@ -27,7 +27,7 @@ use crate::resources::DeviceId;
 pub type NodeId = u32;
 
 /// A host task a graph runs once per submission: it must be callable again.
-pub type GraphHostFn = Arc<Mutex<Box<dyn FnMut(&HostCtx<'_>) + Send>>>;
+pub type GraphHostFn = Arc<Mutex<HostFn>>;
 
 /// What a node does.
 #[derive(Clone)]

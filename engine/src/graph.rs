@@ -304,16 +304,16 @@ impl CommandGraph {
         if recording {
             st.mark_recorded(&built.requirements);
         }
-        let work = match built.host.take() {
-            Some(run) => NodeWork::HostTask { run: Arc::new(Mutex::new(run)), tag: built.tag },
-            None => match std::mem::replace(&mut built.work, Work::Marker) {
-                Work::Kernel { kernel, geometry } => NodeWork::Kernel { kernel, geometry },
-                Work::Copy => NodeWork::Copy,
-                Work::CopyFromHost(data) => NodeWork::CopyFromHost(data),
-                Work::CopyToHost(out) => NodeWork::CopyToHost(out),
-                Work::Fill(pattern) => NodeWork::Fill(pattern),
-                _ => NodeWork::Empty,
-            },
+        let work = match std::mem::replace(&mut built.work, Work::Marker) {
+            Work::HostTask { run, tag } => {
+                NodeWork::HostTask { run: Arc::new(Mutex::new(run.into_inner())), tag }
+            }
+            Work::Kernel { kernel, geometry } => NodeWork::Kernel { kernel, geometry },
+            Work::Copy => NodeWork::Copy,
+            Work::CopyFromHost(data) => NodeWork::CopyFromHost(data),
+            Work::CopyToHost(out) => NodeWork::CopyToHost(out),
+            Work::Fill(pattern) => NodeWork::Fill(pattern),
+            _ => NodeWork::Empty,
         };
         let device = if built.kind == CommandKind::HostTask { 0 } else { device };
         preds.sort_unstable();
@@ -487,8 +487,6 @@ impl CommandGraph {
         let built = Built {
             kind: CommandKind::Barrier,
             work: Work::Marker,
-            host: None,
-            tag: 0,
             name: "barrier".into(),
             requirements: SmallVec::new(),
             waits: SmallVec::new(),
@@ -856,7 +854,7 @@ impl ExecutableGraph {
                         reqs[slot as usize].buffer = params[p as usize].0.clone();
                     }
                     let run = run.clone();
-                    let once: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
+                    let replay: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
                     CommandDesc {
                         kind: CommandKind::HostTask,
                         name: n.name.clone(),
@@ -864,7 +862,7 @@ impl ExecutableGraph {
                         device: 0,
                         requirements: reqs,
                         waits,
-                        work: Work::HostTask { run: SyncCell::new(once), tag: *tag },
+                        work: Work::HostTask { run: SyncCell::new(replay), tag: *tag },
                         event: event.clone(),
                         fusion: None,
                     }

@@ -28,16 +28,13 @@ macro_rules! static_name {
     }};
 }
 
-/// A host task's closure: callable again, because a graph runs it once per submission.
-pub(crate) type HostFnMut = Box<dyn FnMut(&HostCtx<'_>) + Send>;
-
 /// Keeps a user buffer handle alive while a graph refers to its buffer.
 pub(crate) type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
 
 /// The action a command group performs.
 enum Action {
     Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[Phase; 2]> },
-    HostTask { name: Arc<str>, run: HostFnMut },
+    HostTask { name: Arc<str>, run: gantry_components::command::HostFn },
     Copy,
     CopyFromHost(Arc<HostStorage>),
     CopyToHost(Arc<HostStorage>),
@@ -512,7 +509,6 @@ impl Handler {
         }
         self.check_conflicts()?;
         let unsupported = |what| Error::Unsupported { device: device.name.to_string(), what };
-        let mut host = None;
         let (kind, work, name) = match self.action.take() {
             None => (CommandKind::Marker, Work::Marker, self.kernel_name(static_name!("empty"))),
             Some(Action::Kernel { name, geometry, phases }) => {
@@ -555,8 +551,7 @@ impl Handler {
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }
             Some(Action::HostTask { name, run }) => {
-                host = Some(run);
-                (CommandKind::HostTask, Work::Marker, name)
+                (CommandKind::HostTask, Work::HostTask { run: SyncCell::new(run), tag: self.tag }, name)
             }
             Some(Action::Copy) => (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy"))),
             Some(Action::CopyFromHost(data)) => (
@@ -576,8 +571,6 @@ impl Handler {
         Ok(Built {
             kind,
             work,
-            host,
-            tag: self.tag,
             name,
             requirements: self.requirements,
             waits: self.waits,
@@ -591,12 +584,7 @@ impl Handler {
 /// A validated command group.
 pub(crate) struct Built {
     pub(crate) kind: CommandKind,
-    /// The work (a placeholder marker for host tasks: see `host`).
     pub(crate) work: Work,
-    /// A host task's closure.
-    pub(crate) host: Option<HostFnMut>,
-    /// The group's tag (host accessors check it).
-    pub(crate) tag: u64,
     pub(crate) name: Arc<str>,
     pub(crate) requirements: SmallVec<[Requirement; 4]>,
     pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
@@ -606,19 +594,6 @@ pub(crate) struct Built {
     pub(crate) keep: Vec<KeepAlive>,
     /// Edges to nodes of the graph being built.
     pub(crate) graph_waits: SmallVec<[crate::graph::Node; 1]>,
-}
-
-impl Built {
-    /// The work of an eager submission: host tasks run their closure once.
-    pub(crate) fn take_eager_work(&mut self) -> Work {
-        match self.host.take() {
-            Some(mut run) => {
-                let once: gantry_components::command::HostFn = Box::new(move |ctx| run(ctx));
-                Work::HostTask { run: SyncCell::new(once), tag: self.tag }
-            }
-            None => std::mem::replace(&mut self.work, Work::Marker),
-        }
-    }
 }
 
 /// Adds phases to a work-group kernel. See [`Handler::parallel_for_work_group`].

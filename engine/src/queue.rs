@@ -167,7 +167,8 @@ impl Queue {
     /// the command runs asynchronously. Bad input is returned here and nothing runs.
     pub fn submit(&self, build: impl FnOnce(&mut Handler)) -> Result<Event> {
         let rt = &self.handle.rt;
-        let mut cg = match self.recording_graph() {
+        let recording = self.recording_graph();
+        let mut cg = match &recording {
             Some(g) => Handler::for_graph(rt.id, rt.next_id(), g.id()),
             None => Handler::new(rt.id, rt.next_id()),
         };
@@ -177,32 +178,45 @@ impl Queue {
             return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
         }
         let built = cg.finish(device)?;
-        if let Some(graph) = self.recording_graph() {
+        if let Some(graph) = recording {
             return graph.record(&self.handle.core, built);
-        }
-        if let Some(w) = built.graph_waits.first() {
-            return Err(Error::RecordedEvent(format!("node {} of graph {}", w.index(), w.graph)));
         }
         let on_host = built.kind == CommandKind::HostTask;
         let fusion = if built.kind == CommandKind::Kernel { self.active_fusion() } else { None };
-        let mut built = match fusion {
+        let built = match fusion {
             // Sent under the fusion's lock, so the scheduler counts it in the list; if the
             // fusion was cancelled meanwhile, it is submitted as an ordinary kernel.
-            Some(fusion) => match fusion.send_kernel(built, |mut b| {
-                let work = b.take_eager_work();
-                self.send(b.kind, b.name, work, b.requirements, b.waits, false, Some(fusion.clone()), |_| {})
+            Some(fusion) => match fusion.send_kernel(built, |b| {
+                self.send(
+                    b.kind,
+                    b.name,
+                    b.work,
+                    b.requirements,
+                    b.waits,
+                    false,
+                    Some(fusion.clone()),
+                    |_| {},
+                )
             }) {
                 Ok(sent) => return sent.map(|_| Event::of_fusion(&fusion, rt)),
                 Err(built) => built,
             },
             None => built,
         };
-        let work = built.take_eager_work();
-        self.send(built.kind, built.name, work, built.requirements, built.waits, on_host, None, |event| {
-            if let Some((slot, storage)) = built.readback {
-                *slot.lock() = Some((storage, event.clone()));
-            }
-        })
+        self.send(
+            built.kind,
+            built.name,
+            built.work,
+            built.requirements,
+            built.waits,
+            on_host,
+            None,
+            |event| {
+                if let Some((slot, storage)) = built.readback {
+                    *slot.lock() = Some((storage, event.clone()));
+                }
+            },
+        )
     }
 
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {

@@ -422,7 +422,7 @@ impl Inner {
                 let bindings = bind_all(self, &task.args)?;
                 // SAFETY: bindings are live and exclusive to this task by scheduling.
                 let snapshot = preserve.then(|| unsafe { Snapshot::take(&task.args, &bindings) });
-                let (name, tag, run) = (task.name, task.tag, task.run);
+                let (name, tag, mut run) = (task.name, task.tag, task.run);
                 let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
                 outcome.map_err(|p| {
                     if let Some(s) = snapshot {

@@ -42,6 +42,10 @@ pub struct KernelLaunch {
     pub args: SmallVec<[MemArg; 4]>,
 }
 
+/// A host task's closure. `FnMut`, not `FnOnce`: a command graph runs its host tasks
+/// once per submission.
+pub type HostFn = Box<dyn FnMut(&HostCtx<'_>) + Send>;
+
 /// A host task: a closure run once on a host thread with host access to its arguments.
 pub struct HostTask {
     /// Name used in errors and traces.
@@ -49,7 +53,7 @@ pub struct HostTask {
     /// Tag of the command group whose host accessors the closure uses.
     pub tag: u64,
     /// The task.
-    pub run: Box<dyn FnOnce(&HostCtx<'_>) + Send>,
+    pub run: HostFn,
     /// One argument per host accessor slot, all in host memory.
     pub args: SmallVec<[MemArg; 4]>,
 }
