@@ -26,6 +26,9 @@ use crate::resources::DeviceId;
 /// Index of a node in its graph, in insertion order.
 pub type NodeId = u32;
 
+/// A node's predecessors or successors (derefs to `[NodeId]`).
+pub type NodeList = SmallVec<[NodeId; 4]>;
+
 /// A host task a graph runs once per submission: it must be callable again.
 pub type GraphHostFn = Arc<Mutex<HostFn>>;
 
@@ -283,7 +286,7 @@ pub trait Linearizer: Send + Sync {
     fn name(&self) -> &str;
     /// Every node once, each after its predecessors. `preds[n]` and `succs[n]` are
     /// node `n`'s edges.
-    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId>;
+    fn order(&self, preds: &[NodeList], succs: &[NodeList]) -> Vec<NodeId>;
 }
 
 /// The graph policies the partition stage uses.

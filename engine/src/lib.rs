@@ -60,8 +60,8 @@ pub use queue::{Queue, QueueOptions};
 pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
 pub use gantry_components::{
-    CancelReason, EventStatus, FinalizeError, FusionOutcome, FusionProps, GraphProps, Linearizer, Slice,
-    Stage, Stats, Timeline, Timestamps,
+    CancelReason, EventStatus, FinalizeError, FusionOutcome, FusionProps, GraphProps, Linearizer, NodeList,
+    Slice, Stage, Stats, Timeline, Timestamps,
 };
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{

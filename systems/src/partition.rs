@@ -21,8 +21,8 @@ use std::sync::Arc;
 use bevy_ecs::world::World;
 use gantry_components::{
     warn_fusion, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing,
-    FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeWork, PartitionBody, PartitionPlan,
-    Requirement, SchedulerConfig, WorkLists,
+    FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeWork, PartitionBody,
+    PartitionPlan, Requirement, SchedulerConfig, WorkLists,
 };
 use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
 use gantry_driver::{
@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 
 use crate::fusion::{fused_requirements, fusion_arg};
 
-type Adjacency = Vec<SmallVec<[NodeId; 4]>>;
+type Adjacency = Vec<NodeList>;
 
 /// Seed 003's default: reverse post-order of a depth-first walk from the roots (in
 /// insertion order).
@@ -44,7 +44,7 @@ impl Linearizer for ReverseDfs {
         "reverse-dfs"
     }
 
-    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId> {
+    fn order(&self, preds: &[NodeList], succs: &[NodeList]) -> Vec<NodeId> {
         let n = preds.len();
         let mut visited = vec![false; n];
         let mut post = Vec::with_capacity(n);
@@ -87,7 +87,7 @@ impl Linearizer for BreadthFirst {
         "breadth-first"
     }
 
-    fn order(&self, preds: &[SmallVec<[NodeId; 4]>], succs: &[SmallVec<[NodeId; 4]>]) -> Vec<NodeId> {
+    fn order(&self, preds: &[NodeList], succs: &[NodeList]) -> Vec<NodeId> {
         let mut pending: Vec<usize> = preds.iter().map(|p| p.len()).collect();
         let mut queue: VecDeque<NodeId> =
             (0..preds.len() as NodeId).filter(|&i| pending[i as usize] == 0).collect();
@@ -421,12 +421,14 @@ impl Finalize<'_> {
         let nodes = &job.nodes;
         let preds: Adjacency = nodes.iter().map(|n| n.preds.clone()).collect();
         let succs = successors(nodes);
-        if let Some(node) = find_cycle(&preds, &succs) {
-            return Err(FinalizeError::Cycle { node });
-        }
         let order = self.linearizer.order(&preds, &succs);
-        check_order(&order, &preds)
-            .map_err(|why| FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why })?;
+        if let Err(why) = check_order(&order, &preds) {
+            // No order is valid on a cycle: name a node on it; otherwise the policy erred.
+            return Err(match find_cycle(&preds, &succs) {
+                Some(node) => FinalizeError::Cycle { node },
+                None => FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why },
+            });
+        }
         let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(job.device)).collect();
         let groups = assign_groups(&preds, &succs, &isolated);
         let Partitions { members: parts, preds: part_preds, part_of } =
@@ -697,7 +699,6 @@ impl Finalize<'_> {
         let mut builder = driver
             .create_command_buffer(CommandBufferDesc { entries: entries.len(), in_order })
             .map_err(|e| unsupported(first_node, e))?;
-        let _ = info;
         for (step, args) in steps.iter().zip(step_args) {
             let op = match &step.op {
                 StepOp::Fused { kernel, geometry } => {

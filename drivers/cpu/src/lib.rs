@@ -217,7 +217,7 @@ struct CpuPlan {
 /// A plan's operations bound to one argument table.
 struct BoundPlan {
     /// The table (the key).
-    entries: SmallVec<[Binding; 4]>,
+    entries: SmallVec<[Binding; 8]>,
     /// Each operation's arguments, or why they cannot be bound.
     ops: Vec<Result<SmallVec<[Binding; 4]>, ExecError>>,
 }
@@ -467,8 +467,7 @@ impl Inner {
                 launch.args.len()
             )));
         }
-        let entries: SmallVec<[Binding; 4]> =
-            launch.args.iter().map(|a| bind(self, &a.mem)).collect::<Result<_, _>>()?;
+        let entries = bind_all(self, &launch.args)?;
         let same = |b: &BoundPlan| {
             b.entries.len() == entries.len()
                 && b.entries.iter().zip(&entries).all(|(x, y)| x.ptr == y.ptr && x.len == y.len)
