@@ -42,33 +42,18 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, SamplingMode, Throughput};
+mod common;
+
+use common::XorShift;
 use gantry::{
-    Buffer, CommandGraph, CostModel, DynamicBuffer, ExecutableGraph, GraphProps, Handler, Mode, Queue,
-    QueueOptions, Runtime, SimConfig,
+    Buffer, CommandGraph, DynamicBuffer, ExecutableGraph, GraphProps, Handler, Mode, Queue, QueueOptions,
+    Runtime,
 };
 
 /// Nodes per frame.
 const SIZES: [usize; 3] = [100, 1_000, 10_000];
 /// Buffers the nodes read and write.
 const BUFFERS: usize = 16;
-
-/// A tiny xorshift64* generator: deterministic, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform-ish in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        (((self.next() >> 32) * n as u64) >> 32) as usize
-    }
-}
 
 /// One node's buffers: it reads `read` and writes `write`.
 #[derive(Clone, Copy)]
@@ -78,7 +63,7 @@ struct Pick {
 }
 
 fn picks(n: usize) -> Vec<Pick> {
-    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rng = XorShift::new(0x9E37_79B9_7F4A_7C15);
     (0..n)
         .map(|_| {
             let write = rng.below(BUFFERS);
@@ -117,20 +102,7 @@ impl Set {
         match self {
             Set::CpuThreaded => b.mode(Mode::Threaded).build(),
             Set::CpuInline => b.mode(Mode::Manual).worker_threads(0).build(),
-            Set::Sim => {
-                let cost = CostModel {
-                    item_ns: 0.5,
-                    compute_units: 128,
-                    memory_bytes_per_ns: 500.0,
-                    link_bytes_per_ns: 25.0,
-                    compute_engines: 2,
-                    copy_engines: 1,
-                };
-                b.mode(Mode::Manual)
-                    .worker_threads(0)
-                    .sim(SimConfig { latency_ns: 2_000, cost, ..Default::default() })
-                    .build()
-            }
+            Set::Sim => b.mode(Mode::Manual).worker_threads(0).sim(common::sim_gpu()).build(),
         }
     }
 

@@ -30,6 +30,9 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
+mod common;
+
+use common::XorShift;
 use gantry::{Buffer, Mode, Queue, Runtime, Write};
 
 /// Commands submitted between two waits.
@@ -38,27 +41,6 @@ const BATCH: usize = 1_000;
 const SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
 /// Buffers `random_deps` picks from.
 const BUFFERS: usize = 64;
-
-/// A tiny xorshift64* generator: deterministic, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform-ish in `0..n`.
-    fn below(&mut self, n: usize) -> usize {
-        (((self.next() >> 32) * n as u64) >> 32) as usize
-    }
-}
 
 /// One `random_deps` command: the buffer it writes, one or two it reads.
 #[derive(Clone, Copy)]

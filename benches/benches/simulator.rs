@@ -10,25 +10,15 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use gantry::{CostModel, Mode, QueueOptions, Runtime, SimConfig};
+mod common;
+
+use gantry::{Mode, QueueOptions, Runtime};
 
 const BATCH: usize = 1_000;
 const BUFFERS: usize = 64;
 
 fn simulate(n: usize) -> u64 {
-    let cost = CostModel {
-        item_ns: 0.5,
-        compute_units: 128,
-        memory_bytes_per_ns: 500.0,
-        link_bytes_per_ns: 25.0,
-        compute_engines: 2,
-        copy_engines: 1,
-    };
-    let rt = Runtime::builder()
-        .mode(Mode::Manual)
-        .worker_threads(0)
-        .sim(SimConfig { latency_ns: 2_000, cost, ..Default::default() })
-        .build();
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(common::sim_gpu()).build();
     let q = rt.queue_with(QueueOptions { device: 1, in_order: false }).unwrap();
     let bufs: Vec<_> = (0..BUFFERS).map(|_| rt.buffer_zeroed::<u32>(16)).collect();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;

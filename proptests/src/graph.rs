@@ -378,16 +378,7 @@ impl fmt::Debug for Step {
 impl fmt::Debug for GraphProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "GraphProgram {{")?;
-        write!(f, "  buffers:")?;
-        for (i, b) in self.buffers.iter().enumerate() {
-            write!(f, " b{i}[{}] (seed {:#x});", b.len, b.seed)?;
-        }
-        writeln!(f)?;
-        write!(f, "  queues:")?;
-        for (i, q) in self.queues.iter().enumerate() {
-            write!(f, " q{i} {};", if *q { "in-order" } else { "out-of-order" })?;
-        }
-        writeln!(f)?;
+        crate::write_header(f, &self.buffers, &self.queues)?;
         writeln!(
             f,
             "  graph: {} {} {}{}{}",
@@ -478,13 +469,7 @@ impl GraphProgram {
             |w: &str, c: char| w.len() > 1 && w.starts_with(c) && w[1..].bytes().all(|c| c.is_ascii_digit());
         let is_any = |w: &str| is_marker(w, '#') || is_marker(w, 'n') || w == "record" || w == "end";
         let end = words.iter().position(|w| w.starts_with('}')).unwrap_or(words.len());
-        let mut buffers = Vec::new();
-        for chunk in words[b + 1..q].chunks(3) {
-            let [name, _, seed] = chunk else { return Err(format!("bad buffer `{chunk:?}`")) };
-            let len = name.split_once('[').ok_or("buffer length")?.1.trim_end_matches(']');
-            buffers.push(BufferSpec { len: num(len)? as usize, seed: num(seed)? as u32 });
-        }
-        let queues = words[q + 1..g].chunks(2).map(|c| c.get(1) == Some(&"in-order;")).collect();
+        let (buffers, queues) = crate::parse_header(&words[b + 1..q], &words[q + 1..g])?;
         let [dev, mode, fusion] = words.get(g + 1..g + 4).ok_or("graph: what")? else { unreachable!() };
         let fusion = match *fusion {
             "plain" => None,

@@ -450,19 +450,43 @@ pub struct Program {
     pub ops: Vec<Op>,
 }
 
+/// Writes the `buffers:` and `queues:` lines of a program's `Debug` form.
+pub(crate) fn write_header(
+    f: &mut fmt::Formatter<'_>,
+    buffers: &[BufferSpec],
+    queues: &[bool],
+) -> fmt::Result {
+    write!(f, "  buffers:")?;
+    for (i, b) in buffers.iter().enumerate() {
+        write!(f, " b{i}[{}] (seed {:#x});", b.len, b.seed)?;
+    }
+    writeln!(f)?;
+    write!(f, "  queues:")?;
+    for (i, q) in queues.iter().enumerate() {
+        write!(f, " q{i} {};", if *q { "in-order" } else { "out-of-order" })?;
+    }
+    writeln!(f)
+}
+
+/// Parses what [`write_header`] wrote: the words after `buffers:` up to `queues:`, and
+/// the words after `queues:` up to the next section.
+pub(crate) fn parse_header(
+    buffers: &[&str],
+    queues: &[&str],
+) -> Result<(Vec<BufferSpec>, Vec<bool>), String> {
+    let mut specs = Vec::new();
+    for chunk in buffers.chunks(3) {
+        let [name, _, seed] = chunk else { return Err(format!("bad buffer `{chunk:?}`")) };
+        let len = name.split_once('[').ok_or("buffer length")?.1.trim_end_matches(']');
+        specs.push(BufferSpec { len: num(len)? as usize, seed: num(seed)? as u32 });
+    }
+    Ok((specs, queues.chunks(2).map(|c| c.get(1) == Some(&"in-order;")).collect()))
+}
+
 impl fmt::Debug for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Program {{")?;
-        write!(f, "  buffers:")?;
-        for (i, b) in self.buffers.iter().enumerate() {
-            write!(f, " b{i}[{}] (seed {:#x});", b.len, b.seed)?;
-        }
-        writeln!(f)?;
-        write!(f, "  queues:")?;
-        for (i, q) in self.queues.iter().enumerate() {
-            write!(f, " q{i} {};", if *q { "in-order" } else { "out-of-order" })?;
-        }
-        writeln!(f)?;
+        write_header(f, &self.buffers, &self.queues)?;
         for (i, op) in self.ops.iter().enumerate() {
             writeln!(f, "  #{i:<3} {op:?}")?;
         }
@@ -1757,13 +1781,7 @@ impl Program {
             |w: &str| w.len() > 1 && w.starts_with('#') && w[1..].bytes().all(|c| c.is_ascii_digit());
         let end = words.iter().position(|w| w.starts_with('}')).unwrap_or(words.len());
         let first_op = words.iter().position(|&w| is_marker(w)).unwrap_or(end);
-        let mut buffers = Vec::new();
-        for chunk in words[b + 1..q].chunks(3) {
-            let [name, _, seed] = chunk else { return Err(format!("bad buffer `{chunk:?}`")) };
-            let len = name.split_once('[').ok_or("buffer length")?.1.trim_end_matches(']');
-            buffers.push(BufferSpec { len: num(len)? as usize, seed: num(seed)? as u32 });
-        }
-        let queues = words[q + 1..first_op].chunks(2).map(|c| c.get(1) == Some(&"in-order;")).collect();
+        let (buffers, queues) = parse_header(&words[b + 1..q], &words[q + 1..first_op])?;
         let mut ops = Vec::new();
         let mut i = first_op;
         while i < end {

@@ -191,22 +191,12 @@ proptest! {
 // Deterministic cases
 // ---------------------------------------------------------------------------------
 
-fn configs() -> Vec<Config> {
-    let mut v = Vec::new();
-    for sim in [false, true] {
-        v.push(Config::manual(sim));
-        v.push(Config::threaded(2, sim));
-        v.push(Config { inline_items: 4096, host_threads: 0, ..Config::threaded(8, sim) });
-    }
-    v
-}
-
 fn parse(text: &str) -> Program {
     Program::parse(text).unwrap_or_else(|e| panic!("bad program: {e}"))
 }
 
 fn check_everywhere(p: &Program) {
-    for c in configs() {
+    for c in common::configs() {
         if let Err(e) = check(p, c) {
             panic!("{e}\n{p:?}");
         }
@@ -263,7 +253,7 @@ fn pure_windows_fuse_or_are_refused_as_predicted() {
     );
     assert!(!fusion::fusion_safe(&[&cmd(&p, 6), &cmd(&p, 7)], false), "#7 reads other work-items' writes");
     check_everywhere(&p);
-    for c in configs() {
+    for c in common::configs() {
         let (_, fusions) = run_with_fusions(&p, c);
         let at =
             |i: usize| &fusions.iter().find(|f| f.0 == i).unwrap_or_else(|| panic!("no outcome at #{i}")).1;
@@ -307,7 +297,7 @@ fn internalized_scratch_buffer_is_not_written_back() {
     check_everywhere(&p);
     let model = run_model(&p);
     let initial = p.buffers[2].contents();
-    for c in configs() {
+    for c in common::configs() {
         let (buffers, fusions) = run_with_fusions(&p, c);
         assert_eq!(fusions.len(), 2, "{c:?}: {fusions:?}");
         assert!(fused(4)(&fusions[0].1) && fused(2)(&fusions[1].1), "{c:?}: {fusions:?}");
@@ -365,7 +355,7 @@ fn synchronizing_commands_cancel_early_with_serial_results() {
             move |r| matches!(r, CancelReason::Dependent { kind: k, .. } if *k == kind || *k == "memory_move"),
         )
     };
-    for c in configs() {
+    for c in common::configs() {
         let (_, fusions) = run_with_fusions(&p, c);
         let at =
             |i: usize| &fusions.iter().find(|f| f.0 == i).unwrap_or_else(|| panic!("no outcome at #{i}")).1;
@@ -395,7 +385,7 @@ fn two_fusing_queues() {
         }",
     );
     check_everywhere(&both_ways);
-    for c in configs() {
+    for c in common::configs() {
         let (_, fusions) = run_with_fusions(&both_ways, c);
         // On the simulated device the move of b0 to the device for #3 depends on the
         // held #2 first and cancels q0's list before the cycle forms.
@@ -420,7 +410,7 @@ fn two_fusing_queues() {
         }",
     );
     check_everywhere(&one_way);
-    for c in configs() {
+    for c in common::configs() {
         let (_, fusions) = run_with_fusions(&one_way, c);
         // On the simulated device q1's kernel needs b0 moved there, and that move (a
         // memory operation, not fused) depends on q0's held kernel: q0 is cancelled.
@@ -566,7 +556,7 @@ fn regression_cycle_through_a_command_after_a_completion() {
           #7 q0@cpu.complete_fusion(barriers)
         }",
     );
-    for c in configs() {
+    for c in common::configs() {
         check_within(&p, c, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{e}"));
     }
 }
@@ -646,7 +636,7 @@ fn regression_depending_on_a_fusion_event_waits_for_later_kernels() {
           #4 #2.wait()
         }",
     );
-    for c in configs() {
+    for c in common::configs() {
         check_within(&p, c, Duration::from_secs(2)).unwrap_or_else(|e| panic!("{e}"));
     }
 }

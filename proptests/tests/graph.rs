@@ -137,22 +137,12 @@ proptest! {
 // Deterministic cases
 // ---------------------------------------------------------------------------------
 
-fn configs() -> Vec<Config> {
-    let mut v = Vec::new();
-    for sim in [false, true] {
-        v.push(Config::manual(sim));
-        v.push(Config::threaded(2, sim));
-        v.push(Config { inline_items: 4096, host_threads: 0, ..Config::threaded(8, sim) });
-    }
-    v
-}
-
 fn parse(text: &str) -> GraphProgram {
     GraphProgram::parse(text).unwrap_or_else(|e| panic!("bad program: {e}"))
 }
 
 fn check_everywhere(p: &GraphProgram) {
-    for c in configs() {
+    for c in common::configs() {
         if let Err(e) = check_graph(p, c) {
             panic!("{e}\n{p:?}");
         }

@@ -21,6 +21,19 @@ pub fn config(default: u32) -> ProptestConfig {
     ProptestConfig { cases: cases(default), max_shrink_iters: 4096, ..ProptestConfig::default() }
 }
 
+/// The runtimes deterministic cases run on: manual, two workers, and eight workers
+/// with large inline work, each without and with the simulated device.
+pub fn configs() -> Vec<gantry_proptests::Config> {
+    use gantry_proptests::Config;
+    let mut v = Vec::new();
+    for sim in [false, true] {
+        v.push(Config::manual(sim));
+        v.push(Config::threaded(2, sim));
+        v.push(Config { inline_items: 4096, host_threads: 0, ..Config::threaded(8, sim) });
+    }
+    v
+}
+
 pub fn raw_span() -> impl Strategy<Value = RawSpan> {
     (any::<u8>(), any::<u8>(), any::<u8>(), prop::bool::weighted(0.25))
         .prop_map(|(buf, start, len, whole)| RawSpan { buf, start, len, whole })
