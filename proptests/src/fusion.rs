@@ -579,15 +579,7 @@ fn kernel(r: &RawOp, live: &Live<'_>, w: Option<&mut Open>, scratch: Option<usiz
 /// Every raw program decodes; raw ops that cannot make a valid op are dropped.
 pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
     let (opts, avoid) = (&gen.opts, &gen.avoid);
-    let mut buffers: Vec<BufferSpec> = raw
-        .buffers
-        .iter()
-        .take(MAX_BUFFERS)
-        .map(|&(l, seed)| BufferSpec { len: 1 + l as usize % MAX_LEN, seed })
-        .collect();
-    if buffers.is_empty() {
-        buffers.push(BufferSpec { len: 1, seed: 0 });
-    }
+    let mut buffers = crate::decode_buffers(&raw.buffers);
     // The scratch buffer (promoted in some windows): the longest, so that kernels
     // writing it whole have one work-item per element; sometimes every buffer is as
     // long, so that whole-buffer kernels all have that many work-items.

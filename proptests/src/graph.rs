@@ -730,16 +730,7 @@ fn make_fusable(body: &mut [Rec], flags: u32) -> Option<bool> {
 /// decodes; raw ops that make no valid op where they are are dropped.
 pub fn decode(raw: &RawGraphProgram, gen: &GraphGen) -> GraphProgram {
     let opts = &gen.opts;
-    let mut buffers: Vec<BufferSpec> = raw
-        .base
-        .buffers
-        .iter()
-        .take(MAX_BUFFERS)
-        .map(|&(l, seed)| BufferSpec { len: 1 + l as usize % MAX_LEN, seed })
-        .collect();
-    if buffers.is_empty() {
-        buffers.push(BufferSpec { len: 1, seed: 0 });
-    }
+    let buffers = crate::decode_buffers(&raw.base.buffers);
     let mut queues: Vec<bool> =
         raw.base.queues.iter().take(MAX_QUEUES).map(|&q| q && opts.in_order).collect();
     if queues.is_empty() {
@@ -1168,37 +1159,11 @@ pub fn run_graph_watched(
     config: Config,
     timeout: std::time::Duration,
 ) -> Result<Outcome, String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (rt_tx, rt_rx) = std::sync::mpsc::channel();
-    let p2 = p.clone();
-    std::thread::Builder::new()
-        .name("gantry-proptest-graph".into())
-        .spawn(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let s = session(&p2, config);
-                let progress = s.progress_handle();
-                let _ = rt_tx.send((s.runtime_handle(), progress.clone()));
-                let out = run_graph_in(&p2, s);
-                *progress.lock().unwrap_or_else(|e| e.into_inner()) = "dropping the runtime".into();
-                out
-            }));
-            let _ = tx.send(result.unwrap_or_else(|e| Err(format!("panicked: {}", panic_text(&*e)))));
-        })
-        .expect("spawn");
-    match rx.recv_timeout(timeout) {
-        Ok(r) => r,
-        Err(_) => {
-            let Ok((rt, progress)) = rt_rx.try_recv() else {
-                return Err(format!("{config:?}: hang: building the runtime took over {timeout:?}"));
-            };
-            let at = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            Err(format!(
-                "{config:?}: hang: blocked for {timeout:?} in {at}\nlive commands:\n{}\nflattened:\n{:?}",
-                dump_world(&rt),
-                p.flatten().program
-            ))
-        }
-    }
+    let (p1, p2) = (p.clone(), p.clone());
+    let start = move || session(&p1, config);
+    let run = move |s: Session| run_graph_in(&p2, s);
+    let context = || format!("\nflattened:\n{:?}", p.flatten().program);
+    crate::run_watched(config, timeout, "gantry-proptest-graph", start, run, context)
 }
 
 /// Gantry bugs the generator found that are not fixed yet: `(name, what the failure

@@ -759,19 +759,25 @@ fn copy(raw: &RawOp, live: &Live<'_>) -> Option<Cmd> {
     })
 }
 
+/// The buffers of a raw program: at most `MAX_BUFFERS`, 1 to `MAX_LEN` elements each,
+/// at least one.
+pub(crate) fn decode_buffers(raw: &[(u8, u32)]) -> Vec<BufferSpec> {
+    let mut buffers: Vec<BufferSpec> = raw
+        .iter()
+        .take(MAX_BUFFERS)
+        .map(|&(l, seed)| BufferSpec { len: 1 + l as usize % MAX_LEN, seed })
+        .collect();
+    if buffers.is_empty() {
+        buffers.push(BufferSpec { len: 1, seed: 0 });
+    }
+    buffers
+}
+
 impl Program {
     /// Decodes a raw program into a valid one. Every raw program decodes; raw ops that
     /// cannot make a valid op (a wait before any submission) are dropped.
     pub fn decode(raw: &RawProgram, opts: &GenOptions) -> Program {
-        let mut buffers: Vec<BufferSpec> = raw
-            .buffers
-            .iter()
-            .take(MAX_BUFFERS)
-            .map(|&(l, seed)| BufferSpec { len: 1 + l as usize % MAX_LEN, seed })
-            .collect();
-        if buffers.is_empty() {
-            buffers.push(BufferSpec { len: 1, seed: 0 });
-        }
+        let buffers = decode_buffers(&raw.buffers);
         let mut queues: Vec<bool> = raw.queues.iter().take(MAX_QUEUES).map(|&q| q && opts.in_order).collect();
         if queues.is_empty() {
             queues.push(false);
@@ -1495,20 +1501,40 @@ pub fn run_gantry_watched(
     config: Config,
     timeout: std::time::Duration,
 ) -> Result<Outcome, String> {
+    let p2 = p.clone();
+    let start = move || Session::new(&p2, config);
+    let ops = p.ops.clone();
+    let run = move |mut s: Session| {
+        for (i, op) in ops.iter().enumerate() {
+            s.step(i, op)?;
+        }
+        s.finish()
+    };
+    run_watched(config, timeout, "gantry-proptest-run", start, run, String::new)
+}
+
+/// Runs a session on a helper thread: `start` builds it, `run` drives it to its
+/// outcome. A run that takes longer than `timeout` is reported as a hang naming the
+/// step it is blocked in, the live commands and `context()` (the helper thread and
+/// its runtime are leaked).
+pub(crate) fn run_watched(
+    config: Config,
+    timeout: std::time::Duration,
+    thread: &str,
+    start: impl FnOnce() -> Session + Send + 'static,
+    run: impl FnOnce(Session) -> Result<Outcome, String> + Send + 'static,
+    context: impl FnOnce() -> String,
+) -> Result<Outcome, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let (rt_tx, rt_rx) = std::sync::mpsc::channel();
-    let p2 = p.clone();
     std::thread::Builder::new()
-        .name("gantry-proptest-run".into())
+        .name(thread.into())
         .spawn(move || {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let mut s = Session::new(&p2, config);
+                let s = start();
                 let progress = s.progress_handle();
                 let _ = rt_tx.send((s.runtime_handle(), progress.clone()));
-                for (i, op) in p2.ops.iter().enumerate() {
-                    s.step(i, op)?;
-                }
-                let out = s.finish();
+                let out = run(s);
                 *progress.lock().unwrap_or_else(|e| e.into_inner()) = "dropping the runtime".into();
                 out
             }));
@@ -1531,7 +1557,8 @@ pub fn run_gantry_watched(
                 ""
             };
             Err(format!(
-                "{config:?}: hang: blocked for {timeout:?} in {at}{diagnosis}\nlive commands:\n{world}"
+                "{config:?}: hang: blocked for {timeout:?} in {at}{diagnosis}\nlive commands:\n{world}{}",
+                context()
             ))
         }
     }
