@@ -107,6 +107,8 @@ pub enum Work {
         run: SyncCell<HostFn>,
         /// Its command group's tag.
         tag: u64,
+        /// Its declared duration on a simulated host pool, in nanoseconds.
+        cost_ns: Option<f64>,
     },
     /// Copy requirement 0 into requirement 1.
     Copy,
@@ -249,6 +251,10 @@ pub struct Execution {
     pub event: Arc<EventShared>,
     /// Events this command was asked to depend on, until resolved.
     pub waits: SmallVec<[Arc<EventShared>; 1]>,
+    /// When its finished dependencies ended in virtual time (see
+    /// [`Submission::not_before_ns`](gantry_driver::Submission)); commands on real-time
+    /// devices pass it through to their dependents unchanged.
+    pub not_before_ns: u64,
 }
 
 /// Everything a submission carries from a user thread to the ingest stage.

@@ -48,6 +48,8 @@ pub enum NodeWork {
         run: GraphHostFn,
         /// Its command group's tag.
         tag: u64,
+        /// Its declared duration on a simulated host pool, in nanoseconds.
+        cost_ns: Option<f64>,
     },
     /// Copy requirement 0 into requirement 1.
     Copy,

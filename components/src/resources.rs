@@ -70,6 +70,19 @@ impl Device {
 #[derive(Resource)]
 pub struct Devices(pub Vec<Device>);
 
+impl Devices {
+    /// The virtual time now on `device`, 0 on a real-time device: the earliest a
+    /// command created now may start there.
+    pub fn virtual_now_ns(&self, device: DeviceId) -> u64 {
+        let d = &self.0[device as usize];
+        if d.info.caps.virtual_time {
+            d.driver.virtual_now_ns()
+        } else {
+            0
+        }
+    }
+}
+
 /// A command finished outside a driver completion (markers, host accesses, commands
 /// failed by the scheduler).
 #[derive(Clone, Debug)]

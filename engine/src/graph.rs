@@ -305,8 +305,8 @@ impl CommandGraph {
             st.mark_recorded(&built.requirements);
         }
         let work = match std::mem::replace(&mut built.work, Work::Marker) {
-            Work::HostTask { run, tag } => {
-                NodeWork::HostTask { run: Arc::new(Mutex::new(run.into_inner())), tag }
+            Work::HostTask { run, tag, cost_ns } => {
+                NodeWork::HostTask { run: Arc::new(Mutex::new(run.into_inner())), tag, cost_ns }
             }
             Work::Kernel { kernel, geometry } => NodeWork::Kernel { kernel, geometry },
             Work::Copy => NodeWork::Copy,
@@ -315,7 +315,8 @@ impl CommandGraph {
             Work::Fill(pattern) => NodeWork::Fill(pattern),
             _ => NodeWork::Empty,
         };
-        let device = if built.kind == CommandKind::HostTask { 0 } else { device };
+        let device =
+            if built.kind == CommandKind::HostTask { self.inner.rt.host_task_device(device) } else { device };
         preds.sort_unstable();
         st.keep.append(&mut built.keep);
         st.nodes.push(GraphNode {
@@ -846,7 +847,7 @@ impl ExecutableGraph {
                 }
                 PartitionBody::HostTask { node } => {
                     let n = &plan.nodes[*node as usize];
-                    let NodeWork::HostTask { run, tag } = &n.work else {
+                    let NodeWork::HostTask { run, tag, cost_ns } = &n.work else {
                         unreachable!("host-task partitions hold host tasks")
                     };
                     let mut reqs = n.requirements.clone();
@@ -859,10 +860,10 @@ impl ExecutableGraph {
                         kind: CommandKind::HostTask,
                         name: n.name.clone(),
                         queue: queue.clone(),
-                        device: 0,
+                        device: n.device,
                         requirements: reqs,
                         waits,
-                        work: Work::HostTask { run: SyncCell::new(replay), tag: *tag },
+                        work: Work::HostTask { run: SyncCell::new(replay), tag: *tag, cost_ns: *cost_ns },
                         event: event.clone(),
                         fusion: None,
                     }

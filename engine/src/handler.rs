@@ -199,7 +199,8 @@ impl Handler {
     }
 
     /// Declares the virtual cost of one work-item of this command group's kernel, in
-    /// nanoseconds, for simulated devices' cost models (ignored elsewhere).
+    /// nanoseconds, for simulated devices' cost models (ignored elsewhere). For a host
+    /// task it is the task's whole duration on a simulated host pool.
     pub fn item_cost_ns(&mut self, ns: f64) -> &mut Self {
         self.item_cost_ns = Some(ns);
         self
@@ -550,9 +551,11 @@ impl Handler {
                 };
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }
-            Some(Action::HostTask { name, run }) => {
-                (CommandKind::HostTask, Work::HostTask { run: SyncCell::new(run), tag: self.tag }, name)
-            }
+            Some(Action::HostTask { name, run }) => (
+                CommandKind::HostTask,
+                Work::HostTask { run: SyncCell::new(run), tag: self.tag, cost_ns: self.item_cost_ns },
+                name,
+            ),
             Some(Action::Copy) => (CommandKind::Copy, Work::Copy, self.kernel_name(static_name!("copy"))),
             Some(Action::CopyFromHost(data)) => (
                 CommandKind::CopyFromHost,

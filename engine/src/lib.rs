@@ -73,7 +73,7 @@ pub use gantry_driver::{
     HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write, Zeroable,
 };
 #[cfg(feature = "sim")]
-pub use gantry_sim::{CostModel, Fault, FaultPlan, SimConfig};
+pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};
 pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.

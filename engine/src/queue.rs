@@ -362,8 +362,7 @@ impl Queue {
         let rt = &self.handle.rt;
         let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
         with_event(&event);
-        // Host tasks run on the host device whatever the queue's device.
-        let device = if on_host { 0 } else { self.device() };
+        let device = if on_host { rt.host_task_device(self.device()) } else { self.device() };
         rt.send(Message::Submit(CommandDesc {
             kind,
             name,

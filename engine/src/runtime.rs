@@ -53,6 +53,8 @@ pub struct RuntimeBuilder {
     cpu: CpuConfig,
     #[cfg(feature = "sim")]
     sims: Vec<gantry_sim::SimConfig>,
+    #[cfg(feature = "sim")]
+    machine: gantry_sim::MachineConfig,
     preserve_on_failure: bool,
     default_device: DeviceId,
     timeline: bool,
@@ -92,6 +94,8 @@ impl Default for RuntimeBuilder {
             cpu: CpuConfig::default(),
             #[cfg(feature = "sim")]
             sims: Vec::new(),
+            #[cfg(feature = "sim")]
+            machine: gantry_sim::MachineConfig::default(),
             preserve_on_failure: true,
             default_device: 0,
             timeline: false,
@@ -124,9 +128,50 @@ impl RuntimeBuilder {
         self
     }
     /// Adds a simulated device; it gets the next device id (the first one is 1).
+    /// All simulated devices of a runtime share one virtual clock (a
+    /// [`SimMachine`](gantry_sim::SimMachine)).
     #[cfg(feature = "sim")]
     pub fn sim(mut self, config: gantry_sim::SimConfig) -> Self {
         self.sims.push(config);
+        self
+    }
+    /// What the simulated devices share: device-to-device links, and a modelled host
+    /// thread pool. With a pool, it is the device after the last simulated one, and
+    /// host tasks submitted to its queues run there in virtual time.
+    ///
+    /// ```
+    /// use gantry::{HostPoolConfig, MachineConfig, Mode, QueueOptions, Runtime, SimConfig};
+    /// let rt = Runtime::builder()
+    ///     .mode(Mode::Manual)
+    ///     .sim(SimConfig { latency_ns: 1_000, ..Default::default() })
+    ///     .sim_machine(MachineConfig {
+    ///         host: Some(HostPoolConfig { threads: 2, task_ns: 5_000, latency_ns: 500, ..Default::default() }),
+    ///         ..Default::default()
+    ///     })
+    ///     .timeline(true)
+    ///     .build();
+    /// let gpu = rt.queue_with(QueueOptions { device: 1, in_order: true })?;
+    /// let host = rt.queue_with(QueueOptions { device: 2, in_order: false })?;
+    /// let data = rt.buffer(&[1u32; 4]);
+    /// let kernel = gpu.submit(|cg| {
+    ///     let d = cg.read_write(&data);
+    ///     cg.parallel_for(4, move |it| d.set(it, it.global_linear_id(), 2));
+    /// })?;
+    /// let done = host.submit(|cg| {
+    ///     let d = cg.host_read(&data);
+    ///     cg.host_task(move |ctx| assert_eq!(d.as_slice(ctx), &[2, 2, 2, 2]));
+    /// })?;
+    /// done.wait()?;
+    /// // The task ran on the modelled pool, in virtual time, after the kernel and the
+    /// // copy back to host memory: its latency plus its default duration.
+    /// let t = done.timestamps();
+    /// assert!(t.started_ns > kernel.timestamps().ended_ns);
+    /// assert_eq!(t.ended_ns - t.started_ns, 5_500);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn sim_machine(mut self, config: gantry_sim::MachineConfig) -> Self {
+        self.machine = config;
         self
     }
     /// Whether a failed command's written ranges are restored, so buffers keep their
@@ -175,8 +220,14 @@ impl RuntimeBuilder {
         let ctx = DriverContext { completions: done_tx, epoch };
         let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
         #[cfg(feature = "sim")]
-        for config in &self.sims {
-            drivers.push(Arc::new(gantry_sim::SimDriver::new(config.clone(), ctx.clone())));
+        if !self.sims.is_empty() || self.machine.host.is_some() {
+            let machine = gantry_sim::SimMachine::new(self.machine.clone());
+            for config in &self.sims {
+                drivers.push(Arc::new(machine.device(config.clone(), ctx.clone())));
+            }
+            if let Some(pool) = machine.host_pool(ctx.clone()) {
+                drivers.push(Arc::new(pool));
+            }
         }
         let devices: Vec<Device> = drivers
             .into_iter()
@@ -299,6 +350,16 @@ struct Progress {
 impl Shared {
     pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Where a host task submitted for `device` runs: there if the device runs host
+    /// tasks (the CPU, a simulated host pool), else on the CPU.
+    pub(crate) fn host_task_device(&self, device: DeviceId) -> DeviceId {
+        if self.devices.get(device as usize).is_some_and(|d| d.caps.host_tasks) {
+            device
+        } else {
+            0
+        }
     }
 
     pub(crate) fn next_id(&self) -> u64 {

@@ -75,9 +75,9 @@ fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceO
         Work::Kernel { kernel, geometry } => {
             DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) })
         }
-        Work::HostTask { run, tag } => {
+        Work::HostTask { run, tag, cost_ns } => {
             let name = name.expect("host tasks are built with their name");
-            DeviceOp::HostTask(HostTask { name, tag, run: run.into_inner(), args: args(reqs) })
+            DeviceOp::HostTask(HostTask { name, tag, run: run.into_inner(), args: args(reqs), cost_ns })
         }
         Work::Copy | Work::Move { .. } => DeviceOp::Copy { src: slice(&reqs[0]), dst: slice(&reqs[1]) },
         Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
@@ -107,6 +107,7 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
     exec.status = Status::Submitted;
     let work = exec.work.take().expect("work enqueued twice");
     let event = exec.event.clone();
+    let not_before_ns = exec.not_before_ns;
     let cmd = q.command(world, e).expect("command");
     let (kind, device) = (cmd.kind, cmd.device);
     let name = (kind == CommandKind::HostTask).then(|| cmd.name.clone());
@@ -127,7 +128,8 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
         .collect();
     let op = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
     let preserve_on_failure = pass.preserve_on_failure;
-    let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure };
+    let submission =
+        Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, not_before_ns };
     match pass.drivers[device as usize].submit(submission) {
         Ok(Accepted::Pending(handle)) => {
             q.execution_mut(world, e).expect("execution").handle = Some(handle);

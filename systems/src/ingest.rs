@@ -10,9 +10,9 @@ use smallvec::SmallVec;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CancelReason, Command, CommandKind, Edges, Execution, Finished, FusionList, FusionOutcome, FusionShared,
-    Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements, SchedulerConfig, Stats, Status,
-    Work, WorkLists,
+    CancelReason, Command, CommandKind, Devices, Edges, Execution, Finished, FusionList, FusionOutcome,
+    FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements, SchedulerConfig,
+    Stats, Status, Work, WorkLists,
 };
 
 /// The ingest stage system.
@@ -50,6 +50,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                         handle: None,
                         event: event.clone(),
                         waits: desc.waits,
+                        not_before_ns: world.resource::<Devices>().virtual_now_ns(desc.device),
                     },
                 );
                 let e = match list {
@@ -194,6 +195,7 @@ fn start_fusion(
                 handle: None,
                 event: shared.event.clone(),
                 waits: SmallVec::new(),
+                not_before_ns: 0,
             },
         ))
         .id();

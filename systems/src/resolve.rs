@@ -9,9 +9,9 @@
 //!   the leaves its range covers; a reader joins the read leaves. Non-overlapping
 //!   ranges of one buffer never conflict.
 //! * **Placement** — a command needs the buffer's contents in its device's memory
-//!   space. If that copy is not valid, a memory move is inserted (through host
-//!   memory when both sides are devices); a discard-write of the whole buffer needs
-//!   no move. After a write, only the writer's space holds valid contents.
+//!   space. If that copy is not valid, a memory move is inserted: straight from a
+//!   device in the same peer group (a device-to-device link), else through host
+//!   memory; a discard-write of the whole buffer needs no move. After a write, only the writer's space holds valid contents.
 //! * **Events** — an explicit dependency on an unfinished event is an edge to its
 //!   command; on a failed event, the command fails without running.
 //! * **Queue order** — an in-order queue's command depends on the previous one; a
@@ -315,6 +315,19 @@ fn ensure_valid(
         return Ok(());
     }
     let host_valid = record.location(MemSpace::Host).is_some_and(|l| l.valid);
+    if let (MemSpace::Device(to), false) = (space, host_valid) {
+        // A peer device's valid copy moves over the device-to-device link.
+        let devices = &world.resource::<Devices>().0;
+        let group = devices[to as usize].info.caps.peer_group;
+        let peer = record.locations.iter().find(|l| {
+            l.valid
+                && l.device().is_some_and(|d| group != 0 && devices[d as usize].info.caps.peer_group == group)
+        });
+        if let Some(peer) = peer {
+            let from = peer.space;
+            return insert_move(world, q, rec, from, space, seq);
+        }
+    }
     let source = if host_valid || space != MemSpace::Host {
         // Device targets are fed from the host; make the host valid first if needed.
         if !host_valid {
@@ -360,6 +373,7 @@ fn insert_move(
     let name: Arc<str> = format!("move buffer {} {:?}->{:?}", buffer.id, from, to).into();
     let config = world.resource::<SchedulerConfig>();
     let event = Arc::new(EventShared::new(name.clone(), 0, config.now_ns()));
+    let not_before_ns = world.resource::<Devices>().virtual_now_ns(device);
     let mut src_req = Requirement::new(buffer.clone(), AccessMode::Read, whole);
     (src_req.space, src_req.alloc) = (from, src.alloc);
     let mut dst_req = Requirement::new(buffer, AccessMode::DiscardWrite, whole);
@@ -379,6 +393,7 @@ fn insert_move(
                 handle: None,
                 event,
                 waits: SmallVec::new(),
+                not_before_ns,
             },
         ))
         .id();

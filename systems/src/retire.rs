@@ -71,6 +71,7 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
         let device = q.command(world, f.cmd).expect("command").device;
         device_lost(world, q, device);
     }
+    let virtual_end = virtual_end(world, q, &f);
     let mut undos = Vec::new();
     let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos) else {
         return;
@@ -78,6 +79,11 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
     match f.result {
         Ok(()) => {
             for s in succs.iter().filter(|s| !s.on_submit) {
+                if virtual_end > 0 {
+                    if let Some(mut exec) = q.execution_mut(world, s.entity) {
+                        exec.not_before_ns = exec.not_before_ns.max(virtual_end);
+                    }
+                }
                 unblock(world, q, s.entity);
             }
         }
@@ -102,6 +108,20 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
             }
             apply_undos(world, q, undos);
         }
+    }
+}
+
+/// When a finished command ended in virtual time, for its dependents' `not_before_ns`:
+/// its end on a device with a virtual clock; on a real-time device (the CPU, host
+/// accesses), what its own dependencies handed it, so virtual time flows through.
+fn virtual_end(world: &World, q: &mut Queries, f: &Finished) -> u64 {
+    let Some(device) = q.command(world, f.cmd).map(|c| c.device) else {
+        return 0;
+    };
+    if world.resource::<Devices>().0[device as usize].info.caps.virtual_time {
+        f.ended_ns
+    } else {
+        q.execution(world, f.cmd).map_or(0, |x| x.not_before_ns)
     }
 }
 

@@ -85,6 +85,8 @@ fn scripted(
                 closure_kernels: true,
                 host_tasks: true,
                 max_local_memory: 0,
+                virtual_time: false,
+                peer_group: 0,
             },
         },
         submitted: Mutex::new(Vec::new()),

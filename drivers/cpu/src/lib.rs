@@ -117,6 +117,8 @@ impl CpuDriver {
                 closure_kernels: true,
                 host_tasks: true,
                 max_local_memory: 1 << 20,
+                virtual_time: false,
+                peer_group: 0,
             },
         };
         let inner = Inner {
@@ -665,6 +667,7 @@ mod tests {
                         op: add_one(n, &storage, "inc"),
                         waits: &waits,
                         preserve_on_failure: false,
+                        not_before_ns: 0,
                     })
                     .unwrap();
                 prev = match accepted {
@@ -719,7 +722,13 @@ mod tests {
             }],
         });
         let h = d
-            .submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true })
+            .submit(Submission {
+                id: OpId(1),
+                op: bad,
+                waits: &[],
+                preserve_on_failure: true,
+                not_before_ns: 0,
+            })
             .unwrap()
             .handle()
             .expect("a multi-group kernel runs on the pool");
@@ -728,6 +737,7 @@ mod tests {
             op: add_one(n, &storage, "after"),
             waits: &[h],
             preserve_on_failure: true,
+            not_before_ns: 0,
         })
         .unwrap();
         let mut results: Vec<Completion> = (0..2).map(|_| rx.recv().unwrap()).collect();

@@ -35,6 +35,14 @@ pub struct Capabilities {
     pub host_tasks: bool,
     /// Largest local (work-group) memory per group, in bytes.
     pub max_local_memory: usize,
+    /// Timestamps are virtual time (the simulated machine), not real time: the
+    /// scheduler passes each submission the virtual time its finished dependencies
+    /// ended ([`Submission::not_before_ns`]).
+    pub virtual_time: bool,
+    /// Devices with the same nonzero peer group copy between their memories directly
+    /// (a device-to-device link); otherwise memory moves between them go through host
+    /// memory.
+    pub peer_group: u64,
 }
 
 /// Name, kind and capabilities of a device.
@@ -100,6 +108,13 @@ pub trait Driver: Send + Sync {
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let _ = desc;
         Err(ExecError::Unsupported { device: self.info().name.clone(), what: "command buffers" })
+    }
+
+    /// For drivers with [`Capabilities::virtual_time`]: the virtual time now. The
+    /// scheduler stamps it on each new command as the earliest the command may start
+    /// ([`Submission::not_before_ns`]). Real-time drivers keep the default, 0.
+    fn virtual_now_ns(&self) -> u64 {
+        0
     }
 
     /// Makes progress on accepted work. Drivers that run on their own threads have

@@ -56,6 +56,9 @@ pub struct HostTask {
     pub run: HostFn,
     /// One argument per host accessor slot, all in host memory.
     pub args: SmallVec<[MemArg; 4]>,
+    /// Its duration on a simulated host thread pool, in nanoseconds, when the command
+    /// group declared one (`item_cost_ns`); real drivers ignore it.
+    pub cost_ns: Option<f64>,
 }
 
 impl std::fmt::Debug for HostTask {
@@ -105,6 +108,10 @@ pub struct Submission<'a> {
     /// Restore the previous contents of written ranges if the operation fails, so that
     /// buffers keep their last valid contents.
     pub preserve_on_failure: bool,
+    /// For drivers with [`Capabilities::virtual_time`](crate::Capabilities): when, in
+    /// virtual time, the dependencies that are not in `waits` ended (0 when none did).
+    /// The operation must not start earlier. Real-time drivers ignore it.
+    pub not_before_ns: u64,
 }
 
 /// What a driver did with an accepted submission.

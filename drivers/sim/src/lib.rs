@@ -15,11 +15,20 @@
 //! * **Time.** An operation takes [`SimConfig::latency_ns`] plus what the
 //!   [`CostModel`] charges for its work: work-items over compute units (at the
 //!   kernel's declared per-item cost or the device's default), bytes over memory or
-//!   link bandwidth, whichever is slower. It starts at the latest of the virtual clock
-//!   at submission, the end of everything in its wait-list, and the moment an engine
-//!   of its class (compute for kernels and fills, copy for copies) is free. With the
-//!   default model (no per-item or per-byte cost, unlimited engines) every operation
-//!   takes exactly the latency and independent ones overlap freely.
+//!   link bandwidth, whichever is slower. It starts at the latest of: its
+//!   [`Submission::not_before_ns`] (the scheduler's stamp: when the dependencies
+//!   outside its wait-list ended, and the machine's clock when it was submitted), the
+//!   device's clock when the latest poll began, the end of everything in its
+//!   wait-list, and the moment an engine of its class (compute for kernels and fills,
+//!   copy for copies) is free. With the default model (no per-item or per-byte cost,
+//!   unlimited engines) every operation takes exactly the latency and independent ones
+//!   overlap freely.
+//! * **Machine.** Devices of one [`SimMachine`] share its clock, so their timestamps
+//!   compare and a dependency between devices costs what it should. With
+//!   [`MachineConfig::peer_bytes_per_ns`] they also share a peer group: a copy reads a
+//!   peer's memory straight over the device-to-device link. A [`HostPoolConfig`] adds
+//!   the modelled host thread pool, a device in host memory that runs host tasks (at
+//!   their declared duration or the pool's default) on its threads in virtual time.
 //! * **Execution.** [`Driver::submit`] only records an operation. [`Driver::poll`] runs
 //!   every recorded operation on the calling thread in order of (virtual end time,
 //!   submission order), advancing the virtual clock to each one's end and reporting
@@ -39,7 +48,11 @@
 
 #![warn(missing_docs)]
 
-use std::collections::{BTreeMap, HashMap};
+mod machine;
+
+pub use machine::{HostPoolConfig, MachineConfig, SimMachine};
+
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -47,8 +60,8 @@ use std::sync::{Arc, OnceLock};
 use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostStorage, MemRef, MemSlice, OpId, Plan,
-    PlanBuilder, RecordedArg, RecordedOp, ScratchKind, Snapshot, Submission,
+    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef, MemSlice,
+    OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, Snapshot, Submission,
 };
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -249,6 +262,10 @@ pub struct SimDriver {
     info: DeviceInfo,
     ctx: DriverContext,
     instance: u64,
+    /// The machine whose clock and memory it shares.
+    machine: Arc<SimMachine>,
+    /// The modelled host thread pool: host memory only, host tasks instead of kernels.
+    host_pool: bool,
     latency_ns: u64,
     memory_bytes: usize,
     faults: FaultPlan,
@@ -262,16 +279,15 @@ pub struct SimDriver {
 /// Everything that changes on submission, allocation and execution.
 #[derive(Default)]
 struct State {
-    /// The virtual clock: the end of the last executed operation.
+    /// The device's clock: the end of the last operation it executed.
     clock: u64,
+    /// The clock when the latest poll began: an operation submitted since then reacts
+    /// to completions reported no earlier, so it never starts before it.
+    horizon: u64,
     /// Submission sequence number of the next operation.
     next_seq: u64,
-    /// Next allocation id.
-    next_alloc: u64,
-    /// Bytes held by live allocations.
+    /// Bytes held by live allocations (in the machine's table).
     allocated: usize,
-    /// Device memory.
-    memory: HashMap<AllocId, Arc<HostStorage>>,
     /// Recorded, not yet executed operations, keyed by (virtual end, sequence).
     queue: BTreeMap<(u64, u64), Pending>,
     /// Kernels, copies and allocations so far, and operations executed (fault plans
@@ -352,6 +368,28 @@ struct PlanStep {
     name: Arc<str>,
 }
 
+/// What a copy's bytes cross, which sets its bandwidth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// Within one device's memory (or within host memory on the host pool).
+    Local,
+    /// Between host and device memory.
+    Host,
+    /// From a peer device's memory, over the device-to-device link.
+    Peer,
+}
+
+/// A host task with its host memory resolved at submission.
+struct HostWork {
+    name: Arc<str>,
+    tag: u64,
+    run: HostFn,
+    modes: SmallVec<[AccessMode; 4]>,
+    regions: SmallVec<[Region; 4]>,
+    /// Its virtual duration.
+    ns: u64,
+}
+
 /// A command-buffer replay: its plan's operations in plan order.
 struct PlanWork {
     steps: Vec<PlanStep>,
@@ -363,8 +401,8 @@ enum Work {
     Copy {
         src: Region,
         dst: Region,
-        /// One side is host memory: the copy crosses the host link.
-        over_link: bool,
+        /// The link the bytes cross.
+        link: Link,
     },
     Fill {
         dst: Region,
@@ -373,28 +411,39 @@ enum Work {
     Kernel(Box<KernelWork>),
     /// A command-buffer replay (never nested: its steps are single operations).
     Plan(PlanWork),
+    /// A host task on the modelled host pool.
+    Host(Box<HostWork>),
     /// An operation that cannot run; it fails with this error at its virtual time.
     Invalid(ExecError),
 }
 
 impl SimDriver {
-    /// Creates a device with empty memory and its virtual clock at zero.
+    /// Creates a device with empty memory and its virtual clock at zero, alone on a
+    /// machine of its own (see [`SimMachine`] for devices that share one).
     pub fn new(config: SimConfig, ctx: DriverContext) -> Self {
+        SimMachine::new(MachineConfig::default()).device(config, ctx)
+    }
+
+    fn on_machine(machine: Arc<SimMachine>, config: SimConfig, ctx: DriverContext, host_pool: bool) -> Self {
         let info = DeviceInfo {
             name: config.name.into(),
             kind: DeviceKind::Sim,
             caps: Capabilities {
-                shares_host_memory: false,
+                shares_host_memory: host_pool,
                 in_driver_waits: true,
-                closure_kernels: true,
-                host_tasks: false,
-                max_local_memory: MAX_LOCAL_MEMORY,
+                closure_kernels: !host_pool,
+                host_tasks: host_pool,
+                max_local_memory: if host_pool { 0 } else { MAX_LOCAL_MEMORY },
+                virtual_time: true,
+                peer_group: if host_pool { 0 } else { machine.peer_group() },
             },
         };
         Self {
             info,
             ctx,
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            machine,
+            host_pool,
             latency_ns: config.latency_ns.max(1),
             memory_bytes: config.memory_bytes,
             faults: config.faults,
@@ -440,23 +489,26 @@ impl SimDriver {
     }
 
     /// Resolves a slice to a bounds-checked region. Host memory is accepted only when
-    /// `host` is `None`; otherwise it is refused as unsupported `host`.
-    fn resolve(
-        &self,
-        state: &State,
-        slice: &MemSlice,
-        host: Option<&'static str>,
-    ) -> Result<Region, ExecError> {
+    /// `host` is `None`; otherwise it is refused as unsupported `host`. Device memory
+    /// must be this device's, or a peer's when `peer` (the source of a copy over a
+    /// device-to-device link); the host pool has none.
+    fn resolve(&self, slice: &MemSlice, host: Option<&'static str>, peer: bool) -> Result<Region, ExecError> {
         let storage = match &slice.mem {
             MemRef::Host(storage) => match host {
                 None => storage.clone(),
                 Some(what) => return Err(self.unsupported(what)),
             },
-            MemRef::Device(id) => state
-                .memory
-                .get(id)
-                .cloned()
-                .ok_or_else(|| self.driver_error(format!("unknown allocation {}", id.0)))?,
+            MemRef::Device(_) if self.host_pool => return Err(self.unsupported("device memory")),
+            MemRef::Device(id) => {
+                let memory = self.machine.memory.lock();
+                let unknown = || self.driver_error(format!("unknown allocation {}", id.0));
+                let a = memory.get(id).ok_or_else(unknown)?;
+                let reachable = a.owner == self.instance || (peer && self.info.caps.peer_group != 0);
+                if !reachable {
+                    return Err(unknown());
+                }
+                a.storage.clone()
+            }
         };
         if slice.offset.checked_add(slice.len).is_none_or(|end| end > storage.len()) {
             return Err(self.driver_error(format!(
@@ -473,7 +525,11 @@ impl SimDriver {
     fn cost_of(&self, work: &Work) -> (Engine, u64) {
         match work {
             Work::Marker | Work::Invalid(_) => (Engine::None, 0),
-            Work::Copy { src, over_link, .. } => (Engine::Copy, self.cost.copy_ns(src.len, *over_link)),
+            Work::Copy { src, link: Link::Peer, .. } => {
+                (Engine::Copy, per(src.len, self.machine.config.peer_bytes_per_ns).ceil() as u64)
+            }
+            Work::Copy { src, link, .. } => (Engine::Copy, self.cost.copy_ns(src.len, *link == Link::Host)),
+            Work::Host(task) => (Engine::Compute, task.ns),
             Work::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
             Work::Kernel(k) => {
                 let bytes = k.regions.iter().map(|r| r.len).sum();
@@ -568,7 +624,7 @@ impl SimDriver {
         let entries: Vec<(Region, bool)> = launch
             .args
             .iter()
-            .map(|a| Ok((self.resolve(state, &a.mem, None)?, matches!(a.mem.mem, MemRef::Host(_)))))
+            .map(|a| Ok((self.resolve(&a.mem, None, false)?, matches!(a.mem.mem, MemRef::Host(_)))))
             .collect::<Result<_, ExecError>>()?;
         let mut steps = Vec::with_capacity(plan.ops.len());
         for (i, planned) in plan.ops.iter().enumerate() {
@@ -636,7 +692,8 @@ impl SimDriver {
                 }
                 let (src, src_host) = region(src, None)?;
                 let (dst, dst_host) = region(dst, None)?;
-                Ok(Work::Copy { src, dst, over_link: src_host || dst_host })
+                let link = if src_host || dst_host { Link::Host } else { Link::Local };
+                Ok(Work::Copy { src, dst, link })
             }
             RecordedOp::Fill { dst, pattern } => {
                 self.check_fill(dst.len, pattern)?;
@@ -658,23 +715,31 @@ impl SimDriver {
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
                     );
                 }
-                let over_link = matches!(src.mem, MemRef::Host(_)) || matches!(dst.mem, MemRef::Host(_));
-                let src = self.resolve(state, &src, None)?;
-                let dst = self.resolve(state, &dst, None)?;
-                Ok(Work::Copy { src, dst, over_link })
+                let link = match (&src.mem, &dst.mem) {
+                    _ if self.host_pool => Link::Local,
+                    (MemRef::Host(_), _) | (_, MemRef::Host(_)) => Link::Host,
+                    (MemRef::Device(id), _) if !self.owns(*id) => Link::Peer,
+                    _ => Link::Local,
+                };
+                let src = self.resolve(&src, None, link == Link::Peer)?;
+                let dst = self.resolve(&dst, None, false)?;
+                Ok(Work::Copy { src, dst, link })
             }
             DeviceOp::Fill { dst, pattern } => {
                 self.check_fill(dst.len, &pattern)?;
-                let dst = self.resolve(state, &dst, Some("fills of host memory"))?;
+                let host = (!self.host_pool).then_some("fills of host memory");
+                let dst = self.resolve(&dst, host, false)?;
                 Ok(Work::Fill { dst, pattern })
             }
+            DeviceOp::Kernel(_) if self.host_pool => Err(self.unsupported("kernels")),
+            DeviceOp::CommandBuffer(_) if self.host_pool => Err(self.unsupported("command buffers")),
             DeviceOp::Kernel(launch) => {
                 self.kernel_fault(state)?;
                 self.check_kernel(&launch.kernel, launch.args.len())?;
                 let regions = launch
                     .args
                     .iter()
-                    .map(|a| self.resolve(state, &a.mem, Some("kernel arguments in host memory")))
+                    .map(|a| self.resolve(&a.mem, Some("kernel arguments in host memory"), false))
                     .collect::<Result<_, _>>()?;
                 let modes = launch.args.iter().map(|a| a.mode).collect();
                 Ok(Work::Kernel(Box::new(KernelWork {
@@ -685,8 +750,27 @@ impl SimDriver {
                 })))
             }
             DeviceOp::CommandBuffer(launch) => self.prepare_plan(state, launch),
+            DeviceOp::HostTask(task) if self.host_pool => {
+                let regions =
+                    task.args.iter().map(|a| self.resolve(&a.mem, None, false)).collect::<Result<_, _>>()?;
+                let default_ns = self.machine.config.host.as_ref().map_or(0, |h| h.task_ns);
+                let ns = task.cost_ns.map_or(default_ns, |c| c.max(0.0).ceil() as u64);
+                Ok(Work::Host(Box::new(HostWork {
+                    name: task.name,
+                    tag: task.tag,
+                    run: task.run,
+                    modes: task.args.iter().map(|a| a.mode).collect(),
+                    regions,
+                    ns,
+                })))
+            }
             DeviceOp::HostTask(_) => Err(self.unsupported("host tasks")),
         }
+    }
+
+    /// Whether `id` is one of this device's allocations.
+    fn owns(&self, id: AllocId) -> bool {
+        self.machine.memory.lock().get(&id).is_some_and(|a| a.owner == self.instance)
     }
 
     /// Runs one operation on the calling thread.
@@ -734,6 +818,23 @@ impl SimDriver {
                 })
             }
             Work::Plan(plan) => self.replay(plan, preserve, arena),
+            Work::Host(task) => {
+                let HostWork { name, tag, mut run, modes, regions, .. } = *task;
+                let bindings: SmallVec<[Binding; 4]> = regions.iter().map(Region::binding).collect();
+                // SAFETY: live regions (held by `regions`), exclusive to this task by
+                // scheduling.
+                let snapshot = preserve.then(|| unsafe {
+                    Snapshot::take_modes(modes.iter().copied().zip(bindings.iter().copied()))
+                });
+                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
+                outcome.map_err(|p| {
+                    if let Some(s) = snapshot {
+                        // SAFETY: the task has returned; nothing else touches the ranges.
+                        unsafe { s.restore() };
+                    }
+                    ExecError::HostTaskPanicked { task: name, message: panic_message(&*p) }
+                })
+            }
         }
     }
 
@@ -778,6 +879,11 @@ impl Driver for SimDriver {
         &self.info
     }
 
+    /// The machine's clock: the latest end of anything executed on any of its devices.
+    fn virtual_now_ns(&self) -> u64 {
+        self.machine.now_ns()
+    }
+
     fn alloc(&self, bytes: usize) -> Result<AllocId, ExecError> {
         let mut state = self.state.lock();
         if state.lost {
@@ -792,10 +898,11 @@ impl Driver for SimDriver {
         if total.is_none_or(|t| t > self.memory_bytes) {
             return Err(ExecError::OutOfMemory { device: self.info.name.clone(), requested: bytes });
         }
-        let id = AllocId(state.next_alloc);
-        state.next_alloc += 1;
+        let id = self.machine.next_alloc();
         state.allocated += bytes;
-        state.memory.insert(id, Arc::new(HostStorage::zeroed(bytes)));
+        let allocation =
+            machine::Allocation { owner: self.instance, storage: Arc::new(HostStorage::zeroed(bytes)) };
+        self.machine.memory.lock().insert(id, allocation);
         Ok(id)
     }
 
@@ -804,8 +911,10 @@ impl Driver for SimDriver {
     /// alive until they have executed. Unknown ids are ignored.
     fn free(&self, id: AllocId) {
         let mut state = self.state.lock();
-        if let Some(storage) = state.memory.remove(&id) {
-            state.allocated -= storage.len();
+        let mut memory = self.machine.memory.lock();
+        if memory.get(&id).is_some_and(|a| a.owner == self.instance) {
+            let freed = memory.remove(&id).expect("checked above");
+            state.allocated -= freed.storage.len();
         }
     }
 
@@ -817,12 +926,15 @@ impl Driver for SimDriver {
         &self,
         desc: CommandBufferDesc,
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        if self.host_pool {
+            return Err(self.unsupported("command buffers"));
+        }
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
         Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts)))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
-        if matches!(sub.op, DeviceOp::HostTask(_)) {
+        if matches!(sub.op, DeviceOp::HostTask(_)) && !self.host_pool {
             return Err(self.unsupported("host tasks"));
         }
         let mut waits = SmallVec::<[Arc<Node>; 4]>::with_capacity(sub.waits.len());
@@ -838,7 +950,8 @@ impl Driver for SimDriver {
         if state.lost {
             return Err(self.lost());
         }
-        let ready_ns = waits.iter().map(|w| w.ended_ns).fold(state.clock, u64::max);
+        let floor = state.horizon.max(sub.not_before_ns);
+        let ready_ns = waits.iter().map(|w| w.ended_ns).fold(floor, u64::max);
         let seq = state.next_seq;
         state.next_seq += 1;
         let work = self.prepare(&mut state, sub.op).unwrap_or_else(Work::Invalid);
@@ -877,12 +990,17 @@ impl Driver for SimDriver {
     /// the calling thread, including any submitted while it runs.
     fn poll(&self) {
         let mut arena = self.poller.lock();
+        {
+            let mut state = self.state.lock();
+            state.horizon = state.clock;
+        }
         loop {
             let Some((pending, lost)) = ({
                 let mut state = self.state.lock();
                 let next = state.queue.pop_first().map(|(_, p)| p);
                 if let Some(p) = &next {
                     state.clock = state.clock.max(p.node.ended_ns);
+                    self.machine.advance(p.node.ended_ns);
                     let nth = state.executed;
                     state.executed += 1;
                     if self.faults.has(Fault::DeviceLost { nth }) {
@@ -990,7 +1108,7 @@ mod tests {
     }
 
     fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
-        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false })
+        d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false, not_before_ns: 0 })
             .unwrap()
             .handle()
             .unwrap()
@@ -1104,6 +1222,37 @@ mod tests {
         assert_eq!(ts, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)]);
     }
 
+    /// A submission starts at the latest of its `not_before_ns` (which the scheduler
+    /// sets to when its dependencies outside the wait-list ended) and the clock when
+    /// the latest poll began. Not the current clock: an operation submitted in
+    /// reaction to an early completion of a poll starts right after that completion,
+    /// even though the poll ran later work too.
+    #[test]
+    fn submissions_start_at_their_floor() {
+        let (d, rx) = driver(SimConfig { latency_ns: 10, ..Default::default() });
+        let at = |id, not_before_ns| {
+            d.submit(Submission {
+                id: OpId(id),
+                op: DeviceOp::Marker,
+                waits: &[],
+                preserve_on_failure: false,
+                not_before_ns,
+            })
+            .unwrap();
+        };
+        at(0, 0);
+        at(1, 100);
+        d.poll();
+        assert_eq!(d.now_ns(), 110);
+        at(2, 10); // reacts to op 0's completion
+        d.poll(); // begins at clock 110
+        at(3, 0);
+        at(4, 500);
+        d.poll();
+        let ts: Vec<_> = drain(&rx).iter().map(|c| (c.op.0, c.started_ns, c.ended_ns)).collect();
+        assert_eq!(ts, [(0, 0, 10), (1, 100, 110), (2, 10, 20), (3, 110, 120), (4, 500, 510)]);
+    }
+
     /// What a run reports: (op, result, start, end) per completion, and the output data.
     type Run = (Vec<(u64, Result<(), ExecError>, u64, u64)>, Vec<u32>);
 
@@ -1170,12 +1319,19 @@ mod tests {
     #[test]
     fn host_tasks_are_refused() {
         let (d, rx) = sim();
-        let task = HostTask { name: "t".into(), tag: 0, run: Box::new(|_| {}), args: smallvec::smallvec![] };
+        let task = HostTask {
+            name: "t".into(),
+            tag: 0,
+            run: Box::new(|_| {}),
+            args: smallvec::smallvec![],
+            cost_ns: None,
+        };
         let r = d.submit(Submission {
             id: OpId(0),
             op: DeviceOp::HostTask(task),
             waits: &[],
             preserve_on_failure: false,
+            not_before_ns: 0,
         });
         assert!(matches!(r, Err(ExecError::Unsupported { what: "host tasks", .. })));
         d.poll();
@@ -1195,6 +1351,7 @@ mod tests {
                 op: DeviceOp::Marker,
                 waits: &[bad],
                 preserve_on_failure: false,
+                not_before_ns: 0,
             });
             assert!(matches!(r, Err(ExecError::Driver { .. })));
         }
@@ -1260,7 +1417,13 @@ mod tests {
             99
         });
         let bad = d
-            .submit(Submission { id: OpId(1), op: bad, waits: &[up], preserve_on_failure: true })
+            .submit(Submission {
+                id: OpId(1),
+                op: bad,
+                waits: &[up],
+                preserve_on_failure: true,
+                not_before_ns: 0,
+            })
             .unwrap()
             .handle()
             .unwrap();
@@ -1285,7 +1448,8 @@ mod tests {
         submit(&d, 3, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[bad]);
         submit(&d, 4, copy(dev(buf, 0, n * 4), host(&out, 0, n * 4)), &[]);
         d.poll();
-        let done = drain(&rx);
+        let mut done = drain(&rx);
+        done.sort_by_key(|c| c.op.0);
         assert!(matches!(&done[0].result, Err(ExecError::DependencyFailed { .. })));
         assert!(done[1].result.is_ok());
         assert!(read_u32(&out).iter().all(|&x| x == 5), "restored, dependent did not run");
@@ -1652,7 +1816,13 @@ mod tests {
         );
         let launch = replay_op(&buffer, &[dev(a, 0, bytes), dev(b, 0, bytes), dev(c, 0, bytes)]);
         let rep = d
-            .submit(Submission { id: OpId(1), op: launch, waits: &[up], preserve_on_failure: true })
+            .submit(Submission {
+                id: OpId(1),
+                op: launch,
+                waits: &[up],
+                preserve_on_failure: true,
+                not_before_ns: 0,
+            })
             .unwrap()
             .handle()
             .unwrap();
@@ -1758,7 +1928,7 @@ mod tests {
             }
             other => panic!("expected DependencyFailed, got {other:?}"),
         }
-        let storage = d.state.lock().memory[&buf].clone();
+        let storage = d.machine.memory.lock()[&buf].storage.clone();
         assert_eq!(read_u32(&storage), [13; 4], "fill and the independent add ran, the rest did not");
     }
 
