@@ -47,6 +47,8 @@ fn shipped_workloads_are_deterministic() {
 fn ready_order_policy_changes_the_schedule() {
     let (w, m) = (repo("workloads/game_frame.json"), repo("workloads/machines/gpu.json"));
     let (_, fifo, _) = run(&[&w, &m]);
+    // The frame's fusion window fused its two particle kernels, every frame.
+    assert!(line(&fifo, "commands:").contains("fusion 8"), "{fifo}");
     let (code, lifo, err) = run(&[&w, &m, "--ready", "lifo"]);
     assert_eq!(code, 0, "{err}");
     assert!(lifo.contains("ready order lifo"));
@@ -84,4 +86,57 @@ fn bad_input_is_a_clear_error() {
     assert_eq!(code, 2);
     assert!(err.contains("usage"), "{err}");
     let _ = std::fs::remove_file(bad);
+}
+
+fn line<'a>(report: &'a str, prefix: &str) -> &'a str {
+    report.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no `{prefix}` line in {report}"))
+}
+
+fn bytes_moved(report: &str) -> u64 {
+    line(report, "bytes moved:").split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+/// Recording the frame into a command graph and replaying it computes the same data
+/// (the checksum) in fewer launches; graph fusion fuses the stencil's kernel chain,
+/// still with the same data. Graph runs are deterministic too.
+#[test]
+fn graph_modes_replay_the_frame_with_the_same_data() {
+    let (w, m) = (repo("workloads/stencil.json"), repo("workloads/machines/gpu.json"));
+    let (code, eager, err) = run(&[&w, &m]);
+    assert_eq!(code, 0, "{err}");
+    let (_, graph, _) = run(&[&w, &m, "--mode", "graph"]);
+    let (_, fused, _) = run(&[&w, &m, "--mode", "fused-graph"]);
+    assert!(eager.contains(", eager,") && graph.contains(", graph,") && fused.contains(", fused-graph,"));
+    assert_eq!(line(&eager, "checksum:"), line(&graph, "checksum:"));
+    assert_eq!(line(&eager, "checksum:"), line(&fused, "checksum:"));
+    assert!(line(&graph, "graph:").contains("0 fused chains"), "{graph}");
+    assert!(line(&fused, "graph:").contains("1 fused chains"), "{fused}");
+    assert!(graph.contains("command_buffer") && !graph.contains("kernel "), "{graph}");
+    assert!(makespan(&fused) < makespan(&graph) && makespan(&graph) < makespan(&eager));
+    assert_eq!(run(&[&w, &m, "--mode", "graph"]).1, graph);
+    let (_, breadth, _) = run(&[&w, &m, "--mode", "graph", "--linearizer", "breadth-first"]);
+    assert!(breadth.contains("graph order breadth-first"), "{breadth}");
+    assert_eq!(line(&breadth, "checksum:"), line(&graph, "checksum:"));
+}
+
+/// The machine file's host pool runs the host tasks in virtual time, and its
+/// device-to-device link carries the data between the two GPUs: without the link the
+/// same data goes through host memory, moving more bytes.
+#[test]
+fn machine_file_host_pool_and_peer_links() {
+    let w = repo("workloads/multi_device.json");
+    let linked = repo("workloads/machines/two_gpus.json");
+    let (code, with_link, err) = run(&[&w, &linked]);
+    assert_eq!(code, 0, "{err}");
+    assert!(with_link.contains("device 3 host pool: 6 commands"), "{with_link}");
+    let text = std::fs::read_to_string(&linked)
+        .unwrap()
+        .replace("\"peer_bytes_per_ns\": 50.0", "\"peer_bytes_per_ns\": 0");
+    let unlinked = std::env::temp_dir().join(format!("gantry-sim-unlinked-{}.json", std::process::id()));
+    std::fs::write(&unlinked, text).unwrap();
+    let (code, without, err) = run(&[&w, unlinked.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line(&with_link, "checksum:"), line(&without, "checksum:"));
+    assert!(bytes_moved(&without) > bytes_moved(&with_link), "{with_link}\n{without}");
+    let _ = std::fs::remove_file(unlinked);
 }

@@ -2,33 +2,74 @@
 //! scheduler made of it.
 //!
 //! ```text
-//! gantry-sim WORKLOAD.json MACHINE.json [--frames N] [--ready fifo|lifo] [--trace OUT.json]
+//! gantry-sim WORKLOAD.json MACHINE.json [--frames N] [--mode eager|graph|fused-graph]
+//!            [--ready fifo|lifo] [--linearizer reverse-dfs|breadth-first] [--trace OUT.json]
 //! ```
 //!
-//! The machine file lists simulated devices (latency, memory, cost model); the
-//! workload file lists buffers, queues (each on one of those devices) and one frame's
-//! commands, repeated for `frames` frames. Kernels do real, deterministic work on the
-//! buffers they name and cost virtual time by their work-item count; host tasks run on
-//! the CPU (the host) and pull their buffers back from the devices.
+//! The machine file lists simulated devices (latency, memory, cost model), the
+//! bandwidth of the links between them (`peer_bytes_per_ns`; without it, moves between
+//! devices go through host memory) and optionally a modelled host thread pool
+//! (`host`: threads, default task duration). The workload file lists buffers, queues
+//! (each on one of those devices) and one frame's commands, repeated for `frames`
+//! frames: kernels, copies, fills, barriers, host tasks, and fusion windows
+//! (`start_fusion`, then kernels, then `complete_fusion` or `cancel_fusion`). Kernels
+//! do real, deterministic work on the buffers they name and cost virtual time by their
+//! work-item count; host tasks run on the host pool in virtual time if the machine has
+//! one (else on the CPU, taking none) and pull their buffers back from the devices.
+//!
+//! `mode` (or `--mode`) runs the frame eagerly, or records it once into a command graph
+//! (finalized plain or with graph fusion; fusion windows are skipped there) and
+//! replays that every frame. Every mode computes the same data: the report's checksum
+//! says so.
 //!
 //! The report (makespan, per-device utilization, bytes moved, command counts) is in the
-//! devices' virtual time, so the same files give the same report, byte for byte.
-//! `--ready lifo` adds a policy system to the resolve stage that hands ready commands
-//! to the drivers newest first instead of oldest first: a way to compare two
-//! scheduling policies on one workload. Progress goes to stderr on long runs.
+//! devices' virtual time, so the same files give the same report, byte for byte. Two
+//! policies to compare on one workload: `--ready lifo` adds a policy system to the
+//! resolve stage that hands ready commands to the drivers newest first instead of
+//! oldest first, and `--linearizer breadth-first` orders graph nodes breadth-first
+//! instead of reverse depth-first at finalize. Progress goes to stderr on long runs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 
 use gantry::components::WorkLists;
 use gantry::ecs::prelude::ResMut;
-use gantry::{Buffer, CostModel, Mode, Queue, QueueOptions, Runtime, SimConfig, Stage};
+use gantry::{
+    BreadthFirst, Buffer, CostModel, ExecutableGraph, FusionProps, GraphProps, HostPoolConfig, MachineConfig,
+    Mode, Queue, QueueOptions, ReverseDfs, Runtime, SimConfig, Stage,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Machine {
     devices: Vec<DeviceSpec>,
+    /// Device-to-device link bandwidth, bytes per ns (0: through host memory).
+    #[serde(default)]
+    peer_bytes_per_ns: f64,
+    /// The modelled host thread pool.
+    #[serde(default)]
+    host: Option<HostSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostSpec {
+    #[serde(default = "one_thread")]
+    threads: u32,
+    #[serde(default = "default_task")]
+    task_ns: u64,
+    #[serde(default)]
+    latency_ns: u64,
+    #[serde(default)]
+    memory_bytes_per_ns: f64,
+}
+
+fn one_thread() -> u32 {
+    1
+}
+fn default_task() -> u64 {
+    1_000
 }
 
 #[derive(Deserialize)]
@@ -74,7 +115,40 @@ struct Workload {
     queues: Vec<QueueSpec>,
     #[serde(default = "one")]
     frames: usize,
+    #[serde(default)]
+    mode: RunMode,
     commands: Vec<CommandSpec>,
+}
+
+/// How frames are submitted.
+#[derive(Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RunMode {
+    /// Every command, every frame.
+    #[default]
+    Eager,
+    /// The frame recorded once into a command graph, replayed each frame.
+    Graph,
+    /// The same, finalized with graph fusion.
+    FusedGraph,
+}
+
+impl RunMode {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "eager" => Some(Self::Eager),
+            "graph" => Some(Self::Graph),
+            "fused-graph" | "fused_graph" => Some(Self::FusedGraph),
+            _ => None,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Self::Eager => "eager",
+            Self::Graph => "graph",
+            Self::FusedGraph => "fused-graph",
+        }
+    }
 }
 
 fn one() -> usize {
@@ -129,8 +203,22 @@ enum CommandSpec {
         reads: Vec<String>,
         #[serde(default)]
         writes: Vec<String>,
+        /// Duration on the host pool, ns (default: the pool's).
+        #[serde(default)]
+        cost_ns: Option<f64>,
     },
     Barrier {
+        queue: String,
+    },
+    StartFusion {
+        queue: String,
+    },
+    CompleteFusion {
+        queue: String,
+        #[serde(default)]
+        no_barriers: bool,
+    },
+    CancelFusion {
         queue: String,
     },
 }
@@ -160,8 +248,9 @@ impl World<'_> {
     }
 }
 
-/// Submits one command of the frame.
-fn submit(w: &World<'_>, cmd: &CommandSpec, frame: u32) -> Result<(), String> {
+/// Submits one command of the frame (a fusion-window step applies to its queue;
+/// `recording` skips those, since a recording queue cannot fuse).
+fn submit(w: &World<'_>, cmd: &CommandSpec, recording: bool) -> Result<(), String> {
     let result = match cmd {
         CommandSpec::Kernel { name, queue, items, item_cost_ns, reads, writes } => {
             let reads: Vec<&Buffer<u32>> = reads
@@ -181,7 +270,7 @@ fn submit(w: &World<'_>, cmd: &CommandSpec, frame: u32) -> Result<(), String> {
                 let outs: Vec<_> = read_writes.iter().map(|b| (cg.read_write(b), b.len())).collect();
                 cg.parallel_for(items.max(1), move |it| {
                     let i = it.global_linear_id();
-                    let mut v = frame.wrapping_add(i as u32);
+                    let mut v = i as u32;
                     for (a, len) in &ins {
                         v = v.wrapping_mul(31).wrapping_add(a.get(it, i % len));
                     }
@@ -202,7 +291,7 @@ fn submit(w: &World<'_>, cmd: &CommandSpec, frame: u32) -> Result<(), String> {
             let d = w.buffer(dst)?;
             w.queue(queue)?.submit(|cg| cg.fill(d, *value))
         }
-        CommandSpec::HostTask { name, reads, writes } => {
+        CommandSpec::HostTask { name, reads, writes, cost_ns } => {
             let reads: Vec<&Buffer<u32>> = reads
                 .iter()
                 .filter(|r| !writes.contains(r))
@@ -211,10 +300,13 @@ fn submit(w: &World<'_>, cmd: &CommandSpec, frame: u32) -> Result<(), String> {
             let writes: Vec<&Buffer<u32>> = writes.iter().map(|r| w.buffer(r)).collect::<Result<_, _>>()?;
             w.host.submit(|cg| {
                 cg.name(name.clone());
+                if let Some(c) = cost_ns {
+                    cg.item_cost_ns(*c);
+                }
                 let ins: Vec<_> = reads.iter().map(|b| cg.host_read(b)).collect();
                 let mut outs: Vec<_> = writes.iter().map(|b| cg.host_read_write(b)).collect();
                 cg.host_task(move |ctx| {
-                    let sum = ins.iter().flat_map(|a| a.as_slice(ctx)).fold(frame, |s, &x| s.wrapping_add(x));
+                    let sum = ins.iter().flat_map(|a| a.as_slice(ctx)).fold(1u32, |s, &x| s.wrapping_add(x));
                     for o in &mut outs {
                         if let Some(first) = o.as_mut_slice(ctx).first_mut() {
                             *first = first.wrapping_add(sum);
@@ -224,8 +316,66 @@ fn submit(w: &World<'_>, cmd: &CommandSpec, frame: u32) -> Result<(), String> {
             })
         }
         CommandSpec::Barrier { queue } => w.queue(queue)?.barrier(),
+        CommandSpec::StartFusion { queue }
+        | CommandSpec::CompleteFusion { queue, .. }
+        | CommandSpec::CancelFusion { queue }
+            if recording =>
+        {
+            w.queue(queue)?;
+            return Ok(());
+        }
+        CommandSpec::StartFusion { queue } => {
+            return w.queue(queue)?.start_fusion().map_err(|e| e.to_string())
+        }
+        CommandSpec::CompleteFusion { queue, no_barriers } => {
+            w.queue(queue)?.complete_fusion(FusionProps { barriers: !no_barriers })
+        }
+        CommandSpec::CancelFusion { queue } => {
+            w.queue(queue)?.cancel_fusion();
+            return Ok(());
+        }
     };
     result.map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Records one frame into a command graph on the first queue's device and finalizes
+/// it.
+fn record(
+    w: &World<'_>,
+    rt: &Runtime,
+    workload: &Workload,
+    mode: RunMode,
+) -> Result<ExecutableGraph, String> {
+    let first = w.queue(&workload.queues[0].name)?;
+    let graph = rt.graph_on(first.device());
+    let mut queues: Vec<&Queue> = w.queues.values().collect();
+    queues.push(&w.host);
+    queues.sort_by_key(|q| q.id());
+    for q in &queues {
+        graph.begin_recording(q).map_err(|e| e.to_string())?;
+    }
+    for cmd in &workload.commands {
+        submit(w, cmd, true)?;
+    }
+    for q in &queues {
+        graph.end_recording(q).map_err(|e| e.to_string())?;
+    }
+    let props =
+        if mode == RunMode::FusedGraph { GraphProps::default().fused() } else { GraphProps::default() };
+    graph.finalize(props).map_err(|e| e.to_string())
+}
+
+/// FNV-1a over every buffer's contents, in the workload's order.
+fn checksum(w: &World<'_>, workload: &Workload) -> Result<u64, String> {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in &workload.buffers {
+        for x in w.buffer(&b.name)?.to_vec().map_err(|e| e.to_string())? {
+            for byte in x.to_le_bytes() {
+                h = (h ^ byte as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    Ok(h)
 }
 
 /// Total length of the union of `[start, end)` intervals.
@@ -245,35 +395,56 @@ fn busy_ns(mut spans: Vec<(u64, u64)>) -> u64 {
     total + cur.map_or(0, |(s, e)| e - s)
 }
 
-fn run(args: &[String]) -> Result<String, String> {
+/// What the command line chose.
+struct Options {
+    workload: String,
+    machine: String,
+    frames: Option<usize>,
+    mode: Option<RunMode>,
+    lifo: bool,
+    breadth_first: bool,
+    trace: Option<String>,
+}
+
+const USAGE: &str =
+    "usage: gantry-sim WORKLOAD.json MACHINE.json [--frames N] [--mode eager|graph|fused-graph] \
+                     [--ready fifo|lifo] [--linearizer reverse-dfs|breadth-first] [--trace OUT.json]";
+
+fn parse(args: &[String]) -> Result<Options, String> {
     let mut positional = Vec::new();
-    let (mut frames, mut lifo, mut trace) = (None, false, None);
+    let (mut frames, mut mode, mut lifo, mut breadth_first, mut trace) = (None, None, false, false, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--frames" => {
                 frames = Some(it.next().and_then(|v| v.parse().ok()).ok_or("--frames needs a number")?)
             }
+            "--mode" => {
+                let m = it.next().and_then(|v| RunMode::parse(v));
+                mode = Some(m.ok_or("--mode takes eager, graph or fused-graph")?);
+            }
             "--ready" => match it.next().map(String::as_str) {
                 Some("fifo") => lifo = false,
                 Some("lifo") => lifo = true,
                 _ => return Err("--ready takes fifo or lifo".into()),
+            },
+            "--linearizer" => match it.next().map(String::as_str) {
+                Some("reverse-dfs") => breadth_first = false,
+                Some("breadth-first") => breadth_first = true,
+                _ => return Err("--linearizer takes reverse-dfs or breadth-first".into()),
             },
             "--trace" => trace = Some(it.next().ok_or("--trace needs a path")?.clone()),
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
             path => positional.push(path.to_owned()),
         }
     }
-    let [workload_path, machine_path] = positional.as_slice() else {
-        return Err("usage: gantry-sim WORKLOAD.json MACHINE.json [--frames N] [--ready fifo|lifo] [--trace OUT.json]".into());
-    };
-    let workload: Workload = read_json(workload_path)?;
-    let machine: Machine = read_json(machine_path)?;
-    if machine.devices.is_empty() {
-        return Err(format!("{machine_path}: no devices"));
-    }
-    let frames = frames.unwrap_or(workload.frames);
+    let [workload, machine] = <[String; 2]>::try_from(positional).map_err(|_| USAGE.to_owned())?;
+    Ok(Options { workload, machine, frames, mode, lifo, breadth_first, trace })
+}
 
+/// The runtime the machine file describes: device 0 the CPU, then the simulated
+/// devices in file order, then the host pool if there is one.
+fn build(machine: &Machine, opts: &Options) -> Runtime {
     let mut builder = Runtime::builder().mode(Mode::Manual).worker_threads(0).host_threads(0).timeline(true);
     for d in &machine.devices {
         let c = &d.cost;
@@ -293,10 +464,39 @@ fn run(args: &[String]) -> Result<String, String> {
             ..Default::default()
         });
     }
+    let host = machine.host.as_ref().map(|h| HostPoolConfig {
+        threads: h.threads,
+        task_ns: h.task_ns,
+        latency_ns: h.latency_ns,
+        memory_bytes_per_ns: h.memory_bytes_per_ns,
+    });
+    builder = builder.sim_machine(MachineConfig { peer_bytes_per_ns: machine.peer_bytes_per_ns, host });
+    if opts.breadth_first {
+        builder = builder.linearizer(std::sync::Arc::new(BreadthFirst));
+    } else {
+        builder = builder.linearizer(std::sync::Arc::new(ReverseDfs));
+    }
     let rt = builder.build();
-    if lifo {
+    if opts.lifo {
         rt.add_system(Stage::Resolve, |mut lists: ResMut<WorkLists>| lists.ready.reverse());
     }
+    rt
+}
+
+fn run(args: &[String]) -> Result<String, String> {
+    let opts = parse(args)?;
+    let workload: Workload = read_json(&opts.workload)?;
+    let machine: Machine = read_json(&opts.machine)?;
+    if machine.devices.is_empty() {
+        return Err(format!("{}: no devices", opts.machine));
+    }
+    if workload.queues.is_empty() {
+        return Err(format!("{}: no queues", opts.workload));
+    }
+    let frames = opts.frames.unwrap_or(workload.frames);
+    let mode = opts.mode.unwrap_or(workload.mode);
+
+    let rt = build(&machine, &opts);
     let mut queues = HashMap::new();
     for q in &workload.queues {
         if q.device >= machine.devices.len() {
@@ -307,33 +507,52 @@ fn run(args: &[String]) -> Result<String, String> {
     }
     let buffers =
         workload.buffers.iter().map(|b| (b.name.as_str(), rt.buffer_zeroed::<u32>(b.len.max(1)))).collect();
-    let world = World { buffers, queues, host: rt.queue() };
+    // Host tasks go to the host pool when the machine models one.
+    let pool = machine.host.as_ref().map(|_| machine.devices.len() as u32 + 1);
+    let host = match pool {
+        Some(device) => rt.queue_with(QueueOptions { device, in_order: false }).map_err(|e| e.to_string())?,
+        None => rt.queue(),
+    };
+    let world = World { buffers, queues, host };
+    let graph = match mode {
+        RunMode::Eager => None,
+        _ => Some(record(&world, &rt, &workload, mode)?),
+    };
     let report_every = (frames / 10).max(1);
     for frame in 0..frames {
-        for cmd in &workload.commands {
-            submit(&world, cmd, frame as u32)?;
+        match &graph {
+            None => {
+                for cmd in &workload.commands {
+                    submit(&world, cmd, false)?;
+                }
+            }
+            Some(exec) => {
+                world.queue(&workload.queues[0].name)?.submit_graph(exec).map_err(|e| e.to_string())?;
+            }
         }
         rt.wait_idle().map_err(|e| e.to_string())?;
         if frames >= 100 && (frame + 1) % report_every == 0 {
             eprintln!("gantry-sim: frame {}/{frames}", frame + 1);
         }
     }
-    drop(world);
-    rt.wait_idle().map_err(|e| e.to_string())?;
-    if let Some(path) = &trace {
+    if let Some(path) = &opts.trace {
         rt.write_chrome_trace(path).map_err(|e| format!("{path}: {e}"))?;
     }
-    Ok(report(&rt, &machine, workload_path, machine_path, frames, lifo))
+    let mut out = report(&rt, &machine, &opts, frames, mode);
+    if let Some(g) = &graph {
+        let chains: Vec<String> = g.fused_chains().into_iter().map(|(_, name)| name).collect();
+        out += &format!(
+            "graph: {} partitions, {} fused chains {chains:?}\n",
+            g.partitions().len(),
+            chains.len()
+        );
+    }
+    // Read back after reporting, so the report holds only the workload's commands.
+    out += &format!("checksum: {:016x}\n", checksum(&world, &workload)?);
+    Ok(out)
 }
 
-fn report(
-    rt: &Runtime,
-    machine: &Machine,
-    workload: &str,
-    machine_path: &str,
-    frames: usize,
-    lifo: bool,
-) -> String {
+fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: RunMode) -> String {
     let timeline = rt.timeline().expect("recording");
     let stats = rt.stats();
     let on_devices: Vec<_> = timeline.slices.iter().filter(|s| s.device > 0).collect();
@@ -345,26 +564,38 @@ fn report(
         *kinds.entry(s.kind.name()).or_default() += 1;
     }
     let mut out = String::new();
-    let policy = if lifo { "lifo" } else { "fifo" };
-    out += &format!("workload {workload} on {machine_path}: {frames} frames, ready order {policy}\n");
+    let policy = if opts.lifo { "lifo" } else { "fifo" };
+    let order = if opts.breadth_first { "breadth-first" } else { "reverse-dfs" };
+    out += &format!(
+        "workload {} on {}: {frames} frames, {}, ready order {policy}, graph order {order}\n",
+        opts.workload,
+        opts.machine,
+        mode.name()
+    );
     let counts: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out += &format!("commands: {} ({}), failed {}\n", timeline.slices.len(), counts.join(", "), stats.failed);
     out += &format!("makespan: {:.3} us (virtual)\n", makespan as f64 / 1e3);
     let percent = |busy: u64| if makespan > 0 { 100.0 * busy as f64 / makespan as f64 } else { 0.0 };
-    for (i, d) in machine.devices.iter().enumerate() {
+    let mut devices: Vec<(&str, u32)> =
+        machine.devices.iter().map(|d| (d.name.as_str(), d.cost.compute_engines)).collect();
+    if let Some(h) = &machine.host {
+        devices.push(("host pool", h.threads.max(1)));
+    }
+    for (i, (name, compute_engines)) in devices.into_iter().enumerate() {
         let device = i as u32 + 1;
         let mine: Vec<_> = on_devices.iter().filter(|s| s.device == device).collect();
-        out += &format!("device {device} {}: {} commands\n", d.name, mine.len());
+        out += &format!("device {device} {name}: {} commands\n", mine.len());
         // Lanes are engines: compute engines first, then copy engines (the sim's
-        // numbering); lane 0 holds work that needs no engine or unlimited engines.
+        // numbering; a host pool's threads are its compute engines); lane 0 holds
+        // work that needs no engine or unlimited engines.
         let lanes: std::collections::BTreeSet<u32> = mine.iter().map(|s| s.lane).collect();
         for lane in lanes {
             let busy =
                 busy_ns(mine.iter().filter(|s| s.lane == lane).map(|s| (s.start_ns, s.end_ns)).collect());
             let engine = match lane {
                 0 => "no engine (markers, or unlimited engines)".to_owned(),
-                l if l <= d.cost.compute_engines => format!("compute engine {}", l - 1),
-                l => format!("copy engine {}", l - 1 - d.cost.compute_engines),
+                l if l <= compute_engines => format!("compute engine {}", l - 1),
+                l => format!("copy engine {}", l - 1 - compute_engines),
             };
             out += &format!("  {engine}: busy {:.3} us ({:.1}%)\n", busy as f64 / 1e3, percent(busy));
         }
