@@ -1,25 +1,37 @@
 //! Model-based test of the public API with `proptest-state-machine`.
 //!
-//! Each transition is a batch of operations (kernels, kernels that fail, copies, fills,
-//! host tasks, host write guards) submitted together to CPU and simulated-device
-//! queues, in-order and out-of-order, followed by a wait; or a buffer drop. The
-//! reference state machine predicts every buffer's contents and which operations fail:
-//! a failing kernel's writes are undone, and an operation that depends on a failed
-//! one within the batch (through a buffer it wrote or read, or an in-order queue)
-//! fails too, without running. Runs in manual mode, where that is deterministic.
-//! Shrinking gives a minimal failing sequence of batches.
+//! Each transition submits work and waits for it; the reference state machine predicts
+//! every buffer's contents and which operations fail. Transitions:
+//!
+//! * **Batch**: operations (kernels, elementwise kernels, kernels that fail, copies,
+//!   fills, host tasks, host write guards) submitted together to CPU and
+//!   simulated-device queues, in-order and out-of-order. A failing kernel's writes are
+//!   undone, and an operation that depends on a failed one within the batch (through a
+//!   buffer it wrote or read, or an in-order queue) fails too, without running.
+//!   Queue 4 is on a second simulated device whose fault plan fails its `nth` kernel
+//!   launches (`Fault::Kernel`): the model counts that device's launches and predicts
+//!   the faulted kernel's failure and its dependents' like a failing kernel's. A batch
+//!   has at most one kernel on that device, so the launch order is known.
+//! * **Drop**: a buffer is dropped.
+//!
+//! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
+//! failing sequence of transitions.
 //!
 //! `GANTRY_PROPTEST_CASES=N` runs N sequences instead of the default.
 
+use std::collections::BTreeSet;
 use std::sync::Once;
 
-use gantry::{Buffer, Event, Mode, Queue, QueueOptions, Runtime, SimConfig};
+use gantry::{Buffer, Event, Fault, FaultPlan, Handler, Mode, Queue, QueueOptions, Runtime, SimConfig};
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
-/// Queues: 0 CPU out-of-order, 1 CPU in-order, 2 sim out-of-order, 3 sim in-order.
-const QUEUES: usize = 4;
-const IN_ORDER: [bool; QUEUES] = [false, true, false, true];
+/// Queues: 0 CPU out-of-order, 1 CPU in-order, 2 sim out-of-order, 3 sim in-order,
+/// 4 out-of-order on the simulated device with injected kernel faults.
+const QUEUES: usize = 5;
+const IN_ORDER: [bool; QUEUES] = [false, true, false, true, false];
+const DEVICE: [u32; QUEUES] = [0, 0, 1, 1, 2];
+const FAULTY: usize = 4;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -30,7 +42,15 @@ enum Op {
         dst: usize,
         k: u32,
     },
-    /// Writes `dst`, then panics: the writes are undone.
+    /// `dst[i] = (src[i] if i < len(src) else i) * 3 + k`: each work-item touches its
+    /// own index only, so fusing it with barriers or without changes nothing.
+    Elementwise {
+        queue: usize,
+        src: usize,
+        dst: usize,
+        k: u32,
+    },
+    /// Writes `dst[0]`, then panics: the writes are undone.
     FailingKernel {
         queue: usize,
         dst: usize,
@@ -53,13 +73,62 @@ enum Op {
         dst: usize,
     },
     /// Host write guard: `buf[idx % len] = value`, after everything submitted before
-    /// it has finished (a full synchronization point: earlier failures are retired,
-    /// so they fail nothing after it).
+    /// it has finished (in a batch, a full synchronization point: earlier failures are
+    /// retired, so they fail nothing after it).
     Guard {
         buf: usize,
         idx: usize,
         value: u32,
     },
+}
+
+impl Op {
+    fn queue(&self) -> Option<usize> {
+        match *self {
+            Op::Kernel { queue, .. }
+            | Op::Elementwise { queue, .. }
+            | Op::FailingKernel { queue, .. }
+            | Op::Fill { queue, .. }
+            | Op::Copy { queue, .. }
+            | Op::HostTask { queue, .. } => Some(queue),
+            Op::Guard { .. } => None,
+        }
+    }
+
+    fn set_queue(&mut self, q: usize) {
+        match self {
+            Op::Kernel { queue, .. }
+            | Op::Elementwise { queue, .. }
+            | Op::FailingKernel { queue, .. }
+            | Op::Fill { queue, .. }
+            | Op::Copy { queue, .. }
+            | Op::HostTask { queue, .. } => *queue = q,
+            Op::Guard { .. } => {}
+        }
+    }
+
+    fn is_kernel(&self) -> bool {
+        matches!(self, Op::Kernel { .. } | Op::Elementwise { .. } | Op::FailingKernel { .. })
+    }
+
+    /// The buffers it reads and the buffers it writes.
+    fn access(&self) -> (Vec<usize>, Vec<usize>) {
+        match *self {
+            Op::Kernel { src, dst, .. }
+            | Op::Elementwise { src, dst, .. }
+            | Op::Copy { src, dst, .. }
+            | Op::HostTask { src, dst, .. } => (vec![src], vec![dst]),
+            Op::FailingKernel { dst, .. } => (vec![dst], vec![dst]),
+            Op::Fill { dst, .. } => (vec![], vec![dst]),
+            Op::Guard { buf, .. } => (vec![], vec![buf]),
+        }
+    }
+
+    fn buffers(&self) -> Vec<usize> {
+        let (mut r, w) = self.access();
+        r.extend(w);
+        r
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -68,31 +137,165 @@ enum Transition {
     Drop(usize),
 }
 
+/// What the last transition should have done besides the buffers' contents.
+#[derive(Clone, Debug, Default)]
+struct Expect {
+    /// Per outcome, in the order the system under test collects them: whether it fails.
+    failed: Vec<bool>,
+}
+
 #[derive(Clone, Debug)]
 struct Model {
     buffers: Vec<Option<Vec<u32>>>,
-    /// For the last batch: which operations the model expects to fail.
-    failed: Vec<bool>,
+    /// The faulty device's fault plan (the kernel launches it fails) and its launches
+    /// so far.
+    faults: BTreeSet<u64>,
+    launches: u64,
+    expect: Expect,
+}
+
+/// Which buffers and in-order queues failed commands poison, within one transition.
+struct Poison {
+    wrote: Vec<bool>,
+    read: Vec<bool>,
+    queue: [bool; QUEUES],
+}
+
+impl Poison {
+    fn new(n: usize) -> Self {
+        Poison { wrote: vec![false; n], read: vec![false; n], queue: [false; QUEUES] }
+    }
+
+    /// A failed command's writes make later accesses fail; its reads make later writes
+    /// fail; its queue, if in-order, fails what follows.
+    fn hits(&self, op: &Op) -> bool {
+        let (reads, writes) = op.access();
+        op.queue().is_some_and(|q| IN_ORDER[q] && self.queue[q])
+            || reads.iter().any(|&b| self.wrote[b])
+            || writes.iter().any(|&b| self.wrote[b] || self.read[b])
+    }
+
+    fn mark(&mut self, op: &Op) {
+        let (reads, writes) = op.access();
+        for b in writes {
+            self.wrote[b] = true;
+        }
+        for b in reads {
+            self.read[b] = true;
+        }
+        if let Some(q) = op.queue() {
+            self.queue[q] = true;
+        }
+    }
 }
 
 impl Model {
     fn live(&self) -> Vec<usize> {
         (0..self.buffers.len()).filter(|&b| self.buffers[b].is_some()).collect()
     }
+
+    fn is_live(&self, b: usize) -> bool {
+        self.buffers.get(b).is_some_and(Option::is_some)
+    }
+
+    /// Runs `op` as an eager submission after the failures in `p`; returns whether it
+    /// fails.
+    fn run(&mut self, p: &mut Poison, op: &Op) -> bool {
+        let poisoned = p.hits(op);
+        let mut fails = poisoned || matches!(op, Op::FailingKernel { .. });
+        // A kernel on the faulty device reaches its driver unless a failure on another
+        // device poisons it first (then it is never launched).
+        if !poisoned && op.is_kernel() && op.queue() == Some(FAULTY) {
+            fails |= self.faults.contains(&self.launches);
+            self.launches += 1;
+        }
+        if fails {
+            p.mark(op);
+        } else {
+            self.effect(op);
+        }
+        fails
+    }
+
+    /// The effect of `op` on the buffers.
+    fn effect(&mut self, op: &Op) {
+        let bufs = &mut self.buffers;
+        match *op {
+            Op::Kernel { src, dst, k, .. } => {
+                let s = bufs[src].clone().unwrap();
+                for (i, x) in bufs[dst].as_mut().unwrap().iter_mut().enumerate() {
+                    *x = s[i % s.len()].wrapping_mul(3).wrapping_add(k);
+                }
+            }
+            Op::Elementwise { src, dst, k, .. } => {
+                let s = bufs[src].clone().unwrap();
+                for (i, x) in bufs[dst].as_mut().unwrap().iter_mut().enumerate() {
+                    *x = s.get(i).copied().unwrap_or(i as u32).wrapping_mul(3).wrapping_add(k);
+                }
+            }
+            Op::Fill { dst, value, .. } => bufs[dst].as_mut().unwrap().fill(value),
+            Op::Copy { src, dst, .. } => {
+                let s = bufs[src].clone().unwrap();
+                let d = bufs[dst].as_mut().unwrap();
+                let len = s.len().min(d.len());
+                d[..len].copy_from_slice(&s[..len]);
+            }
+            Op::HostTask { src, dst, .. } => {
+                let sum = bufs[src].as_ref().unwrap().iter().fold(0u32, |a, &x| a.wrapping_add(x));
+                let d = bufs[dst].as_mut().unwrap();
+                d[0] = d[0].wrapping_add(sum);
+            }
+            Op::Guard { buf, idx, value } => {
+                let d = bufs[buf].as_mut().unwrap();
+                let len = d.len();
+                d[idx % len] = value;
+            }
+            Op::FailingKernel { .. } => unreachable!("a failing kernel has no effect"),
+        }
+    }
+
+    fn batch(&mut self, ops: &[Op]) {
+        let mut p = Poison::new(self.buffers.len());
+        for op in ops {
+            if matches!(op, Op::Guard { .. }) {
+                p = Poison::new(self.buffers.len());
+            }
+            let failed = self.run(&mut p, op);
+            self.expect.failed.push(failed);
+        }
+    }
 }
 
-fn op(live: Vec<usize>) -> impl Strategy<Value = Op> {
+fn op(live: Vec<usize>, queues: std::ops::Range<usize>) -> impl Strategy<Value = Op> {
     let pick = proptest::sample::select(live);
-    let queue = 0..QUEUES;
+    let queue = queues;
     prop_oneof![
-        4 => (queue.clone(), pick.clone(), pick.clone(), 0..100u32)
+        3 => (queue.clone(), pick.clone(), pick.clone(), 0..100u32)
             .prop_map(|(queue, src, dst, k)| Op::Kernel { queue, src, dst, k }),
+        1 => (queue.clone(), pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Elementwise { queue, src, dst, k }),
         1 => (queue.clone(), pick.clone()).prop_map(|(queue, dst)| Op::FailingKernel { queue, dst }),
         2 => (queue.clone(), pick.clone(), 0..1000u32).prop_map(|(queue, dst, value)| Op::Fill { queue, dst, value }),
         2 => (queue.clone(), pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::Copy { queue, src, dst }),
         2 => (queue, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::HostTask { queue, src, dst }),
         1 => (pick, 0..64usize, 0..1000u32).prop_map(|(buf, idx, value)| Op::Guard { buf, idx, value }),
     ]
+}
+
+/// At most one kernel of a batch on the faulty device: with several, the order in
+/// which they reach its driver (and so which one a fault hits) would depend on when
+/// their dependencies on other devices complete.
+fn one_faulty_kernel(mut ops: Vec<Op>) -> Vec<Op> {
+    let mut seen = false;
+    for op in &mut ops {
+        if op.is_kernel() && op.queue() == Some(FAULTY) {
+            if seen {
+                op.set_queue(2);
+            }
+            seen = true;
+        }
+    }
+    ops
 }
 
 struct Reference;
@@ -102,109 +305,53 @@ impl ReferenceStateMachine for Reference {
     type Transition = Transition;
 
     fn init_state() -> BoxedStrategy<Model> {
-        proptest::collection::vec(proptest::collection::vec(0..50u32, 1..24), 2..5)
-            .prop_map(|bufs| Model { buffers: bufs.into_iter().map(Some).collect(), failed: vec![] })
+        (
+            proptest::collection::vec(proptest::collection::vec(0..50u32, 1..24), 2..5),
+            proptest::collection::btree_set(0..8u64, 0..3),
+        )
+            .prop_map(|(bufs, faults)| Model {
+                buffers: bufs.into_iter().map(Some).collect(),
+                faults,
+                launches: 0,
+                expect: Expect::default(),
+            })
             .boxed()
     }
 
     fn transitions(state: &Model) -> BoxedStrategy<Transition> {
         let live = state.live();
-        let batch = proptest::collection::vec(op(live.clone()), 1..8).prop_map(Transition::Batch);
+        let batch = proptest::collection::vec(op(live.clone(), 0..QUEUES), 1..8)
+            .prop_map(|ops| Transition::Batch(one_faulty_kernel(ops)));
         if live.len() > 2 {
-            prop_oneof![6 => batch, 1 => proptest::sample::select(live).prop_map(Transition::Drop)].boxed()
+            prop_oneof![
+                5 => batch,
+                1 => proptest::sample::select(live).prop_map(Transition::Drop),
+            ]
+            .boxed()
         } else {
             batch.boxed()
         }
     }
 
     fn preconditions(state: &Model, t: &Transition) -> bool {
-        let live = |b: &usize| state.buffers.get(*b).is_some_and(Option::is_some);
+        let valid = |op: &Op| {
+            op.buffers().iter().all(|&b| state.is_live(b))
+                && !matches!(op, Op::Copy { src, dst, .. } if src == dst)
+        };
         match t {
-            Transition::Drop(b) => live(b) && state.live().len() > 2,
-            Transition::Batch(ops) => ops.iter().all(|op| match op {
-                Op::Kernel { src, dst, .. } | Op::HostTask { src, dst, .. } => live(src) && live(dst),
-                Op::Copy { src, dst, .. } => live(src) && live(dst) && src != dst,
-                Op::FailingKernel { dst, .. } | Op::Fill { dst, .. } => live(dst),
-                Op::Guard { buf, .. } => live(buf),
-            }),
+            Transition::Drop(b) => state.is_live(*b) && state.live().len() > 2,
+            Transition::Batch(ops) => {
+                ops.iter().all(valid)
+                    && ops.iter().filter(|op| op.is_kernel() && op.queue() == Some(FAULTY)).count() <= 1
+            }
         }
     }
 
     fn apply(mut state: Model, t: &Transition) -> Model {
+        state.expect = Expect::default();
         match t {
-            Transition::Drop(b) => {
-                state.buffers[*b] = None;
-                state.failed.clear();
-            }
-            Transition::Batch(ops) => {
-                let n = state.buffers.len();
-                // A failed command's writes make later accesses fail; its reads make
-                // later writes fail; its queue, if in-order, fails what follows.
-                let (mut wrote, mut read, mut queue_failed) =
-                    (vec![false; n], vec![false; n], [false; QUEUES]);
-                state.failed.clear();
-                for op in ops {
-                    let (queue, reads, writes): (Option<usize>, Vec<usize>, Vec<usize>) = match *op {
-                        Op::Kernel { queue, src, dst, .. } | Op::HostTask { queue, src, dst } => {
-                            (Some(queue), vec![src], vec![dst])
-                        }
-                        Op::Copy { queue, src, dst } => (Some(queue), vec![src], vec![dst]),
-                        Op::FailingKernel { queue, dst } | Op::Fill { queue, dst, .. } => {
-                            (Some(queue), vec![], vec![dst])
-                        }
-                        Op::Guard { buf, .. } => (None, vec![], vec![buf]),
-                    };
-                    if matches!(op, Op::Guard { .. }) {
-                        (wrote, read, queue_failed) = (vec![false; n], vec![false; n], [false; QUEUES]);
-                    }
-                    let poisoned = queue.is_some_and(|q| IN_ORDER[q] && queue_failed[q])
-                        || reads.iter().any(|&b| wrote[b])
-                        || writes.iter().any(|&b| wrote[b] || read[b]);
-                    let fails = poisoned || matches!(op, Op::FailingKernel { .. });
-                    state.failed.push(fails);
-                    if fails {
-                        for &b in &writes {
-                            wrote[b] = true;
-                        }
-                        for &b in &reads {
-                            read[b] = true;
-                        }
-                        if let Some(q) = queue {
-                            queue_failed[q] = true;
-                        }
-                        continue;
-                    }
-                    let bufs = &mut state.buffers;
-                    match *op {
-                        Op::Kernel { src, dst, k, .. } => {
-                            let s = bufs[src].clone().unwrap();
-                            let d = bufs[dst].as_mut().unwrap();
-                            for (i, x) in d.iter_mut().enumerate() {
-                                *x = s[i % s.len()].wrapping_mul(3).wrapping_add(k);
-                            }
-                        }
-                        Op::Fill { dst, value, .. } => bufs[dst].as_mut().unwrap().fill(value),
-                        Op::Copy { src, dst, .. } => {
-                            let s = bufs[src].clone().unwrap();
-                            let d = bufs[dst].as_mut().unwrap();
-                            let len = s.len().min(d.len());
-                            d[..len].copy_from_slice(&s[..len]);
-                        }
-                        Op::HostTask { src, dst, .. } => {
-                            let sum =
-                                bufs[src].as_ref().unwrap().iter().fold(0u32, |a, &x| a.wrapping_add(x));
-                            let d = bufs[dst].as_mut().unwrap();
-                            d[0] = d[0].wrapping_add(sum);
-                        }
-                        Op::Guard { buf, idx, value } => {
-                            let d = bufs[buf].as_mut().unwrap();
-                            let len = d.len();
-                            d[idx % len] = value;
-                        }
-                        Op::FailingKernel { .. } => unreachable!(),
-                    }
-                }
-            }
+            Transition::Drop(b) => state.buffers[*b] = None,
+            Transition::Batch(ops) => state.batch(ops),
         }
         state
     }
@@ -223,10 +370,20 @@ enum Outcome {
     Done { failed: bool },
 }
 
-fn submit(g: &Gantry, op: &Op) -> Outcome {
+impl Outcome {
+    fn failed(&self) -> bool {
+        match self {
+            Outcome::Event(ev) => ev.wait().is_err(),
+            Outcome::Done { failed } => *failed,
+        }
+    }
+}
+
+/// Builds the command group of `op` (not a guard).
+fn build(cg: &mut Handler, g: &Gantry, op: &Op) {
     let buf = |b: usize| g.buffers[b].as_ref().unwrap();
-    let event = match *op {
-        Op::Kernel { queue, src, dst, k } => g.queues[queue].submit(|cg| {
+    match *op {
+        Op::Kernel { src, dst, k, .. } => {
             let d = buf(dst);
             if src == dst {
                 let a = cg.read_write(d);
@@ -241,20 +398,38 @@ fn submit(g: &Gantry, op: &Op) -> Outcome {
                     *o.elem(it) = s.get(it, it.global_linear_id() % slen).wrapping_mul(3).wrapping_add(k)
                 });
             }
-        }),
-        Op::FailingKernel { queue, dst } => g.queues[queue].submit(|cg| {
+        }
+        Op::Elementwise { src, dst, k, .. } => {
+            let d = buf(dst);
+            if src == dst {
+                let a = cg.elements_mut(d);
+                cg.parallel_for(d.len(), move |it| {
+                    let x = a.elem(it);
+                    *x = x.wrapping_mul(3).wrapping_add(k);
+                });
+            } else {
+                let (s, slen) = (cg.read(buf(src)), buf(src).len());
+                let o = cg.elements_out(d);
+                cg.parallel_for(d.len(), move |it| {
+                    let i = it.global_linear_id();
+                    let x = if i < slen { s.get(it, i) } else { i as u32 };
+                    *o.elem(it) = x.wrapping_mul(3).wrapping_add(k);
+                });
+            }
+        }
+        Op::FailingKernel { dst, .. } => {
             let o = cg.read_write(buf(dst));
             cg.single_task(move |it| {
                 o.set(it, 0, 12345);
                 panic!("{INTENDED}");
             });
-        }),
-        Op::Fill { queue, dst, value } => g.queues[queue].submit(|cg| cg.fill(buf(dst), value)),
-        Op::Copy { queue, src, dst } => {
-            let len = buf(src).len().min(buf(dst).len());
-            g.queues[queue].submit(|cg| cg.copy_range(buf(src), 0, buf(dst), 0, len))
         }
-        Op::HostTask { queue, src, dst } => g.queues[queue].submit(|cg| {
+        Op::Fill { dst, value, .. } => cg.fill(buf(dst), value),
+        Op::Copy { src, dst, .. } => {
+            let len = buf(src).len().min(buf(dst).len());
+            cg.copy_range(buf(src), 0, buf(dst), 0, len);
+        }
+        Op::HostTask { src, dst, .. } => {
             if src == dst {
                 let mut d = cg.host_read_write(buf(dst));
                 cg.host_task(move |ctx| {
@@ -271,20 +446,37 @@ fn submit(g: &Gantry, op: &Op) -> Outcome {
                     d[0] = d[0].wrapping_add(sum);
                 });
             }
-        }),
-        Op::Guard { buf: b, idx, value } => {
-            g.rt.wait_idle().unwrap();
-            return match buf(b).write() {
-                Ok(mut guard) => {
-                    let len = guard.len();
-                    guard[idx % len] = value;
-                    Outcome::Done { failed: false }
-                }
-                Err(_) => Outcome::Done { failed: true },
-            };
         }
-    };
-    Outcome::Event(event.expect("valid command group"))
+        Op::Guard { .. } => unreachable!("guards are not command groups"),
+    }
+}
+
+/// Holds `buf` for writing and sets one element; whether that failed.
+fn guard(g: &Gantry, buf: usize, idx: usize, value: u32) -> bool {
+    match g.buffers[buf].as_ref().unwrap().write() {
+        Ok(mut guard) => {
+            let len = guard.len();
+            guard[idx % len] = value;
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+fn submit(g: &Gantry, op: &Op) -> Outcome {
+    if let Op::Guard { buf, idx, value } = *op {
+        g.rt.wait_idle().unwrap();
+        return Outcome::Done { failed: guard(g, buf, idx, value) };
+    }
+    let q = &g.queues[op.queue().unwrap()];
+    Outcome::Event(q.submit(|cg| build(cg, g, op)).expect("valid command group"))
+}
+
+fn check_failures(outcomes: &[Outcome], expect: &Expect, what: &dyn Fn(usize) -> String) {
+    assert_eq!(outcomes.len(), expect.failed.len());
+    for (i, (outcome, expect_fail)) in outcomes.iter().zip(&expect.failed).enumerate() {
+        assert_eq!(outcome.failed(), *expect_fail, "outcome {i} ({})", what(i));
+    }
 }
 
 const INTENDED: &str = "intended state-machine failure";
@@ -303,20 +495,27 @@ impl StateMachineTest for Gantry {
                 }
             }));
         });
+        let faults = FaultPlan {
+            faults: model.faults.iter().map(|&nth| Fault::Kernel { nth }).collect(),
+            ..FaultPlan::default()
+        };
         let rt = Runtime::builder()
             .mode(Mode::Manual)
             .worker_threads(0)
             .host_threads(0)
+            .fusion_warnings(0)
             .sim(SimConfig::default())
+            .sim(SimConfig { name: "faulty".into(), faults, ..SimConfig::default() })
             .build();
         let queues = (0..QUEUES)
-            .map(|q| rt.queue_with(QueueOptions { device: (q / 2) as u32, in_order: IN_ORDER[q] }).unwrap())
+            .map(|q| rt.queue_with(QueueOptions { device: DEVICE[q], in_order: IN_ORDER[q] }).unwrap())
             .collect();
         let buffers = model.buffers.iter().map(|b| b.as_ref().map(|v| rt.buffer(v))).collect();
         Gantry { rt, queues, buffers }
     }
 
     fn apply(mut g: Gantry, model: &Model, t: Transition) -> Gantry {
+        let expect = &model.expect;
         match t {
             Transition::Drop(b) => {
                 g.buffers[b] = None;
@@ -324,15 +523,10 @@ impl StateMachineTest for Gantry {
             Transition::Batch(ops) => {
                 let outcomes: Vec<Outcome> = ops.iter().map(|op| submit(&g, op)).collect();
                 g.rt.wait_idle().unwrap();
-                for (i, (outcome, expect_fail)) in outcomes.iter().zip(&model.failed).enumerate() {
-                    let failed = match outcome {
-                        Outcome::Event(ev) => ev.wait().is_err(),
-                        Outcome::Done { failed } => *failed,
-                    };
-                    assert_eq!(failed, *expect_fail, "op {i} ({:?})", ops[i]);
-                }
+                check_failures(&outcomes, expect, &|i| format!("{:?}", ops[i]));
             }
         }
+        assert_eq!(g.buffers.len(), model.buffers.len());
         g
     }
 
