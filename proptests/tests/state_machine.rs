@@ -12,6 +12,18 @@
 //!   launches (`Fault::Kernel`): the model counts that device's launches and predicts
 //!   the faulted kernel's failure and its dependents' like a failing kernel's. A batch
 //!   has at most one kernel on that device, so the launch order is known.
+//! * **Fusion**: a fusion window on one CPU or simulated queue: `start_fusion`,
+//!   elementwise kernels (and kernels that fail), optionally one synchronizing
+//!   operation among them (a host write guard, a copy, fill or host task on any
+//!   queue, or a kernel on another queue), then `complete_fusion` (with or without
+//!   barriers) or `cancel_fusion`. The synchronizing operation cancels the fusion
+//!   early if it depends on a listed kernel; if not, and it fails, a fused kernel
+//!   that depends on it fails with it. The kernels' data flow is index-aligned
+//!   (work-item `i` touches element `i` only), so fused results equal unfused ones.
+//!   A fused window fails as a whole if one of its kernels fails, and all its
+//!   kernels' writes are undone; a cancelled one runs unfused, with the batch rules.
+//!   The model also predicts each kernel's event (the fusion's, or its own after an
+//!   early cancellation by a host access) and the fusion's outcome.
 //! * **Drop**: a buffer is dropped.
 //!
 //! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
@@ -22,7 +34,10 @@
 use std::collections::BTreeSet;
 use std::sync::Once;
 
-use gantry::{Buffer, Event, Fault, FaultPlan, Handler, Mode, Queue, QueueOptions, Runtime, SimConfig};
+use gantry::{
+    Buffer, CancelReason, Event, Fault, FaultPlan, FusionOutcome, FusionProps, Handler, Mode, Queue,
+    QueueOptions, Runtime, SimConfig,
+};
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
@@ -124,6 +139,13 @@ impl Op {
         }
     }
 
+    /// Whether one of the two must wait for the other (a buffer both use, one writing
+    /// it; every access starts at element 0, so any two of one buffer overlap).
+    fn conflicts(&self, other: &Op) -> bool {
+        let ((ra, wa), (rb, wb)) = (self.access(), other.access());
+        wa.iter().any(|b| rb.contains(b) || wb.contains(b)) || ra.iter().any(|b| wb.contains(b))
+    }
+
     fn buffers(&self) -> Vec<usize> {
         let (mut r, w) = self.access();
         r.extend(w);
@@ -131,10 +153,34 @@ impl Op {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Complete { no_barriers: bool },
+    Cancel,
+}
+
+/// A fusion window on `queue`: `start_fusion`, the kernels (all on `queue`), with
+/// `sync` submitted before kernel `pos` (or after all of them), then `end`.
+#[derive(Clone, Debug)]
+struct Window {
+    queue: usize,
+    kernels: Vec<Op>,
+    sync: Option<(usize, Op)>,
+    end: End,
+}
+
 #[derive(Clone, Debug)]
 enum Transition {
     Batch(Vec<Op>),
+    Fusion(Window),
     Drop(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FusionExpect {
+    Fused(usize),
+    CancelledByDependent,
+    CancelledByRequest,
 }
 
 /// What the last transition should have done besides the buffers' contents.
@@ -142,6 +188,9 @@ enum Transition {
 struct Expect {
     /// Per outcome, in the order the system under test collects them: whether it fails.
     failed: Vec<bool>,
+    /// Fusion windows: per kernel, whether its event is the fusion's.
+    listed: Vec<bool>,
+    fusion: Option<FusionExpect>,
 }
 
 #[derive(Clone, Debug)]
@@ -264,6 +313,97 @@ impl Model {
             self.expect.failed.push(failed);
         }
     }
+
+    /// Outcomes in submission order: the kernels and the synchronizing operation, then
+    /// the event `complete_fusion` returns.
+    fn window(&mut self, w: &Window) {
+        let pos = w.sync.as_ref().map_or(w.kernels.len(), |s| s.0);
+        let pre = &w.kernels[..pos];
+        let sync = w.sync.as_ref().map(|s| &s.1);
+        // The synchronizing operation depends on a listed kernel: it cancels the fusion.
+        let early = sync.is_some_and(|s| {
+            let queued = s.queue().is_some_and(|q| q == w.queue && IN_ORDER[q]);
+            pre.iter().any(|k| s.conflicts(k)) || (queued && !pre.is_empty())
+        });
+        // A host access is the only synchronizing operation that waits (and so
+        // cancels at once); the others cancel when the scheduler next runs, by which
+        // time every kernel of the window is listed.
+        let guard = matches!(sync, Some(Op::Guard { .. }));
+        let listed = if early && guard { pos } else { w.kernels.len() };
+        let fused = !early && matches!(w.end, End::Complete { .. });
+        let n = self.buffers.len();
+        let mut failed = Vec::new();
+        let fusion_failed = if fused {
+            // One kernel: if any part fails, all of it fails and all its writes are
+            // undone. The synchronizing operation is independent of the kernels
+            // listed before it and runs on its own (first: the kernels are held until
+            // `complete_fusion`); if it fails, so does the fused kernel if a kernel
+            // listed after it depends on it.
+            let mut p = Poison::new(n);
+            let sync_failed = sync.map(|s| self.run(&mut p, s));
+            let fails = w.kernels.iter().any(|k| matches!(k, Op::FailingKernel { .. }))
+                || w.kernels[pos..].iter().any(|k| p.hits(k));
+            for k in &w.kernels {
+                if !fails {
+                    self.effect(k);
+                }
+                failed.push(fails);
+            }
+            if let Some(f) = sync_failed {
+                failed.insert(pos, f);
+            }
+            fails
+        } else {
+            let mut p = Poison::new(n);
+            let mut listed_failed = false;
+            for (i, k) in w.kernels.iter().enumerate() {
+                if i == pos {
+                    let s = sync.unwrap();
+                    failed.push(self.run(&mut p, s));
+                    if guard && early {
+                        // The guard waited for the kernels it cancelled the fusion
+                        // for, and the wait after it retired them.
+                        p = Poison::new(n);
+                    }
+                }
+                let f = self.run(&mut p, k);
+                listed_failed |= f && i < listed;
+                failed.push(f);
+            }
+            if pos == w.kernels.len() {
+                if let Some(s) = sync {
+                    failed.push(self.run(&mut p, s));
+                }
+            }
+            // The kernels listed share the fusion's event.
+            let mut k = 0;
+            for (i, f) in failed.iter_mut().enumerate() {
+                let is_sync = sync.is_some() && i == pos;
+                if !is_sync {
+                    if k < listed {
+                        *f = listed_failed;
+                    }
+                    k += 1;
+                }
+            }
+            listed_failed
+        };
+        if matches!(w.end, End::Complete { .. }) {
+            failed.push(fusion_failed);
+        }
+        self.expect.failed = failed;
+        self.expect.listed = (0..w.kernels.len()).map(|i| i < listed).collect();
+        // `cancel_fusion` decides the reason at once unless a host access cancelled
+        // the fusion before it.
+        let by_dependent = early && (guard || w.end != End::Cancel);
+        self.expect.fusion = Some(if fused {
+            FusionExpect::Fused(w.kernels.len())
+        } else if by_dependent {
+            FusionExpect::CancelledByDependent
+        } else {
+            FusionExpect::CancelledByRequest
+        });
+    }
 }
 
 fn op(live: Vec<usize>, queues: std::ops::Range<usize>) -> impl Strategy<Value = Op> {
@@ -282,6 +422,21 @@ fn op(live: Vec<usize>, queues: std::ops::Range<usize>) -> impl Strategy<Value =
     ]
 }
 
+/// A fusion window's synchronizing operation (kernels go to another queue than the
+/// window's).
+fn sync_op(live: Vec<usize>) -> impl Strategy<Value = Op> {
+    let pick = proptest::sample::select(live);
+    prop_oneof![
+        1 => (0..QUEUES, pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Kernel { queue, src, dst, k }),
+        1 => (0..QUEUES, pick.clone()).prop_map(|(queue, dst)| Op::FailingKernel { queue, dst }),
+        2 => (pick.clone(), 0..64usize, 0..1000u32).prop_map(|(buf, idx, value)| Op::Guard { buf, idx, value }),
+        1 => (0..QUEUES, pick.clone(), 0..1000u32).prop_map(|(queue, dst, value)| Op::Fill { queue, dst, value }),
+        2 => (0..QUEUES, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::Copy { queue, src, dst }),
+        1 => (0..QUEUES, pick.clone(), pick).prop_map(|(queue, src, dst)| Op::HostTask { queue, src, dst }),
+    ]
+}
+
 /// At most one kernel of a batch on the faulty device: with several, the order in
 /// which they reach its driver (and so which one a fault hits) would depend on when
 /// their dependencies on other devices complete.
@@ -296,6 +451,37 @@ fn one_faulty_kernel(mut ops: Vec<Op>) -> Vec<Op> {
         }
     }
     ops
+}
+
+fn window(live: Vec<usize>) -> impl Strategy<Value = Window> {
+    let pick = proptest::sample::select(live.clone());
+    let kernel = prop_oneof![
+        5 => (pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(src, dst, k)| Op::Elementwise { queue: 0, src, dst, k }),
+        1 => pick.prop_map(|dst| Op::FailingKernel { queue: 0, dst }),
+    ];
+    let end = prop_oneof![
+        3 => any::<bool>().prop_map(|no_barriers| End::Complete { no_barriers }),
+        1 => Just(End::Cancel),
+    ];
+    (
+        0..4usize,
+        proptest::collection::vec(kernel, 1..5),
+        proptest::option::of((0..5usize, sync_op(live))),
+        end,
+    )
+        .prop_map(|(queue, mut kernels, sync, end)| {
+            for k in &mut kernels {
+                k.set_queue(queue);
+            }
+            let sync = sync.map(|(pos, mut op)| {
+                if op.is_kernel() && op.queue() == Some(queue) {
+                    op.set_queue(queue + 1);
+                }
+                (pos.min(kernels.len()), op)
+            });
+            Window { queue, kernels, sync, end }
+        })
 }
 
 struct Reference;
@@ -322,14 +508,16 @@ impl ReferenceStateMachine for Reference {
         let live = state.live();
         let batch = proptest::collection::vec(op(live.clone(), 0..QUEUES), 1..8)
             .prop_map(|ops| Transition::Batch(one_faulty_kernel(ops)));
+        let fusion = window(live.clone()).prop_map(Transition::Fusion);
         if live.len() > 2 {
             prop_oneof![
                 5 => batch,
+                3 => fusion,
                 1 => proptest::sample::select(live).prop_map(Transition::Drop),
             ]
             .boxed()
         } else {
-            batch.boxed()
+            prop_oneof![5 => batch, 3 => fusion].boxed()
         }
     }
 
@@ -344,6 +532,18 @@ impl ReferenceStateMachine for Reference {
                 ops.iter().all(valid)
                     && ops.iter().filter(|op| op.is_kernel() && op.queue() == Some(FAULTY)).count() <= 1
             }
+            Transition::Fusion(w) => {
+                w.queue < FAULTY
+                    && !w.kernels.is_empty()
+                    && w.kernels.iter().all(|k| {
+                        valid(k)
+                            && k.queue() == Some(w.queue)
+                            && matches!(k, Op::Elementwise { .. } | Op::FailingKernel { .. })
+                    })
+                    && w.sync.as_ref().is_none_or(|(pos, s)| {
+                        *pos <= w.kernels.len() && valid(s) && !(s.is_kernel() && s.queue() == Some(w.queue))
+                    })
+            }
         }
     }
 
@@ -352,6 +552,7 @@ impl ReferenceStateMachine for Reference {
         match t {
             Transition::Drop(b) => state.buffers[*b] = None,
             Transition::Batch(ops) => state.batch(ops),
+            Transition::Fusion(w) => state.window(w),
         }
         state
     }
@@ -479,6 +680,58 @@ fn check_failures(outcomes: &[Outcome], expect: &Expect, what: &dyn Fn(usize) ->
     }
 }
 
+fn run_window(g: &Gantry, w: &Window, expect: &Expect) {
+    let q = &g.queues[w.queue];
+    q.start_fusion().unwrap();
+    assert!(q.is_in_fusion_mode());
+    let mut outcomes = Vec::new();
+    let mut names = Vec::new();
+    let pos = w.sync.as_ref().map_or(usize::MAX, |s| s.0);
+    for i in 0..=w.kernels.len() {
+        if i == pos {
+            let s = &w.sync.as_ref().unwrap().1;
+            outcomes.push(submit(g, s));
+            if matches!(s, Op::Guard { .. }) {
+                // Retire whatever the guard released.
+                g.rt.wait_idle().unwrap();
+            }
+        }
+        if let Some(k) = w.kernels.get(i) {
+            let Outcome::Event(ev) = submit(g, k) else { unreachable!("kernels have events") };
+            names.push(ev.name().to_string());
+            outcomes.push(Outcome::Event(ev));
+        }
+    }
+    match w.end {
+        End::Complete { no_barriers } => {
+            let done = q.complete_fusion(FusionProps { barriers: !no_barriers }).unwrap();
+            outcomes.push(Outcome::Event(done));
+        }
+        End::Cancel => q.cancel_fusion(),
+    }
+    g.rt.wait_idle().unwrap();
+    assert!(!q.is_in_fusion_mode());
+    let listed: Vec<bool> = names.iter().map(|n| n == "fusion").collect();
+    assert_eq!(listed, expect.listed, "kernels that returned the fusion's event");
+    let outcome = q.fusion_outcome();
+    let ok = match (expect.fusion.unwrap(), &outcome) {
+        (FusionExpect::Fused(n), Some(FusionOutcome::Fused { kernels, .. })) => *kernels == n,
+        (
+            FusionExpect::CancelledByDependent,
+            Some(FusionOutcome::Cancelled(CancelReason::Dependent { .. })),
+        )
+        | (FusionExpect::CancelledByRequest, Some(FusionOutcome::Cancelled(CancelReason::Requested))) => true,
+        _ => false,
+    };
+    assert!(ok, "fusion outcome {outcome:?}, expected {:?}", expect.fusion);
+    let mut items: Vec<String> = w.kernels.iter().map(|k| format!("{k:?}")).collect();
+    if let Some((pos, s)) = &w.sync {
+        items.insert(*pos, format!("sync {s:?}"));
+    }
+    items.push("complete_fusion".into());
+    check_failures(&outcomes, expect, &|i| items[i].clone());
+}
+
 const INTENDED: &str = "intended state-machine failure";
 
 impl StateMachineTest for Gantry {
@@ -525,6 +778,7 @@ impl StateMachineTest for Gantry {
                 g.rt.wait_idle().unwrap();
                 check_failures(&outcomes, expect, &|i| format!("{:?}", ops[i]));
             }
+            Transition::Fusion(w) => run_window(&g, &w, expect),
         }
         assert_eq!(g.buffers.len(), model.buffers.len());
         g
