@@ -24,6 +24,17 @@
 //!   kernels' writes are undone; a cancelled one runs unfused, with the batch rules.
 //!   The model also predicts each kernel's event (the fusion's, or its own after an
 //!   early cancellation by a host access) and the fusion's outcome.
+//! * **Graph**: a command graph on the CPU or the simulated device, recorded from
+//!   one or two of its queues or built with `add`: kernels, elementwise kernels,
+//!   fills, copies, host tasks; finalized plain or with graph fusion (with or without
+//!   barriers, elementwise kernels only), replayed 1 to 3 times on any queue, with
+//!   host write guards between replays. Optionally a kernel reads a dynamic
+//!   parameter, swapped between replays to another live buffer of its length or to a
+//!   new one (which the model then keeps). The model is that many serial executions.
+//!   Graphs hold no failing kernels: a failed node fails its dependents inside the
+//!   replay and every later replay of the graph through its partitions, whose
+//!   grouping is the scheduler's choice, so the model could not predict which eager
+//!   work then fails.
 //! * **Drop**: a buffer is dropped.
 //!
 //! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
@@ -35,10 +46,11 @@ use std::collections::BTreeSet;
 use std::sync::Once;
 
 use gantry::{
-    Buffer, CancelReason, Event, Fault, FaultPlan, FusionOutcome, FusionProps, Handler, Mode, Queue,
-    QueueOptions, Runtime, SimConfig,
+    Buffer, CancelReason, Event, Fault, FaultPlan, FusionOutcome, FusionProps, GraphProps, Handler, Mode,
+    Queue, QueueOptions, Runtime, SimConfig,
 };
 use proptest::prelude::*;
+use proptest::sample::Index;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
 /// Queues: 0 CPU out-of-order, 1 CPU in-order, 2 sim out-of-order, 3 sim in-order,
@@ -47,6 +59,8 @@ const QUEUES: usize = 5;
 const IN_ORDER: [bool; QUEUES] = [false, true, false, true, false];
 const DEVICE: [u32; QUEUES] = [0, 0, 1, 1, 2];
 const FAULTY: usize = 4;
+/// Buffers a sequence may create in all (graph updates add some).
+const MAX_BUFFERS: usize = 9;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -169,10 +183,64 @@ struct Window {
     end: End,
 }
 
+/// What replaces a dynamic parameter's buffer.
+#[derive(Clone, Debug)]
+enum Target {
+    Live(usize),
+    /// A new buffer with these contents (the model adds it).
+    Fresh(Vec<u32>),
+}
+
+#[derive(Clone, Debug)]
+struct Between {
+    guard: Option<(usize, usize, u32)>,
+    swap: Option<Target>,
+}
+
+/// A graph whose node `pos` (in recording order) is `kernel` (an [`Op::Kernel`],
+/// src != dst), with its `src` argument a dynamic parameter.
+#[derive(Clone, Debug)]
+struct Dynamic {
+    pos: usize,
+    kernel: Op,
+}
+
+#[derive(Clone, Debug)]
+struct GraphRun {
+    device: u32,
+    /// The queues that record the nodes, or none: `add` calls.
+    record: Vec<usize>,
+    ops: Vec<Op>,
+    /// Graph fusion: `Some(barriers)`.
+    fused: Option<bool>,
+    dynamic: Option<Dynamic>,
+    /// The queue that submits the replays.
+    submit: usize,
+    replays: usize,
+    /// Before replays 1.. (one fewer than `replays`).
+    between: Vec<Between>,
+}
+
+impl GraphRun {
+    /// The nodes in recording order.
+    fn nodes(&self) -> Vec<Op> {
+        let mut nodes = self.ops.clone();
+        if let Some(d) = &self.dynamic {
+            nodes.insert(d.pos.min(nodes.len()), d.kernel.clone());
+        }
+        nodes
+    }
+
+    fn fresh(&self) -> usize {
+        self.between.iter().filter(|b| matches!(b.swap, Some(Target::Fresh(_)))).count()
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Transition {
     Batch(Vec<Op>),
     Fusion(Window),
+    Graph(Box<GraphRun>),
     Drop(usize),
 }
 
@@ -245,6 +313,10 @@ impl Model {
 
     fn is_live(&self, b: usize) -> bool {
         self.buffers.get(b).is_some_and(Option::is_some)
+    }
+
+    fn len(&self, b: usize) -> usize {
+        self.buffers[b].as_ref().map_or(0, Vec::len)
     }
 
     /// Runs `op` as an eager submission after the failures in `p`; returns whether it
@@ -404,6 +476,35 @@ impl Model {
             FusionExpect::CancelledByRequest
         });
     }
+
+    /// `replays` serial executions of the graph's nodes; nothing fails.
+    fn graph(&mut self, g: &GraphRun) {
+        let mut nodes = g.nodes();
+        for r in 0..g.replays {
+            if r > 0 {
+                let b = &g.between[r - 1];
+                if let Some((buf, idx, value)) = b.guard {
+                    self.effect(&Op::Guard { buf, idx, value });
+                }
+                if let (Some(target), Some(d)) = (&b.swap, &g.dynamic) {
+                    let to = match target {
+                        Target::Live(t) => *t,
+                        Target::Fresh(v) => {
+                            self.buffers.push(Some(v.clone()));
+                            self.buffers.len() - 1
+                        }
+                    };
+                    if let Op::Kernel { src, .. } = &mut nodes[d.pos.min(g.ops.len())] {
+                        *src = to;
+                    }
+                }
+            }
+            for op in &nodes {
+                self.effect(op);
+            }
+        }
+        self.expect.failed = vec![false; g.replays + g.between.iter().filter(|b| b.guard.is_some()).count()];
+    }
 }
 
 fn op(live: Vec<usize>, queues: std::ops::Range<usize>) -> impl Strategy<Value = Op> {
@@ -484,6 +585,96 @@ fn window(live: Vec<usize>) -> impl Strategy<Value = Window> {
         })
 }
 
+fn graph(state: &Model) -> impl Strategy<Value = GraphRun> {
+    let live = state.live();
+    let lens: Vec<usize> = (0..state.buffers.len()).map(|b| state.len(b)).collect();
+    let room = MAX_BUFFERS.saturating_sub(state.buffers.len());
+    let pick = proptest::sample::select(live.clone());
+    let graph_op = prop_oneof![
+        2 => (0..2usize, pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Kernel { queue, src, dst, k }),
+        2 => (0..2usize, pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Elementwise { queue, src, dst, k }),
+        1 => (0..2usize, pick.clone(), 0..1000u32).prop_map(|(queue, dst, value)| Op::Fill { queue, dst, value }),
+        1 => (0..2usize, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::Copy { queue, src, dst }),
+        1 => (0..2usize, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::HostTask { queue, src, dst }),
+    ];
+    let guard = proptest::option::weighted(0.3, (pick, 0..64usize, 0..1000u32));
+    let swap = proptest::option::weighted(
+        0.7,
+        (any::<Index>(), any::<bool>(), proptest::collection::vec(0..50u32, 24)),
+    );
+    let dynamic = proptest::option::weighted(
+        0.5,
+        (any::<Index>(), any::<Index>(), any::<Index>(), 0..2usize, 0..100u32),
+    );
+    (
+        (0..2u32, 0..4usize, 0..4usize, 0..4usize, 1..4usize),
+        proptest::collection::vec(graph_op, 0..6),
+        dynamic,
+        proptest::collection::vec((guard, swap), 3),
+    )
+        .prop_map(move |((device, record, fusion, submit, replays), ops, dynamic, between)| {
+            let queues = [2 * device as usize, 2 * device as usize + 1];
+            let record = match record {
+                0 => vec![],
+                1 => vec![queues[0]],
+                2 => vec![queues[1]],
+                _ => queues.to_vec(),
+            };
+            let fused = [None, None, Some(true), Some(false)][fusion];
+            let on = |q: usize| record.get(q % record.len().max(1)).copied().unwrap_or(queues[0]);
+            let ops: Vec<Op> = ops
+                .into_iter()
+                .filter(|op| !matches!(op, Op::Copy { src, dst, .. } if src == dst))
+                .map(|mut op| {
+                    op.set_queue(on(op.queue().unwrap()));
+                    match op {
+                        // Graph fusion fuses every kernel chain with work-group
+                        // barriers at most: only index-aligned kernels stay exact.
+                        Op::Kernel { queue, src, dst, k } if fused.is_some() => {
+                            Op::Elementwise { queue, src, dst, k }
+                        }
+                        op => op,
+                    }
+                })
+                .collect();
+            // The parameter's buffers are read only: no node has an edge to the
+            // kernel through them (edges are those of the buffer it was built with).
+            let written: Vec<usize> = ops.iter().flat_map(|op| op.access().1).collect();
+            let unwritten: Vec<usize> = live.iter().copied().filter(|b| !written.contains(b)).collect();
+            let dynamic = dynamic.filter(|_| !unwritten.is_empty()).and_then(|(src, dst, pos, queue, k)| {
+                let src = *src.get(&unwritten);
+                let dsts: Vec<usize> = live.iter().copied().filter(|&b| b != src).collect();
+                (!dsts.is_empty()).then(|| Dynamic {
+                    pos: pos.index(ops.len() + 1),
+                    kernel: Op::Kernel { queue: on(queue), src, dst: *dst.get(&dsts), k },
+                })
+            });
+            let mut fresh = 0;
+            let between = between
+                .into_iter()
+                .take(replays - 1)
+                .map(|(guard, swap)| {
+                    let swap = dynamic.as_ref().zip(swap).and_then(|(d, (to, new, values))| {
+                        let Op::Kernel { src, dst, .. } = d.kernel else { unreachable!() };
+                        let len = lens[src];
+                        let targets: Vec<usize> =
+                            unwritten.iter().copied().filter(|&b| lens[b] == len && b != dst).collect();
+                        if (new || targets.is_empty()) && fresh < room {
+                            fresh += 1;
+                            Some(Target::Fresh(values[..len].to_vec()))
+                        } else {
+                            (!targets.is_empty()).then(|| Target::Live(*to.get(&targets)))
+                        }
+                    });
+                    Between { guard, swap }
+                })
+                .collect();
+            GraphRun { device, record, ops, fused, dynamic, submit, replays, between }
+        })
+}
+
 struct Reference;
 
 impl ReferenceStateMachine for Reference {
@@ -509,15 +700,17 @@ impl ReferenceStateMachine for Reference {
         let batch = proptest::collection::vec(op(live.clone(), 0..QUEUES), 1..8)
             .prop_map(|ops| Transition::Batch(one_faulty_kernel(ops)));
         let fusion = window(live.clone()).prop_map(Transition::Fusion);
+        let graph = graph(state).prop_map(|g| Transition::Graph(Box::new(g)));
         if live.len() > 2 {
             prop_oneof![
                 5 => batch,
                 3 => fusion,
+                3 => graph,
                 1 => proptest::sample::select(live).prop_map(Transition::Drop),
             ]
             .boxed()
         } else {
-            prop_oneof![5 => batch, 3 => fusion].boxed()
+            prop_oneof![5 => batch, 3 => fusion, 3 => graph].boxed()
         }
     }
 
@@ -544,6 +737,7 @@ impl ReferenceStateMachine for Reference {
                         *pos <= w.kernels.len() && valid(s) && !(s.is_kernel() && s.queue() == Some(w.queue))
                     })
             }
+            Transition::Graph(g) => graph_valid(state, g),
         }
     }
 
@@ -553,8 +747,55 @@ impl ReferenceStateMachine for Reference {
             Transition::Drop(b) => state.buffers[*b] = None,
             Transition::Batch(ops) => state.batch(ops),
             Transition::Fusion(w) => state.window(w),
+            Transition::Graph(g) => state.graph(g),
         }
         state
+    }
+}
+
+fn graph_valid(state: &Model, g: &GraphRun) -> bool {
+    let on_device = |q: usize| q < FAULTY && DEVICE[q] == g.device;
+    let nodes = g.nodes();
+    let node_ok = |op: &Op| {
+        op.buffers().iter().all(|&b| state.is_live(b))
+            && op
+                .queue()
+                .is_some_and(|q| if g.record.is_empty() { on_device(q) } else { g.record.contains(&q) })
+            && match op {
+                Op::Kernel { .. } => g.fused.is_none(),
+                Op::Elementwise { .. } | Op::Fill { .. } | Op::HostTask { .. } => true,
+                Op::Copy { src, dst, .. } => src != dst,
+                Op::FailingKernel { .. } | Op::Guard { .. } => false,
+            }
+    };
+    let basic = g.device < 2
+        && g.record.iter().all(|&q| on_device(q))
+        && (g.record.len() < 2 || g.record[0] != g.record[1])
+        && g.submit < FAULTY
+        && (1..4).contains(&g.replays)
+        && g.between.len() == g.replays - 1
+        && g.between.iter().all(|b| b.guard.is_none_or(|(buf, ..)| state.is_live(buf)))
+        && state.buffers.len() + g.fresh() <= MAX_BUFFERS
+        && nodes.iter().all(node_ok);
+    if !basic {
+        return false;
+    }
+    let written: Vec<usize> = g.ops.iter().flat_map(|op| op.access().1).collect();
+    match &g.dynamic {
+        None => g.between.iter().all(|b| b.swap.is_none()),
+        Some(Dynamic { kernel: Op::Kernel { src, dst, .. }, .. }) => {
+            let len = state.len(*src);
+            src != dst
+                && !written.contains(src)
+                && g.between.iter().all(|b| match &b.swap {
+                    None => true,
+                    Some(Target::Live(t)) => {
+                        state.is_live(*t) && state.len(*t) == len && !written.contains(t) && t != dst
+                    }
+                    Some(Target::Fresh(v)) => v.len() == len,
+                })
+        }
+        Some(_) => false,
     }
 }
 
@@ -593,6 +834,7 @@ fn build(cg: &mut Handler, g: &Gantry, op: &Op) {
                     a.set(it, i, a.get(it, i).wrapping_mul(3).wrapping_add(k))
                 });
             } else {
+                // The source is argument 0 (a graph's dynamic parameter binds it).
                 let (s, slen) = (cg.read(buf(src)), buf(src).len());
                 let o = cg.elements_out(d);
                 cg.parallel_for(d.len(), move |it| {
@@ -732,6 +974,58 @@ fn run_window(g: &Gantry, w: &Window, expect: &Expect) {
     check_failures(&outcomes, expect, &|i| items[i].clone());
 }
 
+fn run_graph(g: &mut Gantry, run: &GraphRun, expect: &Expect) {
+    let graph = g.rt.graph_on(run.device);
+    for &q in &run.record {
+        graph.begin_recording(&g.queues[q]).unwrap();
+    }
+    let mut dynamic = None;
+    for (i, op) in run.nodes().iter().enumerate() {
+        let node = if run.record.is_empty() {
+            graph.add(|cg| build(cg, g, op), &[]).unwrap()
+        } else {
+            let q = &g.queues[op.queue().unwrap()];
+            q.submit(|cg| build(cg, g, op)).unwrap().node().expect("a recorded event names its node")
+        };
+        if let Some(d) = run.dynamic.as_ref().filter(|d| d.pos.min(run.ops.len()) == i) {
+            dynamic = Some((node, d));
+        }
+    }
+    for &q in &run.record {
+        graph.end_recording(&g.queues[q]).unwrap();
+    }
+    let param = dynamic.map(|(node, d)| {
+        let Op::Kernel { src, .. } = d.kernel else { unreachable!() };
+        let param = graph.dynamic_buffer(g.buffers[src].as_ref().unwrap());
+        graph.set_arg(node, 0, &param).unwrap();
+        param
+    });
+    let props = GraphProps { fusion: run.fused, updatable: param.is_some() };
+    let exec = graph.finalize(props).unwrap();
+    let mut outcomes = Vec::new();
+    for r in 0..run.replays {
+        if r > 0 {
+            let b = &run.between[r - 1];
+            if let Some((buf, idx, value)) = b.guard {
+                outcomes.push(Outcome::Done { failed: guard(g, buf, idx, value) });
+            }
+            if let (Some(target), Some(param)) = (&b.swap, &param) {
+                let to = match target {
+                    Target::Live(t) => *t,
+                    Target::Fresh(v) => {
+                        g.buffers.push(Some(g.rt.buffer(v)));
+                        g.buffers.len() - 1
+                    }
+                };
+                exec.update_param(param, g.buffers[to].as_ref().unwrap()).unwrap();
+            }
+        }
+        outcomes.push(Outcome::Event(g.queues[run.submit].submit_graph(&exec).unwrap()));
+    }
+    g.rt.wait_idle().unwrap();
+    check_failures(&outcomes, expect, &|i| format!("replay or guard {i}"));
+}
+
 const INTENDED: &str = "intended state-machine failure";
 
 impl StateMachineTest for Gantry {
@@ -779,6 +1073,7 @@ impl StateMachineTest for Gantry {
                 check_failures(&outcomes, expect, &|i| format!("{:?}", ops[i]));
             }
             Transition::Fusion(w) => run_window(&g, &w, expect),
+            Transition::Graph(run) => run_graph(&mut g, &run, expect),
         }
         assert_eq!(g.buffers.len(), model.buffers.len());
         g
