@@ -24,17 +24,19 @@
 //!   kernels' writes are undone; a cancelled one runs unfused, with the batch rules.
 //!   The model also predicts each kernel's event (the fusion's, or its own after an
 //!   early cancellation by a host access) and the fusion's outcome.
-//! * **Graph**: a command graph on the CPU or the simulated device, recorded from
-//!   one or two of its queues or built with `add`: kernels, elementwise kernels,
-//!   fills, copies, host tasks; finalized plain or with graph fusion (with or without
+//! * **Graph**: a command graph on the CPU or the simulated device, built with `add`
+//!   or recorded from one or two queues (of its device, or one of the other device,
+//!   whose nodes get partitions of their own): kernels, elementwise kernels, fills,
+//!   copies, host tasks; finalized plain or with graph fusion (with or without
 //!   barriers, elementwise kernels only), replayed 1 to 3 times on any queue, with
-//!   host write guards between replays. Optionally a kernel reads a dynamic
-//!   parameter, swapped between replays to another live buffer of its length or to a
-//!   new one (which the model then keeps). The model is that many serial executions.
-//!   Graphs hold no failing kernels: a failed node fails its dependents inside the
-//!   replay and every later replay of the graph through its partitions, whose
-//!   grouping is the scheduler's choice, so the model could not predict which eager
-//!   work then fails.
+//!   host write guards and eager operations between replays. Optionally a kernel
+//!   reads a dynamic parameter, swapped between replays to another live buffer of
+//!   its length or to a new one (which the model then keeps). The model is that many
+//!   serial executions. Graphs hold no failing kernels: a failed node fails its
+//!   dependents inside the replay, and its partition then fails later replays (they
+//!   wait on its event) and eager work through the partition's requirements, the
+//!   union of its nodes'; the grouping of nodes into partitions is the scheduler's
+//!   choice, which the model does not predict.
 //! * **Drop**: a buffer is dropped.
 //!
 //! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
@@ -194,6 +196,9 @@ enum Target {
 #[derive(Clone, Debug)]
 struct Between {
     guard: Option<(usize, usize, u32)>,
+    /// An eager operation (that cannot fail) on a queue of the CPU or the simulated
+    /// device, after the guard.
+    eager: Option<Op>,
     swap: Option<Target>,
 }
 
@@ -486,6 +491,9 @@ impl Model {
                 if let Some((buf, idx, value)) = b.guard {
                     self.effect(&Op::Guard { buf, idx, value });
                 }
+                if let Some(op) = &b.eager {
+                    self.effect(op);
+                }
                 if let (Some(target), Some(d)) = (&b.swap, &g.dynamic) {
                     let to = match target {
                         Target::Live(t) => *t,
@@ -503,7 +511,8 @@ impl Model {
                 self.effect(op);
             }
         }
-        self.expect.failed = vec![false; g.replays + g.between.iter().filter(|b| b.guard.is_some()).count()];
+        let between: usize = g.between.iter().map(|b| b.guard.iter().count() + b.eager.iter().count()).sum();
+        self.expect.failed = vec![false; g.replays + between];
     }
 }
 
@@ -585,20 +594,26 @@ fn window(live: Vec<usize>) -> impl Strategy<Value = Window> {
         })
 }
 
+/// Operations that cannot fail (graph nodes and eager work between replays).
+fn plain_op(live: Vec<usize>, queues: std::ops::Range<usize>) -> impl Strategy<Value = Op> {
+    let pick = proptest::sample::select(live);
+    let queue = queues;
+    prop_oneof![
+        2 => (queue.clone(), pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Kernel { queue, src, dst, k }),
+        2 => (queue.clone(), pick.clone(), pick.clone(), 0..100u32)
+            .prop_map(|(queue, src, dst, k)| Op::Elementwise { queue, src, dst, k }),
+        1 => (queue.clone(), pick.clone(), 0..1000u32).prop_map(|(queue, dst, value)| Op::Fill { queue, dst, value }),
+        1 => (queue.clone(), pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::Copy { queue, src, dst }),
+        1 => (queue, pick.clone(), pick).prop_map(|(queue, src, dst)| Op::HostTask { queue, src, dst }),
+    ]
+}
+
 fn graph(state: &Model) -> impl Strategy<Value = GraphRun> {
     let live = state.live();
     let lens: Vec<usize> = (0..state.buffers.len()).map(|b| state.len(b)).collect();
     let room = MAX_BUFFERS.saturating_sub(state.buffers.len());
     let pick = proptest::sample::select(live.clone());
-    let graph_op = prop_oneof![
-        2 => (0..2usize, pick.clone(), pick.clone(), 0..100u32)
-            .prop_map(|(queue, src, dst, k)| Op::Kernel { queue, src, dst, k }),
-        2 => (0..2usize, pick.clone(), pick.clone(), 0..100u32)
-            .prop_map(|(queue, src, dst, k)| Op::Elementwise { queue, src, dst, k }),
-        1 => (0..2usize, pick.clone(), 0..1000u32).prop_map(|(queue, dst, value)| Op::Fill { queue, dst, value }),
-        1 => (0..2usize, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::Copy { queue, src, dst }),
-        1 => (0..2usize, pick.clone(), pick.clone()).prop_map(|(queue, src, dst)| Op::HostTask { queue, src, dst }),
-    ];
     let guard = proptest::option::weighted(0.3, (pick, 0..64usize, 0..1000u32));
     let swap = proptest::option::weighted(
         0.7,
@@ -608,19 +623,24 @@ fn graph(state: &Model) -> impl Strategy<Value = GraphRun> {
         0.5,
         (any::<Index>(), any::<Index>(), any::<Index>(), 0..2usize, 0..100u32),
     );
+    let eager = proptest::option::weighted(0.3, plain_op(live.clone(), 0..FAULTY));
     (
-        (0..2u32, 0..4usize, 0..4usize, 0..4usize, 1..4usize),
-        proptest::collection::vec(graph_op, 0..6),
+        (0..2u32, 0..6usize, 0..2usize, 0..4usize, 0..4usize, 1..4usize),
+        proptest::collection::vec(plain_op(live.clone(), 0..2), 0..6),
         dynamic,
-        proptest::collection::vec((guard, swap), 3),
+        proptest::collection::vec((guard, eager, swap), 3),
     )
-        .prop_map(move |((device, record, fusion, submit, replays), ops, dynamic, between)| {
+        .prop_map(move |((device, record, other, fusion, submit, replays), ops, dynamic, between)| {
             let queues = [2 * device as usize, 2 * device as usize + 1];
+            // A queue of the other device records nodes that get partitions of their own.
+            let other = 2 * (1 - device as usize) + other;
             let record = match record {
                 0 => vec![],
                 1 => vec![queues[0]],
                 2 => vec![queues[1]],
-                _ => queues.to_vec(),
+                3 => queues.to_vec(),
+                4 => vec![queues[0], other],
+                _ => vec![other],
             };
             let fused = [None, None, Some(true), Some(false)][fusion];
             let on = |q: usize| record.get(q % record.len().max(1)).copied().unwrap_or(queues[0]);
@@ -655,7 +675,7 @@ fn graph(state: &Model) -> impl Strategy<Value = GraphRun> {
             let between = between
                 .into_iter()
                 .take(replays - 1)
-                .map(|(guard, swap)| {
+                .map(|(guard, eager, swap)| {
                     let swap = dynamic.as_ref().zip(swap).and_then(|(d, (to, new, values))| {
                         let Op::Kernel { src, dst, .. } = d.kernel else { unreachable!() };
                         let len = lens[src];
@@ -668,7 +688,8 @@ fn graph(state: &Model) -> impl Strategy<Value = GraphRun> {
                             (!targets.is_empty()).then(|| Target::Live(*to.get(&targets)))
                         }
                     });
-                    Between { guard, swap }
+                    let eager = eager.filter(|op| !matches!(op, Op::Copy { src, dst, .. } if src == dst));
+                    Between { guard, eager, swap }
                 })
                 .collect();
             GraphRun { device, record, ops, fused, dynamic, submit, replays, between }
@@ -756,25 +777,31 @@ impl ReferenceStateMachine for Reference {
 fn graph_valid(state: &Model, g: &GraphRun) -> bool {
     let on_device = |q: usize| q < FAULTY && DEVICE[q] == g.device;
     let nodes = g.nodes();
-    let node_ok = |op: &Op| {
+    let plain = |op: &Op| {
         op.buffers().iter().all(|&b| state.is_live(b))
-            && op
-                .queue()
-                .is_some_and(|q| if g.record.is_empty() { on_device(q) } else { g.record.contains(&q) })
             && match op {
-                Op::Kernel { .. } => g.fused.is_none(),
-                Op::Elementwise { .. } | Op::Fill { .. } | Op::HostTask { .. } => true,
+                Op::Kernel { .. } | Op::Elementwise { .. } | Op::Fill { .. } | Op::HostTask { .. } => true,
                 Op::Copy { src, dst, .. } => src != dst,
                 Op::FailingKernel { .. } | Op::Guard { .. } => false,
             }
     };
+    let node_ok = |op: &Op| {
+        plain(op)
+            && !(g.fused.is_some() && matches!(op, Op::Kernel { .. }))
+            && op
+                .queue()
+                .is_some_and(|q| if g.record.is_empty() { on_device(q) } else { g.record.contains(&q) })
+    };
     let basic = g.device < 2
-        && g.record.iter().all(|&q| on_device(q))
+        && g.record.iter().all(|&q| q < FAULTY)
         && (g.record.len() < 2 || g.record[0] != g.record[1])
         && g.submit < FAULTY
         && (1..4).contains(&g.replays)
         && g.between.len() == g.replays - 1
-        && g.between.iter().all(|b| b.guard.is_none_or(|(buf, ..)| state.is_live(buf)))
+        && g.between.iter().all(|b| {
+            b.guard.is_none_or(|(buf, ..)| state.is_live(buf))
+                && b.eager.as_ref().is_none_or(|op| plain(op) && op.queue() < Some(FAULTY))
+        })
         && state.buffers.len() + g.fresh() <= MAX_BUFFERS
         && nodes.iter().all(node_ok);
     if !basic {
@@ -1009,6 +1036,9 @@ fn run_graph(g: &mut Gantry, run: &GraphRun, expect: &Expect) {
             if let Some((buf, idx, value)) = b.guard {
                 outcomes.push(Outcome::Done { failed: guard(g, buf, idx, value) });
             }
+            if let Some(op) = &b.eager {
+                outcomes.push(submit(g, op));
+            }
             if let (Some(target), Some(param)) = (&b.swap, &param) {
                 let to = match target {
                     Target::Live(t) => *t,
@@ -1023,7 +1053,7 @@ fn run_graph(g: &mut Gantry, run: &GraphRun, expect: &Expect) {
         outcomes.push(Outcome::Event(g.queues[run.submit].submit_graph(&exec).unwrap()));
     }
     g.rt.wait_idle().unwrap();
-    check_failures(&outcomes, expect, &|i| format!("replay or guard {i}"));
+    check_failures(&outcomes, expect, &|i| format!("replay, guard or eager operation {i}"));
 }
 
 const INTENDED: &str = "intended state-machine failure";
