@@ -12,18 +12,20 @@
 //!   launches (`Fault::Kernel`): the model counts that device's launches and predicts
 //!   the faulted kernel's failure and its dependents' like a failing kernel's. A batch
 //!   has at most one kernel on that device, so the launch order is known.
-//! * **Fusion**: a fusion window on one CPU or simulated queue: `start_fusion`,
-//!   elementwise kernels (and kernels that fail), optionally one synchronizing
-//!   operation among them (a host write guard, a copy, fill or host task on any
-//!   queue, or a kernel on another queue), then `complete_fusion` (with or without
-//!   barriers) or `cancel_fusion`. The synchronizing operation cancels the fusion
+//! * **Fusion**: a fusion window on one queue: `start_fusion`, elementwise kernels
+//!   (and kernels that fail), optionally one synchronizing operation among them (a
+//!   host write guard, a copy, fill or host task on any queue, or a kernel on another
+//!   queue), then `complete_fusion` (with or without barriers) or `cancel_fusion`. The synchronizing operation cancels the fusion
 //!   early if it depends on a listed kernel; if not, and it fails, a fused kernel
 //!   that depends on it fails with it. The kernels' data flow is index-aligned
 //!   (work-item `i` touches element `i` only), so fused results equal unfused ones.
 //!   A fused window fails as a whole if one of its kernels fails, and all its
 //!   kernels' writes are undone; a cancelled one runs unfused, with the batch rules.
 //!   The model also predicts each kernel's event (the fusion's, or its own after an
-//!   early cancellation by a host access) and the fusion's outcome.
+//!   early cancellation by a host access) and the fusion's outcome. A window on the
+//!   faulty device is completed with no synchronizing operation: its fused kernel is
+//!   one launch there, which a fault fails as a whole. (Unfused, its kernels would
+//!   reach the driver in an order that depends on their dependencies.)
 //! * **Graph**: a command graph on the CPU or the simulated device, built with `add`
 //!   or recorded from one or two queues (of its device, or one of the other device,
 //!   whose nodes get partitions of their own): kernels, elementwise kernels, fills,
@@ -36,7 +38,8 @@
 //!   dependents inside the replay, and its partition then fails later replays (they
 //!   wait on its event) and eager work through the partition's requirements, the
 //!   union of its nodes'; the grouping of nodes into partitions is the scheduler's
-//!   choice, which the model does not predict.
+//!   choice, which the model does not predict. For the same reason graphs stay off
+//!   the faulty device.
 //! * **Drop**: a buffer is dropped.
 //!
 //! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
@@ -418,8 +421,13 @@ impl Model {
             // listed after it depends on it.
             let mut p = Poison::new(n);
             let sync_failed = sync.map(|s| self.run(&mut p, s));
-            let fails = w.kernels.iter().any(|k| matches!(k, Op::FailingKernel { .. }))
-                || w.kernels[pos..].iter().any(|k| p.hits(k));
+            let poisoned = w.kernels[pos..].iter().any(|k| p.hits(k));
+            let mut fails = poisoned || w.kernels.iter().any(|k| matches!(k, Op::FailingKernel { .. }));
+            // On the faulty device the fused kernel is one launch.
+            if !poisoned && w.queue == FAULTY {
+                fails |= self.faults.contains(&self.launches);
+                self.launches += 1;
+            }
             for k in &w.kernels {
                 if !fails {
                     self.effect(k);
@@ -575,18 +583,25 @@ fn window(live: Vec<usize>) -> impl Strategy<Value = Window> {
         1 => Just(End::Cancel),
     ];
     (
-        0..4usize,
+        0..QUEUES,
         proptest::collection::vec(kernel, 1..5),
         proptest::option::of((0..5usize, sync_op(live))),
         end,
     )
-        .prop_map(|(queue, mut kernels, sync, end)| {
+        .prop_map(|(queue, mut kernels, mut sync, mut end)| {
+            if queue == FAULTY {
+                // Fused, so that the launches are known: one.
+                sync = None;
+                if end == End::Cancel {
+                    end = End::Complete { no_barriers: false };
+                }
+            }
             for k in &mut kernels {
                 k.set_queue(queue);
             }
             let sync = sync.map(|(pos, mut op)| {
                 if op.is_kernel() && op.queue() == Some(queue) {
-                    op.set_queue(queue + 1);
+                    op.set_queue((queue + 1) % QUEUES);
                 }
                 (pos.min(kernels.len()), op)
             });
@@ -747,7 +762,8 @@ impl ReferenceStateMachine for Reference {
                     && ops.iter().filter(|op| op.is_kernel() && op.queue() == Some(FAULTY)).count() <= 1
             }
             Transition::Fusion(w) => {
-                w.queue < FAULTY
+                w.queue < QUEUES
+                    && (w.queue != FAULTY || (w.sync.is_none() && w.end != End::Cancel))
                     && !w.kernels.is_empty()
                     && w.kernels.iter().all(|k| {
                         valid(k)
