@@ -808,7 +808,9 @@ impl ExecutableGraph {
         let mut st = self.inner.state.lock();
         let (plan, params) = (st.plan.clone(), st.params.clone());
         let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::new();
-        let prev = st.last.clone();
+        // Submissions of one graph run one after another. The edge orders; it must not
+        // poison: a finished (even failed) previous submission is no dependency.
+        let prev = st.last.clone().filter(|e| !e.status().is_final());
         let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
         for part in &plan.partitions {
             let name = part.name.clone();

@@ -563,6 +563,42 @@ fn a_failing_node_fails_the_execution_and_its_dependents_only() {
     assert_eq!(a.to_vec().unwrap(), vec![4; 8]);
 }
 
+/// A failed replay fails only itself: the next submission of the same graph, made
+/// after it finished, runs (the edge between submissions orders, it does not poison).
+#[test]
+fn a_failed_replay_does_not_fail_later_replays() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let rt = manual();
+    let buf = rt.buffer(&[1u32; 8]);
+    let fail = Arc::new(AtomicBool::new(true));
+    let graph = rt.graph();
+    let armed = fail.clone();
+    graph
+        .add(
+            |cg| {
+                let x = cg.elements_mut(&buf);
+                cg.parallel_for(8, move |it| {
+                    *x.elem(it) *= 3;
+                    if armed.load(Ordering::Relaxed) && it.global_linear_id() == 7 {
+                        panic!("first replay fails");
+                    }
+                });
+            },
+            &[],
+        )
+        .unwrap();
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    let q = rt.queue();
+    assert!(q.submit_graph(&exec).unwrap().wait().is_err());
+    assert_eq!(buf.to_vec().unwrap(), vec![1; 8], "restored");
+    fail.store(false, Ordering::Relaxed);
+    for round in 1..=2 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![3u32.pow(round); 8]);
+    }
+}
+
 #[test]
 fn typed_errors_for_misuse() {
     let rt = manual();

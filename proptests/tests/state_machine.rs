@@ -35,11 +35,11 @@
 //!   reads a dynamic parameter, swapped between replays to another live buffer of
 //!   its length or to a new one (which the model then keeps). The model is that many
 //!   serial executions. Graphs hold no failing kernels: a failed node fails its
-//!   dependents inside the replay, and its partition then fails later replays (they
-//!   wait on its event) and eager work through the partition's requirements, the
-//!   union of its nodes'; the grouping of nodes into partitions is the scheduler's
-//!   choice, which the model does not predict. For the same reason graphs stay off
-//!   the faulty device.
+//!   dependents inside the replay, but its partition's event fails as a whole, so
+//!   replays and eager work that were waiting on the partition through its
+//!   requirements (the union of its nodes') fail too; the grouping of nodes into
+//!   partitions is the scheduler's choice, which the model does not predict. For the
+//!   same reason graphs stay off the faulty device.
 //! * **Drop**: a buffer is dropped.
 //!
 //! Runs in manual mode, where all of this is deterministic. Shrinking gives a minimal
@@ -1140,7 +1140,7 @@ impl StateMachineTest for Gantry {
 }
 
 fn cases() -> u32 {
-    std::env::var("GANTRY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+    std::env::var("GANTRY_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1024)
 }
 
 prop_state_machine! {
