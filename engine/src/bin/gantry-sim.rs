@@ -576,12 +576,12 @@ fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: 
     out += &format!("commands: {} ({}), failed {}\n", timeline.slices.len(), counts.join(", "), stats.failed);
     out += &format!("makespan: {:.3} us (virtual)\n", makespan as f64 / 1e3);
     let percent = |busy: u64| if makespan > 0 { 100.0 * busy as f64 / makespan as f64 } else { 0.0 };
-    let mut devices: Vec<(&str, u32)> =
-        machine.devices.iter().map(|d| (d.name.as_str(), d.cost.compute_engines)).collect();
+    let mut devices: Vec<(&str, u32, &str)> =
+        machine.devices.iter().map(|d| (d.name.as_str(), d.cost.compute_engines, "compute engine")).collect();
     if let Some(h) = &machine.host {
-        devices.push(("host pool", h.threads.max(1)));
+        devices.push(("host pool", h.threads.max(1), "thread"));
     }
-    for (i, (name, compute_engines)) in devices.into_iter().enumerate() {
+    for (i, (name, compute_engines, unit)) in devices.into_iter().enumerate() {
         let device = i as u32 + 1;
         let mine: Vec<_> = on_devices.iter().filter(|s| s.device == device).collect();
         out += &format!("device {device} {name}: {} commands\n", mine.len());
@@ -594,7 +594,7 @@ fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: 
                 busy_ns(mine.iter().filter(|s| s.lane == lane).map(|s| (s.start_ns, s.end_ns)).collect());
             let engine = match lane {
                 0 => "no engine (markers, or unlimited engines)".to_owned(),
-                l if l <= compute_engines => format!("compute engine {}", l - 1),
+                l if l <= compute_engines => format!("{unit} {}", l - 1),
                 l => format!("copy engine {}", l - 1 - compute_engines),
             };
             out += &format!("  {engine}: busy {:.3} us ({:.1}%)\n", busy as f64 / 1e3, percent(busy));
