@@ -1,24 +1,25 @@
 //! The runtime: devices, the scheduler's world and schedule, and the thread (or the
 //! caller, in manual mode) that runs it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bevy_ecs::schedule::{IntoScheduleConfigs, Schedule};
 use bevy_ecs::system::ScheduleSystem;
 use bevy_ecs::world::World;
 use bytemuck::Pod;
-use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
     BufferCore, Device, Devices, EventShared, EventStatus, Fusions, GraphPolicy, Inbox, Linearizer, Message,
     QueueCore, SchedulerConfig, Stage, Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
+use gantry_driver::sync::atomic::{AtomicBool, Ordering};
+use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
+use gantry_driver::sync::thread::{self, JoinHandle};
+use gantry_driver::sync::{self, Condvar, Mutex};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
-use parking_lot::{Condvar, Mutex};
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -223,7 +224,7 @@ impl RuntimeBuilder {
             next_id: AtomicU64::new(1),
             devices: infos,
             lost,
-            sent: AtomicU64::new(0),
+            sent: sync::atomic::AtomicU64::new(0),
             idle: Mutex::new(IdleState { ingested: 0, idle: true }),
             idle_cv: Condvar::new(),
             msg_rx,
@@ -237,7 +238,7 @@ impl RuntimeBuilder {
             Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
         let thread = (self.mode == Mode::Threaded).then(|| {
             let s = shared.clone();
-            std::thread::Builder::new()
+            thread::Builder::new()
                 .name("gantry-scheduler".into())
                 .spawn(move || s.scheduler_loop(wake_rx))
                 .expect("failed to start the scheduler thread")
@@ -264,9 +265,9 @@ pub(crate) struct Shared {
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
     /// Per device: set by the scheduler once the device is lost.
-    pub(crate) lost: Vec<Arc<AtomicBool>>,
+    pub(crate) lost: Vec<Arc<std::sync::atomic::AtomicBool>>,
     /// Messages sent to the scheduler.
-    sent: AtomicU64,
+    sent: sync::atomic::AtomicU64,
     /// What the scheduler thread last saw (threaded mode).
     idle: Mutex<IdleState>,
     idle_cv: Condvar,
