@@ -18,7 +18,7 @@ use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
 use gantry_driver::sync::atomic::{AtomicBool, Ordering};
 use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
 use gantry_driver::sync::thread::{self, JoinHandle};
-use gantry_driver::sync::{self, Condvar, Mutex};
+use gantry_driver::sync::{self, safety_net, Condvar, Mutex};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
 
 use crate::buffer::Buffer;
@@ -328,15 +328,23 @@ impl Shared {
         Some(Progress { has_work, idle, ingested })
     }
 
-    /// Blocks until a message or completion arrives, or `timeout` passes.
-    fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Duration) {
+    /// Blocks until a message or completion (or a wake-up) arrives, or `timeout`
+    /// passes; `None` waits for input without a timeout.
+    fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Option<Duration>) {
         let mut sel = Select::new();
         sel.recv(&self.msg_rx);
         sel.recv(&self.done_rx);
         if let Some(w) = wake {
             sel.recv(w);
         }
-        let _ = sel.ready_timeout(timeout);
+        match timeout {
+            Some(t) => {
+                let _ = sel.ready_timeout(t);
+            }
+            None => {
+                sel.ready();
+            }
+        }
     }
 
     /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
@@ -353,9 +361,11 @@ impl Shared {
                 break;
             }
             if !progress.has_work {
-                // Wait for a driver completion or another thread's message; the
-                // timeout re-checks in case another thread flushed our event.
-                self.block_for_input(None, Duration::from_millis(1));
+                // Wait for a driver completion or another thread's message. The
+                // timeout is needed: another thread's flush may finish our event and
+                // consume the input that would have woken us, and nothing else
+                // notifies this wait.
+                self.block_for_input(None, Some(Duration::from_millis(1)));
             }
         }
         Ok(())
@@ -372,7 +382,18 @@ impl Shared {
                 if self.core.lock().is_none() {
                     return Err(Error::RuntimeDropped);
                 }
-                self.idle_cv.wait_for(&mut state, Duration::from_millis(50));
+                // The scheduler thread updates `state` under this lock after every
+                // flush and notifies when idle; once idle it has ingested every
+                // message counted in `target` (they were in its channel). The core
+                // cannot go meanwhile (`wait_idle` borrows the runtime, and its drop
+                // waits here before taking the core), so the timeout is only a
+                // safety net.
+                match safety_net(Duration::from_millis(50)) {
+                    Some(timeout) => {
+                        self.idle_cv.wait_for(&mut state, timeout);
+                    }
+                    None => self.idle_cv.wait(&mut state),
+                }
             }
             return Ok(());
         }
@@ -382,7 +403,8 @@ impl Shared {
                 return Ok(());
             }
             if !progress.has_work {
-                self.block_for_input(None, Duration::from_millis(1));
+                // As in `wait_for`: another thread's flush may take our input.
+                self.block_for_input(None, Some(Duration::from_millis(1)));
             }
         }
     }
@@ -406,7 +428,11 @@ impl Shared {
             if !self.alive.load(Ordering::Acquire) && progress.idle {
                 return;
             }
-            self.block_for_input(Some(&wake), Duration::from_millis(100));
+            // Everything that lets a flush make progress arrives on one of these
+            // channels (user messages, driver completions, the shutdown wake-up), and
+            // the select returns at once for input sent before it started: the
+            // timeout is only a safety net.
+            self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
             while wake.try_recv().is_ok() {}
         }
     }
