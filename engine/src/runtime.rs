@@ -15,7 +15,7 @@ use gantry_components::{
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
-use gantry_driver::sync::atomic::{AtomicBool, Ordering};
+use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
 use gantry_driver::sync::thread::{self, JoinHandle};
 use gantry_driver::sync::{self, safety_net, Condvar, Mutex};
@@ -219,7 +219,7 @@ impl RuntimeBuilder {
             mode: self.mode,
             tx: msg_tx,
             core: Mutex::new(Some(Core { world, schedule: gantry_systems::flush_schedule() })),
-            alive: AtomicBool::new(true),
+            gate: Gate::default(),
             epoch,
             next_id: AtomicU64::new(1),
             devices: infos,
@@ -260,7 +260,8 @@ pub(crate) struct Shared {
     pub(crate) tx: Sender<Message>,
     /// `None` once the runtime has shut down.
     pub(crate) core: Mutex<Option<Core>>,
-    pub(crate) alive: AtomicBool,
+    /// Admits messages until the runtime drops.
+    gate: Gate,
     pub(crate) epoch: Instant,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
@@ -278,6 +279,46 @@ pub(crate) struct Shared {
     pub(crate) fusion_warnings: Arc<std::sync::atomic::AtomicUsize>,
     /// The default fusion compiler, for its cache statistics.
     closure_fusion: Option<Arc<ClosureFusion>>,
+}
+
+/// Admits senders until closed, and counts those between admission and the end of
+/// their send. One word, so that admission and closing are ordered by the atomic
+/// read-modify-writes themselves: a sender either is refused or is counted before
+/// the close, and then [`Gate::wait_for_senders`] waits for its message.
+#[derive(Default)]
+struct Gate(sync::atomic::AtomicU64);
+
+impl Gate {
+    const CLOSED: u64 = 1 << 63;
+
+    /// Admits a sender (call [`Gate::leave`] after the send); false once closed.
+    fn enter(&self) -> bool {
+        if self.0.fetch_add(1, Ordering::Acquire) & Self::CLOSED == 0 {
+            return true;
+        }
+        self.leave();
+        false
+    }
+
+    fn leave(&self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+
+    fn close(&self) {
+        self.0.fetch_or(Self::CLOSED, Ordering::AcqRel);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.load(Ordering::Acquire) & Self::CLOSED != 0
+    }
+
+    /// After [`Gate::close`]: returns once every admitted send has finished. Sends
+    /// do not block (the channels are unbounded), so this waits a few instructions.
+    fn wait_for_senders(&self) {
+        while self.0.load(Ordering::Acquire) != Self::CLOSED {
+            thread::yield_now();
+        }
+    }
 }
 
 /// The scheduler thread's last report: messages ingested, and whether it was idle.
@@ -308,12 +349,15 @@ impl Shared {
 
     /// Sends a message to the scheduler.
     pub(crate) fn send(&self, msg: Message) -> Result<()> {
-        if !self.alive.load(Ordering::Acquire) {
+        if !self.gate.enter() {
             return Err(Error::RuntimeDropped);
         }
-        self.tx.send(msg).map_err(|_| Error::RuntimeDropped)?;
-        self.sent.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        let sent = self.tx.send(msg).map_err(|_| Error::RuntimeDropped);
+        if sent.is_ok() {
+            self.sent.fetch_add(1, Ordering::AcqRel);
+        }
+        self.gate.leave();
+        sent
     }
 
     /// Runs the schedule once. `None` if the runtime has shut down.
@@ -425,7 +469,7 @@ impl Shared {
             if progress.has_work {
                 continue;
             }
-            if !self.alive.load(Ordering::Acquire) && progress.idle {
+            if self.gate.is_closed() && progress.idle {
                 return;
             }
             // Everything that lets a flush make progress arrives on one of these
@@ -645,11 +689,16 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         // Finish what can finish, then refuse new work.
         let _ = self.shared.drive_until_idle();
-        self.shared.alive.store(false, Ordering::Release);
+        self.shared.gate.close();
         let _ = self.shared.wake_tx.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // A send admitted before the close may still be on its way into the channel
+        // (the scheduler thread may have stopped before it arrived): the final flush
+        // below must see it, or its command would neither run nor fail, and a wait
+        // on its event would never return.
+        self.shared.gate.wait_for_senders();
         let mut guard = self.shared.core.lock();
         if let Some(mut core) = guard.take() {
             // Apply anything that raced with shutdown, then fail what can never run.
