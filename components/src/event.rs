@@ -1,10 +1,11 @@
 //! Events: completion state shared between the scheduler and user threads.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
+use gantry_driver::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use gantry_driver::sync::{Condvar, Mutex};
 use gantry_driver::ExecError;
-use parking_lot::{Condvar, Mutex};
 
 use crate::handle::EntitySlot;
 

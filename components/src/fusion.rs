@@ -10,7 +10,7 @@ use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::resource::Resource;
 use gantry_driver::fusion::{FusionCompiler, FusionError, FusionWarning};
-use parking_lot::Mutex;
+use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
 
 use crate::event::EventShared;

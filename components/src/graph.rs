@@ -13,8 +13,8 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::resource::Resource;
 use gantry_driver::fusion::FusionWarning;
+use gantry_driver::sync::Mutex;
 use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostFn, HostStorage};
-use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::command::{CommandKind, Requirement};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
 use bevy_ecs::resource::Resource;
-use crossbeam_channel::Receiver;
+use gantry_driver::sync::channel::Receiver;
 use gantry_driver::{Completion, DeviceInfo, Driver, ExecError, MemSpace};
 
 use crate::command::CommandDesc;

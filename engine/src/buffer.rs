@@ -205,7 +205,7 @@ impl<T: Pod> DerefMut for HostWrite<T> {
 }
 
 /// The shared state of a [`Readback`]: the destination and the copy's event.
-pub(crate) type ReadbackSlot = Arc<parking_lot::Mutex<Option<(Arc<HostStorage>, Arc<EventShared>)>>>;
+pub(crate) type ReadbackSlot = Arc<gantry_driver::sync::Mutex<Option<(Arc<HostStorage>, Arc<EventShared>)>>>;
 
 /// The destination of a buffer-to-host copy: filled when the copy's event completes.
 ///

@@ -46,8 +46,8 @@ use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
     GraphProps, Message, NodeId, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
 };
+use gantry_driver::sync::Mutex;
 use gantry_driver::AccessMode;
-use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::buffer::Buffer;

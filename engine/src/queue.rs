@@ -6,7 +6,7 @@ use gantry_components::{
     warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
     FusionShared, FusionStatus, Message, QueueCore, Work,
 };
-use parking_lot::Mutex;
+use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};

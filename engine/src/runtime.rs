@@ -1,24 +1,25 @@
 //! The runtime: devices, the scheduler's world and schedule, and the thread (or the
 //! caller, in manual mode) that runs it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bevy_ecs::schedule::{IntoScheduleConfigs, Schedule};
 use bevy_ecs::system::ScheduleSystem;
 use bevy_ecs::world::World;
 use bytemuck::Pod;
-use crossbeam_channel::{unbounded, Receiver, Select, Sender};
 use gantry_components::{
     BufferCore, Device, Devices, EventShared, EventStatus, Fusions, GraphPolicy, Inbox, Linearizer, Message,
     QueueCore, SchedulerConfig, Stage, Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
+use gantry_driver::sync::atomic::Ordering;
+use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
+use gantry_driver::sync::thread::{self, JoinHandle};
+use gantry_driver::sync::{self, safety_net, Condvar, Mutex};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
-use parking_lot::{Condvar, Mutex};
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -269,12 +270,12 @@ impl RuntimeBuilder {
             mode: self.mode,
             tx: msg_tx,
             core: Mutex::new(Some(Core { world, schedule: gantry_systems::flush_schedule() })),
-            alive: AtomicBool::new(true),
+            gate: Gate::default(),
             epoch,
             next_id: AtomicU64::new(1),
             devices: infos,
             lost,
-            sent: AtomicU64::new(0),
+            sent: sync::atomic::AtomicU64::new(0),
             idle: Mutex::new(IdleState { ingested: 0, idle: true }),
             idle_cv: Condvar::new(),
             msg_rx,
@@ -288,7 +289,7 @@ impl RuntimeBuilder {
             Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
         let thread = (self.mode == Mode::Threaded).then(|| {
             let s = shared.clone();
-            std::thread::Builder::new()
+            thread::Builder::new()
                 .name("gantry-scheduler".into())
                 .spawn(move || s.scheduler_loop(wake_rx))
                 .expect("failed to start the scheduler thread")
@@ -310,14 +311,15 @@ pub(crate) struct Shared {
     pub(crate) tx: Sender<Message>,
     /// `None` once the runtime has shut down.
     pub(crate) core: Mutex<Option<Core>>,
-    pub(crate) alive: AtomicBool,
+    /// Admits messages until the runtime drops.
+    gate: Gate,
     pub(crate) epoch: Instant,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
     /// Per device: set by the scheduler once the device is lost.
-    pub(crate) lost: Vec<Arc<AtomicBool>>,
+    pub(crate) lost: Vec<Arc<std::sync::atomic::AtomicBool>>,
     /// Messages sent to the scheduler.
-    sent: AtomicU64,
+    sent: sync::atomic::AtomicU64,
     /// What the scheduler thread last saw (threaded mode).
     idle: Mutex<IdleState>,
     idle_cv: Condvar,
@@ -328,6 +330,46 @@ pub(crate) struct Shared {
     pub(crate) fusion_warnings: Arc<std::sync::atomic::AtomicUsize>,
     /// The default fusion compiler, for its cache statistics.
     closure_fusion: Option<Arc<ClosureFusion>>,
+}
+
+/// Admits senders until closed, and counts those between admission and the end of
+/// their send. One word, so that admission and closing are ordered by the atomic
+/// read-modify-writes themselves: a sender either is refused or is counted before
+/// the close, and then [`Gate::wait_for_senders`] waits for its message.
+#[derive(Default)]
+struct Gate(sync::atomic::AtomicU64);
+
+impl Gate {
+    const CLOSED: u64 = 1 << 63;
+
+    /// Admits a sender (call [`Gate::leave`] after the send); false once closed.
+    fn enter(&self) -> bool {
+        if self.0.fetch_add(1, Ordering::Acquire) & Self::CLOSED == 0 {
+            return true;
+        }
+        self.leave();
+        false
+    }
+
+    fn leave(&self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+
+    fn close(&self) {
+        self.0.fetch_or(Self::CLOSED, Ordering::AcqRel);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.load(Ordering::Acquire) & Self::CLOSED != 0
+    }
+
+    /// After [`Gate::close`]: returns once every admitted send has finished. Sends
+    /// do not block (the channels are unbounded), so this waits a few instructions.
+    fn wait_for_senders(&self) {
+        while self.0.load(Ordering::Acquire) != Self::CLOSED {
+            thread::yield_now();
+        }
+    }
 }
 
 /// The scheduler thread's last report: messages ingested, and whether it was idle.
@@ -368,12 +410,15 @@ impl Shared {
 
     /// Sends a message to the scheduler.
     pub(crate) fn send(&self, msg: Message) -> Result<()> {
-        if !self.alive.load(Ordering::Acquire) {
+        if !self.gate.enter() {
             return Err(Error::RuntimeDropped);
         }
-        self.tx.send(msg).map_err(|_| Error::RuntimeDropped)?;
-        self.sent.fetch_add(1, Ordering::AcqRel);
-        Ok(())
+        let sent = self.tx.send(msg).map_err(|_| Error::RuntimeDropped);
+        if sent.is_ok() {
+            self.sent.fetch_add(1, Ordering::AcqRel);
+        }
+        self.gate.leave();
+        sent
     }
 
     /// Runs the schedule once. `None` if the runtime has shut down.
@@ -388,15 +433,23 @@ impl Shared {
         Some(Progress { has_work, idle, ingested })
     }
 
-    /// Blocks until a message or completion arrives, or `timeout` passes.
-    fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Duration) {
+    /// Blocks until a message or completion (or a wake-up) arrives, or `timeout`
+    /// passes; `None` waits for input without a timeout.
+    fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Option<Duration>) {
         let mut sel = Select::new();
         sel.recv(&self.msg_rx);
         sel.recv(&self.done_rx);
         if let Some(w) = wake {
             sel.recv(w);
         }
-        let _ = sel.ready_timeout(timeout);
+        match timeout {
+            Some(t) => {
+                let _ = sel.ready_timeout(t);
+            }
+            None => {
+                sel.ready();
+            }
+        }
     }
 
     /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
@@ -413,9 +466,11 @@ impl Shared {
                 break;
             }
             if !progress.has_work {
-                // Wait for a driver completion or another thread's message; the
-                // timeout re-checks in case another thread flushed our event.
-                self.block_for_input(None, Duration::from_millis(1));
+                // Wait for a driver completion or another thread's message. The
+                // timeout is needed: another thread's flush may finish our event and
+                // consume the input that would have woken us, and nothing else
+                // notifies this wait.
+                self.block_for_input(None, Some(Duration::from_millis(1)));
             }
         }
         Ok(())
@@ -432,7 +487,18 @@ impl Shared {
                 if self.core.lock().is_none() {
                     return Err(Error::RuntimeDropped);
                 }
-                self.idle_cv.wait_for(&mut state, Duration::from_millis(50));
+                // The scheduler thread updates `state` under this lock after every
+                // flush and notifies when idle; once idle it has ingested every
+                // message counted in `target` (they were in its channel). The core
+                // cannot go meanwhile (`wait_idle` borrows the runtime, and its drop
+                // waits here before taking the core), so the timeout is only a
+                // safety net.
+                match safety_net(Duration::from_millis(50)) {
+                    Some(timeout) => {
+                        self.idle_cv.wait_for(&mut state, timeout);
+                    }
+                    None => self.idle_cv.wait(&mut state),
+                }
             }
             return Ok(());
         }
@@ -442,7 +508,8 @@ impl Shared {
                 return Ok(());
             }
             if !progress.has_work {
-                self.block_for_input(None, Duration::from_millis(1));
+                // As in `wait_for`: another thread's flush may take our input.
+                self.block_for_input(None, Some(Duration::from_millis(1)));
             }
         }
     }
@@ -463,10 +530,14 @@ impl Shared {
             if progress.has_work {
                 continue;
             }
-            if !self.alive.load(Ordering::Acquire) && progress.idle {
+            if self.gate.is_closed() && progress.idle {
                 return;
             }
-            self.block_for_input(Some(&wake), Duration::from_millis(100));
+            // Everything that lets a flush make progress arrives on one of these
+            // channels (user messages, driver completions, the shutdown wake-up), and
+            // the select returns at once for input sent before it started: the
+            // timeout is only a safety net.
+            self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
             while wake.try_recv().is_ok() {}
         }
     }
@@ -679,11 +750,16 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         // Finish what can finish, then refuse new work.
         let _ = self.shared.drive_until_idle();
-        self.shared.alive.store(false, Ordering::Release);
+        self.shared.gate.close();
         let _ = self.shared.wake_tx.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // A send admitted before the close may still be on its way into the channel
+        // (the scheduler thread may have stopped before it arrived): the final flush
+        // below must see it, or its command would neither run nor fail, and a wait
+        // on its event would never return.
+        self.shared.gate.wait_for_senders();
         let mut guard = self.shared.core.lock();
         if let Some(mut core) = guard.take() {
             // Apply anything that raced with shutdown, then fail what can never run.

@@ -6,16 +6,16 @@ use std::time::Instant;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
-use crossbeam_channel::{unbounded, Sender};
 use gantry_components::{
     BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Message,
     QueueCore, Requirement, SchedulerConfig, Work,
 };
+use gantry_driver::sync::channel::{unbounded, Sender};
+use gantry_driver::sync::Mutex;
 use gantry_driver::{
     Accepted, AccessMode, AllocId, Capabilities, Completion, DeviceInfo, DeviceKind, Driver, ExecError,
     HostStorage, MemSpace, OpId, Submission,
 };
-use parking_lot::Mutex;
 
 /// A driver that records submissions and completes them only when told to.
 pub struct Scripted {

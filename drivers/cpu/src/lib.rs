@@ -19,13 +19,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use gantry_driver::sync::Mutex;
 use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
     DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
     MemSlice, OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, Submission, SyncPoint,
 };
-use parking_lot::Mutex;
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
@@ -96,6 +96,10 @@ enum Started {
 }
 
 fn pool(threads: usize, name: &'static str) -> Option<rayon::ThreadPool> {
+    // Under shuttle (`--cfg shuttle`, see `gantry_driver::sync`) every thread must be
+    // one of shuttle's, and rayon's are not: the driver runs everything inline, which
+    // it may always do.
+    let threads = if cfg!(shuttle) { 0 } else { threads };
     (threads > 0).then(|| {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -612,13 +616,13 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::unbounded;
+    use gantry_driver::sync::channel::unbounded;
     use gantry_driver::{
         phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, Range, ReadWrite,
     };
     use std::time::Instant;
 
-    fn driver(workers: usize) -> (CpuDriver, crossbeam_channel::Receiver<Completion>) {
+    fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {
         let (tx, rx) = unbounded();
         let d = CpuDriver::new(
             CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64 },

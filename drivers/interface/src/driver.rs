@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
+use crate::sync::channel::Sender;
 
 use crate::command_buffer::{CommandBufferBuilder, CommandBufferDesc};
 use crate::error::ExecError;

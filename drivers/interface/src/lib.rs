@@ -11,7 +11,9 @@
 //! * [`op`]: the [`DeviceOp`]s a driver runs and the [`Completion`]s it reports;
 //! * [`driver`]: the [`Driver`] trait itself;
 //! * [`command_buffer`]: command buffers recorded once and replayed (command graphs);
-//! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler.
+//! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler;
+//! * [`sync`]: the locks, channels, atomics and threads every crate synchronizes
+//!   with (swapped for `shuttle`'s under `--cfg shuttle`).
 //!
 //! Backends live beside this crate (`gantry-cpu`, `gantry-sim`). The scheduler reaches
 //! them only through [`Driver`].
@@ -28,6 +30,7 @@ pub mod kernel;
 pub mod memory;
 pub mod op;
 pub mod range;
+pub mod sync;
 
 pub use access::{
     AccessMode, Accessor, BufferSlot, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode,

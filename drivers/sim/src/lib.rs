@@ -57,13 +57,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use gantry_driver::sync::Mutex;
 use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
     DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef, MemSlice,
     OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, Snapshot, Submission,
 };
-use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 /// Configuration of the simulated device.
@@ -1038,7 +1038,7 @@ impl Driver for SimDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::{unbounded, Receiver};
+    use gantry_driver::sync::channel::{unbounded, Receiver};
     use gantry_driver::{
         phase, AccessMode, Accessor, ClosureKernel, CommandBuffer, Geometry, HostTask, KernelLaunch, MemArg,
         OpHandle, PlannedOp, Range, ReadWrite, Scratch, SyncPoint,
