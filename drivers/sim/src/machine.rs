@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use gantry_driver::sync::Mutex;
 use gantry_driver::{AllocId, DriverContext, HostStorage};
-use parking_lot::Mutex;
 
 use crate::{SimConfig, SimDriver};
 
@@ -75,7 +75,7 @@ pub(crate) struct Allocation {
 /// ```
 /// use std::sync::Arc;
 /// use gantry_sim::{MachineConfig, SimConfig, SimMachine};
-/// let (tx, _rx) = crossbeam_channel::unbounded();
+/// let (tx, _rx) = gantry_driver::sync::channel::unbounded();
 /// let ctx = gantry_driver::DriverContext { completions: tx, epoch: std::time::Instant::now() };
 /// let machine = SimMachine::new(MachineConfig { peer_bytes_per_ns: 25.0, host: None });
 /// let gpu0 = machine.device(SimConfig { name: "gpu0".into(), ..Default::default() }, ctx.clone());
@@ -83,7 +83,7 @@ pub(crate) struct Allocation {
 /// use gantry_driver::Driver;
 /// assert_eq!(gpu0.info().caps.peer_group, gpu1.info().caps.peer_group);
 /// assert!(machine.host_pool(gantry_driver::DriverContext {
-///     completions: crossbeam_channel::unbounded().0,
+///     completions: gantry_driver::sync::channel::unbounded().0,
 ///     epoch: std::time::Instant::now(),
 /// }).is_none());
 /// ```
