@@ -1,5 +1,6 @@
 //! The scheduler's resources: inboxes, devices, work lists, configuration, counters.
 
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -71,15 +72,16 @@ impl Device {
 pub struct Devices(pub Vec<Device>);
 
 impl Devices {
-    /// The virtual time now on `device`, 0 on a real-time device: the earliest a
+    /// The virtual time now on each device, 0 on real-time ones: the earliest a
     /// command created now may start there.
-    pub fn virtual_now_ns(&self, device: DeviceId) -> u64 {
-        let d = &self.0[device as usize];
-        if d.info.caps.virtual_time {
-            d.driver.virtual_now_ns()
-        } else {
-            0
-        }
+    pub fn virtual_now_ns(&self) -> SmallVec<[u64; 4]> {
+        self.0.iter().map(|d| if d.info.caps.virtual_time { d.driver.virtual_now_ns() } else { 0 }).collect()
+    }
+
+    /// Which devices run on a virtual clock; `None` when none does.
+    pub fn virtual_time(&self) -> Option<SmallVec<[bool; 4]>> {
+        let flags: SmallVec<[bool; 4]> = self.0.iter().map(|d| d.info.caps.virtual_time).collect();
+        flags.contains(&true).then_some(flags)
     }
 }
 

@@ -23,6 +23,9 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     let first_seq = world.resource::<Stats>().submitted;
     let mut new_commands = Vec::new();
     let mut messages = 0u64;
+    // Virtual clocks only move when drivers poll (the retire stage), so one reading
+    // serves every command of this pass.
+    let mut clocks: Option<SmallVec<[u64; 4]>> = None;
     while let Ok(msg) = rx.try_recv() {
         messages += 1;
         match msg {
@@ -34,6 +37,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     Some(_) => desc.requirements.iter().map(|r| r.buffer.id).collect(),
                     None => SmallVec::new(),
                 };
+                let clocks = clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
                 let bundle = (
                     Command {
                         kind: desc.kind,
@@ -50,7 +54,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                         handle: None,
                         event: event.clone(),
                         waits: desc.waits,
-                        not_before_ns: world.resource::<Devices>().virtual_now_ns(desc.device),
+                        not_before_ns: clocks[desc.device as usize],
                     },
                 );
                 let e = match list {

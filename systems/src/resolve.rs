@@ -373,7 +373,7 @@ fn insert_move(
     let name: Arc<str> = format!("move buffer {} {:?}->{:?}", buffer.id, from, to).into();
     let config = world.resource::<SchedulerConfig>();
     let event = Arc::new(EventShared::new(name.clone(), 0, config.now_ns()));
-    let not_before_ns = world.resource::<Devices>().virtual_now_ns(device);
+    let not_before_ns = world.resource::<Devices>().virtual_now_ns()[device as usize];
     let mut src_req = Requirement::new(buffer.clone(), AccessMode::Read, whole);
     (src_req.space, src_req.alloc) = (from, src.alloc);
     let mut dst_req = Requirement::new(buffer, AccessMode::DiscardWrite, whole);

@@ -35,8 +35,9 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
     }));
     world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
     let mut timeline = world.remove_resource::<Timeline>();
+    let virtual_time = world.resource::<Devices>().virtual_time();
     for f in finished {
-        finish(world, q, f, &mut timeline);
+        finish(world, q, f, &mut timeline, virtual_time.as_deref());
     }
     if let Some(t) = timeline {
         world.insert_resource(t);
@@ -61,7 +62,15 @@ pub(crate) fn unblock(world: &mut World, q: &mut Queries, e: Entity) {
 }
 
 /// Completes one command and despawns it; failures poison its dependents.
-fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option<Timeline>) {
+/// `virtual_time`: which devices run on a virtual clock (`None`: none does, and no
+/// virtual time needs handing on).
+fn finish(
+    world: &mut World,
+    q: &mut Queries,
+    f: Finished,
+    timeline: &mut Option<Timeline>,
+    virtual_time: Option<&[bool]>,
+) {
     let Some(name) = world_name(world, q, f.cmd) else {
         return;
     };
@@ -71,7 +80,7 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
         let device = q.command(world, f.cmd).expect("command").device;
         device_lost(world, q, device);
     }
-    let virtual_end = virtual_end(world, q, &f);
+    let virtual_end = virtual_time.map_or(0, |v| virtual_end(world, q, &f, v));
     let mut undos = Vec::new();
     let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos) else {
         return;
@@ -114,11 +123,11 @@ fn finish(world: &mut World, q: &mut Queries, f: Finished, timeline: &mut Option
 /// When a finished command ended in virtual time, for its dependents' `not_before_ns`:
 /// its end on a device with a virtual clock; on a real-time device (the CPU, host
 /// accesses), what its own dependencies handed it, so virtual time flows through.
-fn virtual_end(world: &World, q: &mut Queries, f: &Finished) -> u64 {
+fn virtual_end(world: &World, q: &mut Queries, f: &Finished, virtual_time: &[bool]) -> u64 {
     let Some(device) = q.command(world, f.cmd).map(|c| c.device) else {
         return 0;
     };
-    if world.resource::<Devices>().0[device as usize].info.caps.virtual_time {
+    if virtual_time[device as usize] {
         f.ended_ns
     } else {
         q.execution(world, f.cmd).map_or(0, |x| x.not_before_ns)
