@@ -490,9 +490,20 @@ impl SimDriver {
 
     /// Resolves a slice to a bounds-checked region. Host memory is accepted only when
     /// `host` is `None`; otherwise it is refused as unsupported `host`. Device memory
-    /// must be this device's, or a peer's when `peer` (the source of a copy over a
-    /// device-to-device link); the host pool has none.
-    fn resolve(&self, slice: &MemSlice, host: Option<&'static str>, peer: bool) -> Result<Region, ExecError> {
+    /// must be this device's; the host pool has none.
+    fn resolve(&self, slice: &MemSlice, host: Option<&'static str>) -> Result<Region, ExecError> {
+        self.locate(slice, host, false).map(|(region, _)| region)
+    }
+
+    /// [`SimDriver::resolve`], where device memory may also be a peer's when `peer`
+    /// (the source of a copy over a device-to-device link); says whether it was.
+    fn locate(
+        &self,
+        slice: &MemSlice,
+        host: Option<&'static str>,
+        peer: bool,
+    ) -> Result<(Region, bool), ExecError> {
+        let mut from_peer = false;
         let storage = match &slice.mem {
             MemRef::Host(storage) => match host {
                 None => storage.clone(),
@@ -503,8 +514,8 @@ impl SimDriver {
                 let memory = self.machine.memory.lock();
                 let unknown = || self.driver_error(format!("unknown allocation {}", id.0));
                 let a = memory.get(id).ok_or_else(unknown)?;
-                let reachable = a.owner == self.instance || (peer && self.info.caps.peer_group != 0);
-                if !reachable {
+                from_peer = a.owner != self.instance;
+                if from_peer && !(peer && self.info.caps.peer_group != 0) {
                     return Err(unknown());
                 }
                 a.storage.clone()
@@ -518,7 +529,7 @@ impl SimDriver {
                 storage.len()
             )));
         }
-        Ok(Region { storage, offset: slice.offset, len: slice.len })
+        Ok((Region { storage, offset: slice.offset, len: slice.len }, from_peer))
     }
 
     /// The engine class an operation occupies and its virtual work time.
@@ -624,7 +635,7 @@ impl SimDriver {
         let entries: Vec<(Region, bool)> = launch
             .args
             .iter()
-            .map(|a| Ok((self.resolve(&a.mem, None, false)?, matches!(a.mem.mem, MemRef::Host(_)))))
+            .map(|a| Ok((self.resolve(&a.mem, None)?, matches!(a.mem.mem, MemRef::Host(_)))))
             .collect::<Result<_, ExecError>>()?;
         let mut steps = Vec::with_capacity(plan.ops.len());
         for (i, planned) in plan.ops.iter().enumerate() {
@@ -715,20 +726,24 @@ impl SimDriver {
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
                     );
                 }
-                let link = match (&src.mem, &dst.mem) {
-                    _ if self.host_pool => Link::Local,
-                    (MemRef::Host(_), _) | (_, MemRef::Host(_)) => Link::Host,
-                    (MemRef::Device(id), _) if !self.owns(*id) => Link::Peer,
-                    _ => Link::Local,
+                let over_host_link = matches!(src.mem, MemRef::Host(_)) || matches!(dst.mem, MemRef::Host(_));
+                let (src, from_peer) = self.locate(&src, None, true)?;
+                let dst = self.resolve(&dst, None)?;
+                let link = if self.host_pool {
+                    Link::Local
+                } else if over_host_link {
+                    Link::Host
+                } else if from_peer {
+                    Link::Peer
+                } else {
+                    Link::Local
                 };
-                let src = self.resolve(&src, None, link == Link::Peer)?;
-                let dst = self.resolve(&dst, None, false)?;
                 Ok(Work::Copy { src, dst, link })
             }
             DeviceOp::Fill { dst, pattern } => {
                 self.check_fill(dst.len, &pattern)?;
                 let host = (!self.host_pool).then_some("fills of host memory");
-                let dst = self.resolve(&dst, host, false)?;
+                let dst = self.resolve(&dst, host)?;
                 Ok(Work::Fill { dst, pattern })
             }
             DeviceOp::Kernel(_) if self.host_pool => Err(self.unsupported("kernels")),
@@ -739,7 +754,7 @@ impl SimDriver {
                 let regions = launch
                     .args
                     .iter()
-                    .map(|a| self.resolve(&a.mem, Some("kernel arguments in host memory"), false))
+                    .map(|a| self.resolve(&a.mem, Some("kernel arguments in host memory")))
                     .collect::<Result<_, _>>()?;
                 let modes = launch.args.iter().map(|a| a.mode).collect();
                 Ok(Work::Kernel(Box::new(KernelWork {
@@ -752,7 +767,7 @@ impl SimDriver {
             DeviceOp::CommandBuffer(launch) => self.prepare_plan(state, launch),
             DeviceOp::HostTask(task) if self.host_pool => {
                 let regions =
-                    task.args.iter().map(|a| self.resolve(&a.mem, None, false)).collect::<Result<_, _>>()?;
+                    task.args.iter().map(|a| self.resolve(&a.mem, None)).collect::<Result<_, _>>()?;
                 let default_ns = self.machine.config.host.as_ref().map_or(0, |h| h.task_ns);
                 let ns = task.cost_ns.map_or(default_ns, |c| c.max(0.0).ceil() as u64);
                 Ok(Work::Host(Box::new(HostWork {
@@ -766,11 +781,6 @@ impl SimDriver {
             }
             DeviceOp::HostTask(_) => Err(self.unsupported("host tasks")),
         }
-    }
-
-    /// Whether `id` is one of this device's allocations.
-    fn owns(&self, id: AllocId) -> bool {
-        self.machine.memory.lock().get(&id).is_some_and(|a| a.owner == self.instance)
     }
 
     /// Runs one operation on the calling thread.
@@ -1336,6 +1346,42 @@ mod tests {
         assert!(matches!(r, Err(ExecError::Unsupported { what: "host tasks", .. })));
         d.poll();
         assert!(drain(&rx).is_empty(), "a refused submission never completes");
+    }
+
+    /// Devices of one machine share an allocation table, but a device reaches another's
+    /// memory only as the source of a copy, and only over a peer link.
+    #[test]
+    fn peer_memory_is_reachable_only_by_copies_over_a_link() {
+        for peer_bytes_per_ns in [0.0, 8.0] {
+            let (tx, rx) = unbounded();
+            let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+            let machine = SimMachine::new(MachineConfig { peer_bytes_per_ns, host: None });
+            let a = machine.device(SimConfig { latency_ns: 10, ..Default::default() }, ctx.clone());
+            let b = machine.device(SimConfig { latency_ns: 10, ..Default::default() }, ctx);
+            let (src, dst) = (a.alloc(64).unwrap(), b.alloc(64).unwrap());
+            let input = host_u32(&[7; 16]);
+            submit(&a, 0, copy(host(&input, 0, 64), dev(src, 0, 64)), &[]);
+            a.poll();
+            submit(&b, 1, copy(dev(src, 0, 64), dev(dst, 0, 64)), &[]);
+            submit(&b, 2, add(16, dev(src, 0, 64), 1), &[]);
+            b.poll();
+            let done = drain(&rx);
+            assert!(done[0].result.is_ok());
+            let by_id = |id| done.iter().find(|c| c.op.0 == id).unwrap();
+            let unknown = |c: &Completion| matches!(&c.result, Err(ExecError::Driver { message, .. }) if message.contains("unknown allocation"));
+            assert!(unknown(by_id(2)), "kernels never bind a peer's memory: {:?}", by_id(2));
+            if peer_bytes_per_ns > 0.0 {
+                let c = by_id(1);
+                assert!(c.result.is_ok(), "{c:?}");
+                assert_eq!(c.ended_ns - c.started_ns, 10 + 8, "64 bytes at 8 B/ns, plus latency");
+                let out = Arc::new(HostStorage::zeroed(64));
+                submit(&b, 3, copy(dev(dst, 0, 64), host(&out, 0, 64)), &[]);
+                b.poll();
+                assert_eq!(read_u32(&out), [7; 16]);
+            } else {
+                assert!(unknown(by_id(1)), "no link: {:?}", by_id(1));
+            }
+        }
     }
 
     /// Wait-lists must name this driver's operations.
