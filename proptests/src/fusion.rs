@@ -605,7 +605,6 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
         .map(|&(k, w)| (FKind::Base(k), if k == Kind::Kernel { 10 } else { w }))
         .collect();
     kinds.extend([(FKind::Start, 3), (FKind::End, 4)]);
-    let total: u32 = kinds.iter().map(|&(_, w)| w as u32).sum();
     // Everything but the scratch buffer, for ops outside its windows.
     let mut live =
         Live { specs: &buffers, live: (0..buffers.len()).filter(|&b| Some(b) != scratch).collect() };
@@ -647,15 +646,7 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
             }
             continue;
         }
-        let mut pick = r.kind as u32 % total;
-        let mut kind = kinds[0].0;
-        for &(k, w) in &kinds {
-            if pick < w as u32 {
-                kind = k;
-                break;
-            }
-            pick -= w as u32;
-        }
+        let kind = pick(&kinds, r.kind);
         let op = match kind {
             FKind::Start => {
                 let (queue, dev) = (r.queue as usize % nq, dev_of(r));

@@ -573,18 +573,6 @@ const BODY_KINDS: [(BodyKind, u8); 7] = [
     (BodyKind::Eager, 2),
 ];
 
-fn pick<K: Copy>(kinds: &[(K, u8)], raw: u8) -> K {
-    let total: u32 = kinds.iter().map(|&(_, w)| w as u32).sum();
-    let mut pick = raw as u32 % total;
-    for &(k, w) in kinds {
-        if pick < w as u32 {
-            return k;
-        }
-        pick -= w as u32;
-    }
-    kinds[0].0
-}
-
 fn kernel_cmd(r: &RawOp, live: &Live<'_>) -> Cmd {
     let (reads, writes) = accessors(r, live, r.counts as usize % 3, 1 + (r.counts as usize / 3) % 2);
     let launch = match r.aux % 5 {

@@ -759,6 +759,19 @@ fn copy(raw: &RawOp, live: &Live<'_>) -> Option<Cmd> {
     })
 }
 
+/// The kind a raw byte picks from `kinds`, each as likely as its weight.
+pub(crate) fn pick<K: Copy>(kinds: &[(K, u8)], raw: u8) -> K {
+    let total: u32 = kinds.iter().map(|&(_, w)| w as u32).sum();
+    let mut pick = raw as u32 % total;
+    for &(k, w) in kinds {
+        if pick < w as u32 {
+            return k;
+        }
+        pick -= w as u32;
+    }
+    kinds[0].0
+}
+
 /// The buffers of a raw program: at most `MAX_BUFFERS`, 1 to `MAX_LEN` elements each,
 /// at least one.
 pub(crate) fn decode_buffers(raw: &[(u8, u32)]) -> Vec<BufferSpec> {
@@ -784,19 +797,10 @@ impl Program {
         }
         let kinds: Vec<(Kind, u8)> = KINDS.iter().copied().filter(|(k, _)| k.allowed(opts)).collect();
         let mut live = Live { specs: &buffers, live: (0..buffers.len()).collect() };
-        let total: u32 = kinds.iter().map(|&(_, w)| w as u32).sum();
         let mut ops = Vec::new();
         let mut submits: Vec<usize> = Vec::new();
         for r in &raw.ops {
-            let mut pick = r.kind as u32 % total;
-            let mut kind = kinds[0].0;
-            for &(k, w) in &kinds {
-                if pick < w as u32 {
-                    kind = k;
-                    break;
-                }
-                pick -= w as u32;
-            }
+            let kind = pick(&kinds, r.kind);
             let nq = queues.len();
             let cmd = match kind {
                 Kind::Kernel => {
