@@ -36,7 +36,7 @@ use gantry::components::WorkLists;
 use gantry::ecs::prelude::ResMut;
 use gantry::{
     BreadthFirst, Buffer, CostModel, ExecutableGraph, FusionProps, GraphProps, HostPoolConfig, MachineConfig,
-    Mode, Queue, QueueOptions, ReverseDfs, Runtime, SimConfig, Stage,
+    Mode, Queue, QueueOptions, Runtime, SimConfig, Stage,
 };
 use serde::Deserialize;
 
@@ -473,8 +473,6 @@ fn build(machine: &Machine, opts: &Options) -> Runtime {
     builder = builder.sim_machine(MachineConfig { peer_bytes_per_ns: machine.peer_bytes_per_ns, host });
     if opts.breadth_first {
         builder = builder.linearizer(std::sync::Arc::new(BreadthFirst));
-    } else {
-        builder = builder.linearizer(std::sync::Arc::new(ReverseDfs));
     }
     let rt = builder.build();
     if opts.lifo {
