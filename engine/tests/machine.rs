@@ -265,3 +265,48 @@ fn machine_timelines_are_deterministic() {
     assert!(first.1.iter().any(|s| s.1 == 3), "host tasks ran on the pool");
     assert_eq!(first, run());
 }
+
+/// A host task recorded into a command graph from a host-pool queue replays on the
+/// pool, in virtual time, at its declared duration, after the kernel it reads.
+#[test]
+fn graph_host_tasks_replay_on_the_pool() {
+    let host = HostPoolConfig { threads: 1, task_ns: 1_000, latency_ns: 0, memory_bytes_per_ns: 0.0 };
+    let rt = Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .host_threads(0)
+        .sim(gpu("gpu0"))
+        .sim_machine(MachineConfig { peer_bytes_per_ns: 0.0, host: Some(host) })
+        .timeline(true)
+        .build();
+    let (gpu, pool) = (queue(&rt, 1), queue(&rt, 2));
+    let data = rt.buffer(&[1u32; 16]);
+    let total = rt.buffer_zeroed::<u32>(1);
+    let graph = rt.graph_on(1);
+    graph.begin_recording(&gpu).unwrap();
+    graph.begin_recording(&pool).unwrap();
+    scale(&gpu, &data, &data, 16, 0);
+    pool.submit(|cg| {
+        cg.item_cost_ns(3_000.0);
+        let d = cg.host_read(&data);
+        let mut t = cg.host_read_write(&total);
+        cg.host_task(move |ctx| t.as_mut_slice(ctx)[0] += d.as_slice(ctx).iter().sum::<u32>());
+    })
+    .unwrap();
+    graph.end_recording(&gpu).unwrap();
+    graph.end_recording(&pool).unwrap();
+    let exec = graph.finalize(gantry::GraphProps::default()).unwrap();
+    for _ in 0..2 {
+        gpu.submit_graph(&exec).unwrap().wait().unwrap();
+    }
+    assert_eq!(total.to_vec().unwrap(), vec![16 * 2 + 16 * 4]);
+    let t = rt.timeline().unwrap();
+    let tasks: Vec<_> = t.slices.iter().filter(|s| s.kind.name() == "host_task").collect();
+    assert_eq!(tasks.len(), 2);
+    for task in &tasks {
+        assert_eq!((task.device, task.end_ns - task.start_ns), (2, 3_001), "{task:?}");
+    }
+    let kernels: Vec<_> =
+        t.slices.iter().filter(|s| s.device == 1 && s.kind.name() == "command_buffer").collect();
+    assert!(tasks.iter().zip(&kernels).all(|(h, k)| h.start_ns > k.end_ns), "{tasks:?} {kernels:?}");
+}
