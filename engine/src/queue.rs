@@ -220,7 +220,8 @@ impl Queue {
     }
 
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {
-        self.handle.fusion.lock().clone().filter(|f| f.status() == FusionStatus::Active)
+        // Every kernel submit asks: clone the handle only when the fusion is active.
+        self.handle.fusion.lock().as_ref().filter(|f| f.status() == FusionStatus::Active).cloned()
     }
 
     /// Puts the queue in fusion mode (seed 000): kernels submitted from now on are
