@@ -94,6 +94,15 @@ fn items<F: Fn(&mut Item<'_>)>(
     let base = ctx.base();
     let ext = ctx.extent();
     let mut item = Item { rel: base, local: [0; 3], grid: geometry, group, geometry, bindings, scratch, tag };
+    if ext[1] == 1 && ext[2] == 1 {
+        // A 1-D group (every plain 1-D range): one loop, only dimension 0 changes.
+        for i0 in 0..ext[0] {
+            item.rel[0] = base[0] + i0;
+            item.local[0] = i0;
+            f(&mut item);
+        }
+        return;
+    }
     for i0 in 0..ext[0] {
         for i1 in 0..ext[1] {
             for i2 in 0..ext[2] {

@@ -120,6 +120,17 @@ impl std::fmt::Debug for ClosureKernel {
 }
 
 const LINE: usize = 64;
+/// Extra bytes after each scratch region: consecutive regions of a page's size would
+/// otherwise start at the same offset within a page, and a loop that reads one while
+/// writing the next (an elementwise chain through private memory) stalls on 4K
+/// aliasing of its loads with its own earlier stores. 17 lines put the next region
+/// about a quarter page further on.
+const REGION_GAP: usize = 17 * LINE;
+
+/// Bytes from one scratch region's start to the next one's.
+fn region_stride(len: usize) -> usize {
+    len.next_multiple_of(LINE) + REGION_GAP
+}
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -132,11 +143,17 @@ pub struct Arena {
 }
 
 impl Arena {
+    /// `bytes` of zeroed scratch (zeroed for every group, so what a kernel reads
+    /// before writing does not depend on which groups ran on this thread before).
     fn prepare(&mut self, bytes: usize) -> *mut u8 {
         let lines = bytes.div_ceil(LINE);
-        self.lines.clear();
-        self.lines.resize(lines, Line([0; LINE]));
-        self.lines.as_mut_ptr().cast()
+        if self.lines.len() < lines {
+            self.lines.resize(lines, Line([0; LINE]));
+        }
+        let p = self.lines.as_mut_ptr();
+        // SAFETY: the arena holds at least `lines` lines.
+        unsafe { std::ptr::write_bytes(p, 0, lines) };
+        p.cast()
     }
 }
 
@@ -149,7 +166,7 @@ impl ClosureKernel {
                 ScratchKind::Local => s.bytes,
                 ScratchKind::Private => s.bytes * local_size,
             })
-            .map(|b| b.next_multiple_of(LINE))
+            .map(region_stride)
             .sum()
     }
 
@@ -167,7 +184,7 @@ impl ClosureKernel {
                 };
                 scratch.push(Binding::new(p, len));
                 // SAFETY: the arena holds the sum of all rounded regions.
-                p = unsafe { p.add(len.next_multiple_of(LINE)) };
+                p = unsafe { p.add(region_stride(len)) };
             }
         }
         let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, &scratch, self.tag);
