@@ -8,10 +8,22 @@
 //!   default), a wait on the fusion's event; the intermediate buffers stay in global
 //!   memory;
 //! * `fused_private`: the same with every intermediate buffer promoted to private
-//!   memory, so the fused kernel only reads the input and writes the output.
+//!   memory, so the fused kernel only reads the input and writes the output;
+//! * `fused_private_per_item`: `fused_private` with per-work-item closures instead of
+//!   elementwise kernels (see below).
 //!
-//! Kernels use the safe elementwise path: `cg.read` (`get`) for the input and
-//! `cg.elements_out` (`elem`) for the output.
+//! Kernels are elementwise kernels, `cg.map(&input, &output, step)` over `cg.read`
+//! and `cg.elements_out` accessors: the runtime owns the loop and runs each
+//! work-group as one loop over contiguous memory (private memory of one element per
+//! work-item included), which the compiler vectorizes. `fused_private_per_item`
+//! writes the same kernels as `cg.parallel_for(n, |it| *o.elem(it) =
+//! step(a.get(it, id)))`: one call of the closure per work-item, with bounds-checked
+//! accesses and the `i % n` mapping of internalized memory, which cannot be
+//! vectorized.
+//!
+//! The runtimes are built with `preserve_on_failure(false)`, as the hand loop keeps
+//! no copy to restore on failure either (with it, each kernel first copies the
+//! range it writes: 64 MiB per kernel at 16M).
 //!
 //! Sizes: 4,096 elements (one launch of four work-groups: launch-bound) and 16M
 //! (`1 << 24`, 64 MiB per buffer: memory-bound), K = 2, 4, 8. Two runtime sets, every
@@ -108,9 +120,16 @@ enum Variant {
     Unfused,
     Fused,
     FusedPrivate,
+    FusedPrivatePerItem,
 }
 
-const VARIANTS: [Variant; 4] = [Variant::HandLoop, Variant::Unfused, Variant::Fused, Variant::FusedPrivate];
+const VARIANTS: [Variant; 5] = [
+    Variant::HandLoop,
+    Variant::Unfused,
+    Variant::Fused,
+    Variant::FusedPrivate,
+    Variant::FusedPrivatePerItem,
+];
 
 impl Variant {
     fn name(self) -> &'static str {
@@ -119,6 +138,7 @@ impl Variant {
             Variant::Unfused => "unfused",
             Variant::Fused => "fused",
             Variant::FusedPrivate => "fused_private",
+            Variant::FusedPrivatePerItem => "fused_private_per_item",
         }
     }
     fn index(self) -> usize {
@@ -141,8 +161,10 @@ impl Set {
     }
     fn runtime(self) -> Runtime {
         match self {
-            Set::Inline => Runtime::builder().mode(Mode::Manual).worker_threads(0).build(),
-            Set::Threaded => Runtime::builder().mode(Mode::Threaded).build(),
+            Set::Inline => {
+                Runtime::builder().preserve_on_failure(false).mode(Mode::Manual).worker_threads(0).build()
+            }
+            Set::Threaded => Runtime::builder().preserve_on_failure(false).mode(Mode::Threaded).build(),
         }
     }
 }
@@ -166,7 +188,7 @@ struct Chain {
     input: Vec<f32>,
     out: Vec<f32>,
     want: Vec<f32>,
-    verified: [bool; 4],
+    verified: [bool; 5],
     /// Fused rounds run so far (each must reach the fusion compiler).
     fused_rounds: Cell<u64>,
 }
@@ -188,14 +210,15 @@ impl Chain {
             input,
             out: vec![0.0; n],
             want,
-            verified: [false; 4],
+            verified: [false; 5],
             fused_rounds: Cell::new(0),
         }
     }
 
     /// Submits the K kernels; with `private`, every intermediate accessor is
-    /// promoted to private memory. Returns the last submission's event.
-    fn submit_kernels(&self, private: bool) -> gantry::Result<Event> {
+    /// promoted to private memory; with `per_item`, the kernels are per-work-item
+    /// closures instead of elementwise kernels. Returns the last submission's event.
+    fn submit_kernels(&self, private: bool, per_item: bool) -> gantry::Result<Event> {
         let mut last = None;
         for i in 0..self.k {
             let (src, dst) = (&self.bufs[i], &self.bufs[i + 1]);
@@ -212,7 +235,11 @@ impl Chain {
                 if private && inner_out {
                     cg.promote(&o, Promotion::Private);
                 }
-                cg.parallel_for(n, move |it| *o.elem(it) = step(a.get(it, it.global_linear_id())));
+                if per_item {
+                    cg.parallel_for(n, move |it| *o.elem(it) = step(a.get(it, it.global_linear_id())));
+                } else {
+                    cg.map(&a, &o, step);
+                }
             })?);
         }
         Ok(last.expect("a chain has kernels"))
@@ -222,11 +249,11 @@ impl Chain {
     fn run(&self, v: Variant) -> gantry::Result<()> {
         match v {
             Variant::HandLoop => unreachable!("the hand loop runs on the host copies"),
-            Variant::Unfused => self.submit_kernels(false)?.wait(),
-            Variant::Fused | Variant::FusedPrivate => {
+            Variant::Unfused => self.submit_kernels(false, false)?.wait(),
+            Variant::Fused | Variant::FusedPrivate | Variant::FusedPrivatePerItem => {
                 self.fused_rounds.set(self.fused_rounds.get() + 1);
                 self.q.start_fusion()?;
-                self.submit_kernels(v == Variant::FusedPrivate)?;
+                self.submit_kernels(v != Variant::Fused, v == Variant::FusedPrivatePerItem)?;
                 self.q.complete_fusion(FusionProps::default())?.wait()
             }
         }
@@ -272,7 +299,7 @@ impl Chain {
                         other => panic!("{label}: not fused: {other:?}"),
                     }
                 }
-                if v == Variant::FusedPrivate {
+                if matches!(v, Variant::FusedPrivate | Variant::FusedPrivatePerItem) {
                     for (i, b) in inner.iter().enumerate() {
                         let t = b.to_vec().expect("read an intermediate");
                         assert!(

@@ -60,6 +60,15 @@ pub enum Error {
         /// The second action.
         second: &'static str,
     },
+    /// An elementwise kernel ([`Handler::map`](crate::Handler::map)) whose input is
+    /// shorter than its output.
+    #[error("map input has {input} elements, fewer than the {output} of its output")]
+    MapInputTooShort {
+        /// Input elements.
+        input: usize,
+        /// Output elements.
+        output: usize,
+    },
     /// A copy between ranges of different lengths.
     #[error("copy of {src} elements into a range of {dst}")]
     LengthMismatch {

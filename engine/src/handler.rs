@@ -400,6 +400,46 @@ impl Handler {
         });
     }
 
+    /// An elementwise kernel: work-item `i` writes `f(input[i])` to element `i` of
+    /// `output`, for every element of `output`. The runtime owns the loop, so each
+    /// work-group runs as one loop over contiguous memory that the compiler vectorizes,
+    /// also inside a fused kernel whose intermediate buffers were promoted to private
+    /// memory (one element per work-item). `input` must have at least as many
+    /// elements as `output`.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// let (x, y) = (rt.buffer(&[1.0f32, 2.0, 3.0]), rt.buffer_zeroed::<f32>(3));
+    /// rt.queue().submit(|cg| {
+    ///     let (x, y) = (cg.read(&x), cg.elements_out(&y));
+    ///     cg.map(&x, &y, |v| v * 0.5 + 1.0);
+    /// })?.wait()?;
+    /// assert_eq!(y.to_vec()?, vec![1.5, 2.0, 2.5]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn map<T, U, MI, MO, F>(&mut self, input: &Accessor<T, MI>, output: &ElemAccessor<U, MO>, f: F)
+    where
+        T: Pod,
+        U: Pod,
+        MI: gantry_driver::Readable,
+        MO: gantry_driver::Writable,
+        F: Fn(T) -> U + Send + Sync + 'static,
+    {
+        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
+            self.fail(Error::ForeignObject("an accessor"));
+        }
+        let geometry = if input.len() < output.len() {
+            Err(Error::MapInputTooShort { input: input.len(), output: output.len() })
+        } else {
+            Geometry::for_range(Range::d1(output.len())).map_err(Error::from)
+        };
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("map")),
+            geometry,
+            phases: smallvec::smallvec![gantry_driver::map_phase(*input, *output, f)],
+        });
+    }
+
     /// Runs `f` once on a host thread, after the command's dependencies, with host
     /// access to its host accessors.
     ///

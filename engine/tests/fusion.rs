@@ -669,3 +669,98 @@ fn a_custom_fusion_compiler_is_used() {
         }
     }
 }
+
+/// `out = f(input)` through [`Handler::map`](gantry::Handler::map).
+fn map_step(q: &Queue, input: &Buffer<f32>, out: &Buffer<f32>, promote: (bool, bool), mul: f32) -> Event {
+    q.submit(|cg| {
+        let (x, y) = (cg.read(input), cg.elements_out(out));
+        if promote.0 {
+            cg.promote(&x, Promotion::Private);
+        }
+        if promote.1 {
+            cg.promote(&y, Promotion::Private);
+        }
+        cg.map(&x, &y, move |v| v * mul + 1.0);
+    })
+    .unwrap()
+}
+
+/// Elementwise kernels fused with private intermediates (the vectorized path): the
+/// chain's result, bit for bit, and the intermediates never written back; fused
+/// without barriers and fused with a per-item kernel of another shape (which takes
+/// the per-item path) give the same output.
+#[test]
+fn map_chains_fuse_with_private_intermediates() {
+    let n = 4992; // five plain-range groups, the last partial; a multiple of 32
+    let input: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let want: Vec<f32> = input.iter().map(|&v| ((v * 2.0 + 1.0) * 3.0 + 1.0) * 0.5 + 1.0).collect();
+    for (label, barriers, odd) in
+        [("barriers", true, false), ("no_barriers", false, false), ("odd", true, true)]
+    {
+        let rt = manual();
+        let q = rt.queue();
+        let x = rt.buffer(&input);
+        let (t1, t2, y) =
+            (rt.buffer(&vec![-1.0f32; n]), rt.buffer(&vec![-1.0f32; n]), rt.buffer_zeroed::<f32>(n));
+        let other = rt.buffer(&[5u32; 96]);
+        q.start_fusion().unwrap();
+        map_step(&q, &x, &t1, (false, true), 2.0);
+        if odd {
+            // A per-item kernel of another ND-range: the fused grid remaps ids, so the
+            // maps cannot take their contiguous path.
+            q.submit(|cg| {
+                let o = cg.elements_mut(&other);
+                cg.parallel_for_nd(NdRange::new(96, 32), move |it| *o.elem(it) += it.local_id(0) as u32);
+            })
+            .unwrap();
+        }
+        map_step(&q, &t1, &t2, (true, true), 3.0);
+        map_step(&q, &t2, &y, (true, false), 0.5);
+        let props = FusionProps { barriers };
+        q.complete_fusion(props).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(FusionOutcome::Fused { kernels, warnings, .. }) => {
+                assert_eq!(kernels, if odd { 4 } else { 3 }, "{label}");
+                assert!(warnings.is_empty(), "{label}: {warnings:?}");
+            }
+            other => panic!("{label}: not fused: {other:?}"),
+        }
+        let got = y.to_vec().unwrap();
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{label}: wrong output");
+        assert_eq!(t1.to_vec().unwrap(), vec![-1.0; n], "{label}: t1 written back");
+        assert_eq!(t2.to_vec().unwrap(), vec![-1.0; n], "{label}: t2 written back");
+        let o = other.to_vec().unwrap();
+        assert_eq!(o, (0..96).map(|i| 5 + if odd { i % 32 } else { 0 }).collect::<Vec<u32>>(), "{label}");
+    }
+}
+
+/// `map` on both drivers, unfused, with a typed error for an input shorter than the
+/// output.
+#[test]
+fn map_runs_on_every_driver_and_checks_lengths() {
+    for sim in [false, true] {
+        let b = Runtime::builder().mode(Mode::Manual).worker_threads(0);
+        let (rt, device) =
+            if sim { (b.sim(gantry::SimConfig::default()).build(), 1) } else { (b.build(), 0) };
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        let x = rt.buffer(&(0..3000u32).collect::<Vec<_>>());
+        let y = rt.buffer_zeroed::<u64>(3000);
+        q.submit(|cg| {
+            let (x, y) = (cg.read(&x), cg.elements_out(&y));
+            cg.map(&x, &y, |v| u64::from(v) << 33);
+        })
+        .unwrap()
+        .wait()
+        .unwrap();
+        assert_eq!(y.to_vec().unwrap(), (0..3000u64).map(|v| v << 33).collect::<Vec<_>>(), "sim {sim}");
+        let short = rt.buffer_zeroed::<u32>(10);
+        let z = rt.buffer_zeroed::<u32>(11);
+        let err = q
+            .submit(|cg| {
+                let (x, z) = (cg.read(&short), cg.elements_out(&z));
+                cg.map(&x, &z, |v| v);
+            })
+            .unwrap_err();
+        assert!(matches!(err, Error::MapInputTooShort { input: 10, output: 11 }), "{err}");
+    }
+}

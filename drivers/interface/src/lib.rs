@@ -23,6 +23,7 @@
 pub mod access;
 pub mod command_buffer;
 pub mod driver;
+pub mod elementwise;
 pub mod error;
 pub mod fusion;
 pub mod item;
@@ -42,6 +43,7 @@ pub use command_buffer::{
     PlannedOp, RecordedArg, RecordedOp, SyncPoint,
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
+pub use elementwise::map_phase;
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
 pub use kernel::{phase, Arena, ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};

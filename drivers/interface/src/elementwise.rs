@@ -1,0 +1,241 @@
+//! Elementwise kernels, `out[i] = f(in[i])`: the runtime owns the loop, so a
+//! work-group's elements run as one loop over contiguous memory that the compiler
+//! vectorizes, alone or inside a fused kernel whose intermediate buffers were
+//! internalized (a private slot of one element per work-item is a contiguous array
+//! over the group).
+//!
+//! Where the group's elements are not one contiguous run (a kernel fused into a grid
+//! of another shape, fusion without barriers running one work-item at a time, or an
+//! internalized region of another shape) the same closure runs per work-item through
+//! the accessors, with their bounds checks and `i % n` mapping: the result is the
+//! same, only slower.
+
+use std::any::TypeId;
+use std::marker::PhantomData;
+use std::mem::size_of;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
+use crate::item::{GroupCtx, Item};
+use crate::kernel::Phase;
+use crate::memory::{Binding, Internal};
+
+/// The code identity of a map phase, for the fusion cache.
+struct MapCode<T, U, F>(PhantomData<fn(T, F) -> U>);
+
+/// The phase of an elementwise kernel: work-item `i` (its global linear id) writes
+/// `f(input[i])` to its own element of `output`.
+///
+/// ```
+/// # use gantry_driver::{elementwise::map_phase, Accessor, ElemAccessor, Binding, ClosureKernel,
+/// #     Arena, ItemCost, Read, DiscardWrite, NdRange};
+/// let input: Vec<f32> = (0..2048).map(|i| i as f32).collect();
+/// let mut out = vec![0f32; 2048];
+/// let (a, o) = (Accessor::<f32, Read>::new(0, 1, 2048), ElemAccessor::<f32, DiscardWrite>::new(1, 1, 2048));
+/// let kernel = ClosureKernel {
+///     name: "double".into(),
+///     tag: 1,
+///     phases: smallvec::smallvec![map_phase(a, o, |x: f32| x * 2.0)],
+///     global_slots: 2,
+///     scratch: vec![],
+///     cost: ItemCost::default(),
+/// };
+/// let geometry = NdRange::new(2048, 256).geometry().unwrap();
+/// let globals = [Binding::new(input.as_ptr() as *mut u8, 8192), Binding::new(out.as_mut_ptr().cast(), 8192)];
+/// for g in 0..geometry.group_count() {
+///     kernel.run_group(&geometry, g, &globals, &mut Arena::default());
+/// }
+/// assert!(out.iter().enumerate().all(|(i, &x)| x == 2.0 * i as f32));
+/// ```
+pub fn map_phase<T, U, MI, MO, F>(input: Accessor<T, MI>, output: ElemAccessor<U, MO>, f: F) -> Phase
+where
+    T: Pod,
+    U: Pod,
+    MI: Readable,
+    MO: Writable,
+    F: Fn(T) -> U + Send + Sync + 'static,
+{
+    let body = move |ctx: &GroupCtx<'_>| {
+        let runs = group_run(ctx).and_then(|(first, count)| {
+            let src = contiguous::<T>(ctx, &input, first, count)?;
+            let dst = contiguous::<U>(ctx, &output, first, count)?;
+            Some((src, dst, count))
+        });
+        match runs {
+            // SAFETY: `contiguous` checked that both runs hold `count` elements of
+            // live, aligned memory. The output run is the group's own elements of an
+            // element accessor (one per work-item, no other accessor of the command
+            // group overlaps it), and nothing writes the input run while the kernel
+            // runs: the scheduler orders other writers, and in a fused kernel each
+            // group touches only its own work-items' elements of an elementwise chain.
+            Some((src, dst, count)) => unsafe {
+                let src = std::slice::from_raw_parts(src.cast_const(), count);
+                let dst = std::slice::from_raw_parts_mut(dst, count);
+                for (o, &x) in dst.iter_mut().zip(src) {
+                    *o = f(x);
+                }
+            },
+            None => ctx.for_each_item(&|it: &mut Item<'_>| {
+                let x = input.get(it, it.global_linear_id());
+                *output.elem(it) = f(x);
+            }),
+        }
+    };
+    Phase { group: Arc::new(body), per_item: true, code: TypeId::of::<MapCode<T, U, F>>() }
+}
+
+/// The group's work-items as one run of global linear ids `first..first + count`
+/// whose local linear ids are `0..count`: a 1-D kernel run on its own grid, all of
+/// the group at once.
+fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize)> {
+    let global = ctx.geometry.global_range();
+    if ctx.remap.is_some() || ctx.only.is_some() || global[1] != 1 || global[2] != 1 {
+        return None;
+    }
+    Some((ctx.base()[0], ctx.extent()[0]))
+}
+
+/// Where elements `first..first + count` of `slot` lie, if contiguously: in ordinary
+/// memory at `first`; in private memory of one element per work-item at the group's
+/// region (indexed by local id); in local memory of `n` elements at `first % n` when
+/// the run does not wrap.
+fn contiguous<E>(ctx: &GroupCtx<'_>, slot: &impl BufferSlot, first: usize, count: usize) -> Option<*mut E> {
+    let (slot, tag) = slot.slot_and_tag();
+    assert!(tag == ctx.tag, "accessor used in a kernel of a different command group");
+    let b: Binding = ctx.bindings[slot as usize];
+    let size = size_of::<E>().max(1);
+    let start = match b.internal {
+        Internal::No => (first + count <= b.len / size).then_some(first)?,
+        Internal::Private => (b.wrap == size).then_some(0)?,
+        Internal::Local => {
+            let n = b.wrap / size;
+            (n > 0 && first % n + count <= n).then_some(first % n)?
+        }
+    };
+    // SAFETY: `start + count` elements fit the region, checked above.
+    Some(unsafe { b.ptr.cast::<E>().add(start) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{DiscardWrite, Read};
+    use crate::kernel::{Arena, ClosureKernel, ItemCost};
+    use crate::range::{Geometry, NdRange, Range};
+
+    fn kernel(phase: Phase) -> ClosureKernel {
+        ClosureKernel {
+            name: "map".into(),
+            tag: 3,
+            phases: smallvec::smallvec![phase],
+            global_slots: 2,
+            scratch: vec![],
+            cost: ItemCost::default(),
+        }
+    }
+
+    fn run(k: &ClosureKernel, geometry: &Geometry, globals: &[Binding]) {
+        let mut arena = Arena::default();
+        for g in 0..geometry.group_count() {
+            k.run_group(geometry, g, globals, &mut arena);
+        }
+    }
+
+    /// The contiguous path, including a partial last group, gives `f` of each element.
+    #[test]
+    fn maps_every_element_of_a_plain_range() {
+        let n = 3000;
+        let input: Vec<u32> = (0..n as u32).collect();
+        let mut out = vec![0u64; n];
+        let a = Accessor::<u32, Read>::new(0, 3, n);
+        let o = ElemAccessor::<u64, DiscardWrite>::new(1, 3, n);
+        let k = kernel(map_phase(a, o, |x: u32| u64::from(x) * 3 + 1));
+        let geometry = Geometry::for_range(Range::d1(n)).unwrap();
+        assert!(geometry.group_count() > 1, "several groups, the last partial");
+        let globals =
+            [Binding::new(input.as_ptr() as *mut u8, n * 4), Binding::new(out.as_mut_ptr().cast(), n * 8)];
+        run(&k, &geometry, &globals);
+        assert!(out.iter().enumerate().all(|(i, &x)| x == i as u64 * 3 + 1));
+    }
+
+    /// Private memory of one element per work-item is read and written as the group's
+    /// contiguous array; a wider private region falls back to per-item `i % n`
+    /// addressing. Both give the per-item results.
+    #[test]
+    fn internalized_slots_map_like_per_item_accesses() {
+        let n = 512;
+        let input: Vec<u32> = (0..n as u32).map(|x| x * 7).collect();
+        for wrap_elems in [1usize, 2] {
+            // Phase 1 maps slot 0 into slot 1, private with `wrap_elems` elements per
+            // work-item; phase 2 copies each work-item's private value back into slot 0
+            // through per-item accessors, to observe what the map wrote where.
+            let a = Accessor::<u32, Read>::new(0, 3, n);
+            let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
+            let back = Accessor::<u32, crate::access::Write>::new(0, 3, n);
+            let phases = [
+                map_phase(a, o, |x: u32| x + 5),
+                crate::kernel::phase(move |it| {
+                    let v = *o.elem(it);
+                    back.set(it, it.global_linear_id(), v);
+                }),
+            ];
+            let geometry = NdRange::new(n, 128).geometry().unwrap();
+            let mut data = input.clone();
+            let mut scratch = vec![0u32; 128 * wrap_elems];
+            for g in 0..geometry.group_count() {
+                let private = Binding {
+                    ptr: scratch.as_mut_ptr().cast(),
+                    len: 0,
+                    internal: Internal::Private,
+                    wrap: 4 * wrap_elems,
+                };
+                let globals = [Binding::new(data.as_mut_ptr().cast(), n * 4), private];
+                let ctx = GroupCtx::new(&geometry, geometry.group_id(g), &globals, &[], 3);
+                for phase in &phases {
+                    (phase.group)(&ctx);
+                }
+            }
+            let want: Vec<u32> = input.iter().map(|x| x + 5).collect();
+            assert_eq!(data, want, "private region of {wrap_elems} element(s) per work-item");
+        }
+    }
+
+    /// Each kernel fused without barriers runs one work-item at a time (`only`):
+    /// the map takes the per-item path for exactly that work-item.
+    #[test]
+    fn one_work_item_at_a_time() {
+        let n = 64;
+        let input: Vec<u32> = (0..n as u32).collect();
+        let mut out = vec![0u32; n];
+        let a = Accessor::<u32, Read>::new(0, 3, n);
+        let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
+        let phase = map_phase(a, o, |x: u32| x * x);
+        let geometry = NdRange::new(n, 16).geometry().unwrap();
+        let globals =
+            [Binding::new(input.as_ptr() as *mut u8, n * 4), Binding::new(out.as_mut_ptr().cast(), n * 4)];
+        let ctx = GroupCtx { only: Some([5, 0, 0]), ..GroupCtx::new(&geometry, [2, 0, 0], &globals, &[], 3) };
+        (phase.group)(&ctx);
+        let want: Vec<u32> = (0..n as u32).map(|i| if i == 37 { 37 * 37 } else { 0 }).collect();
+        assert_eq!(out, want);
+    }
+
+    /// An input accessor shorter than the kernel fails like a per-item access would.
+    #[test]
+    fn a_short_input_panics_instead_of_reading_past_it() {
+        let n = 100;
+        let input: Vec<u32> = vec![1; n - 1];
+        let mut out = vec![0u32; n];
+        let a = Accessor::<u32, Read>::new(0, 3, n - 1);
+        let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
+        let k = kernel(map_phase(a, o, |x: u32| x));
+        let geometry = Geometry::for_range(Range::d1(n)).unwrap();
+        let globals = [
+            Binding::new(input.as_ptr() as *mut u8, (n - 1) * 4),
+            Binding::new(out.as_mut_ptr().cast(), n * 4),
+        ];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&k, &geometry, &globals)));
+        assert!(r.is_err(), "reading element {} of {} must panic", n - 1, n - 1);
+    }
+}
