@@ -463,11 +463,10 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             if state.last.is_some_and(listed) {
                 state.last = Some(e);
             }
-            let before = state.since_barrier.len();
-            state.since_barrier.retain(|&c| !listed(c));
-            if state.since_barrier.len() != before {
-                state.since_barrier.push(e);
-            }
+            // The listed kernels are all in `since_barrier` (a barrier after one of
+            // them would have cancelled the fusion). They stay there, despawned like
+            // retired commands, which the next barrier and the periodic pruning skip.
+            state.since_barrier.push(e);
         }
     }
     connect(world, q, e, preds, waits, false);

@@ -54,8 +54,8 @@
 //! assert_eq!(data, [4; 8]);
 //! ```
 
+use rustc_hash::FxHashMap;
 use std::any::TypeId;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -696,7 +696,9 @@ pub struct CacheStats {
 /// The fusion compiler for closure kernels, with a plan cache.
 #[derive(Default)]
 pub struct ClosureFusion {
-    cache: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Keys are hashed on every fusion, cache hit or not: Fx, not SipHash (no
+    /// untrusted keys here).
+    cache: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
