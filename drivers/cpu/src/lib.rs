@@ -24,7 +24,8 @@ use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
     DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
-    MemSlice, OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, Submission, SyncPoint,
+    MemSlice, OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool, Submission,
+    SyncPoint,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -70,6 +71,8 @@ struct Inner {
     workers: Option<rayon::ThreadPool>,
     hosts: Option<rayon::ThreadPool>,
     inline_items: usize,
+    /// Memory for the copies `preserve_on_failure` takes before each operation.
+    snapshots: Arc<SnapshotPool>,
 }
 
 /// One submitted operation in the driver's dependency graph.
@@ -131,6 +134,7 @@ impl CpuDriver {
             workers: pool(config.worker_threads, "worker"),
             hosts: pool(config.host_threads, "host"),
             inline_items: config.inline_items,
+            snapshots: Arc::new(SnapshotPool::default()),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -427,7 +431,7 @@ impl Inner {
             DeviceOp::HostTask(task) => {
                 let bindings = bind_all(self, &task.args)?;
                 // SAFETY: bindings are live and exclusive to this task by scheduling.
-                let snapshot = preserve.then(|| unsafe { Snapshot::take(&task.args, &bindings) });
+                let snapshot = preserve.then(|| unsafe { self.snapshots.take(&task.args, &bindings) });
                 let (name, tag, mut run) = (task.name, task.tag, task.run);
                 let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
                 outcome.map_err(|p| {
@@ -452,7 +456,7 @@ impl Inner {
             )));
         }
         // SAFETY: bindings are live and ordered against other commands by scheduling.
-        let snapshot = preserve.then(|| unsafe { Snapshot::take(&launch.args, &bindings) });
+        let snapshot = preserve.then(|| unsafe { self.snapshots.take(&launch.args, &bindings) });
         self.run_bound(&launch.kernel, &launch.geometry, &bindings, snapshot)
     }
 
@@ -544,7 +548,7 @@ impl Inner {
                     let pairs: SmallVec<[(AccessMode, Binding); 8]> =
                         args.iter().map(|a| a.mode).zip(bindings.iter().copied()).collect();
                     // SAFETY: live bindings, ordered against other work by scheduling.
-                    unsafe { Snapshot::take_modes(pairs) }
+                    unsafe { self.snapshots.take_modes(pairs) }
                 });
                 self.run_bound(kernel, geometry, bindings, saved)
             }

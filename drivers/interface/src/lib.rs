@@ -50,6 +50,6 @@ pub use kernel::{phase, Arena, ClosureKernel, ItemCost, Phase, Scratch, ScratchK
 pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
     fill_bytes, Accepted, Completion, DeviceOp, HostFn, HostTask, KernelLaunch, MemArg, OpHandle, OpId,
-    Snapshot, Submission,
+    Snapshot, SnapshotPool, Submission,
 };
 pub use range::{delinearize, linearize, Geometry, NdRange, Range, RANGE_CHUNK};

@@ -62,7 +62,7 @@ use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
     DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef, MemSlice,
-    OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, Snapshot, Submission,
+    OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool, Submission,
 };
 use smallvec::SmallVec;
 
@@ -274,6 +274,8 @@ pub struct SimDriver {
     /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
     /// is the scratch memory every kernel launch reuses.
     poller: Mutex<Arena>,
+    /// Memory for the copies `preserve_on_failure` takes before each operation.
+    snapshots: Arc<SnapshotPool>,
 }
 
 /// Everything that changes on submission, allocation and execution.
@@ -454,6 +456,7 @@ impl SimDriver {
                 ..State::default()
             }),
             poller: Mutex::new(Arena::default()),
+            snapshots: Arc::new(SnapshotPool::default()),
         }
     }
 
@@ -811,7 +814,7 @@ impl SimDriver {
                 // SAFETY: the bindings are live (held by `regions`) and nothing else
                 // runs on the device while this kernel does.
                 let snapshot = preserve.then(|| unsafe {
-                    Snapshot::take_modes(modes.iter().copied().zip(bindings.iter().copied()))
+                    self.snapshots.take_modes(modes.iter().copied().zip(bindings.iter().copied()))
                 });
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     for g in 0..geometry.group_count() {
@@ -834,7 +837,7 @@ impl SimDriver {
                 // SAFETY: live regions (held by `regions`), exclusive to this task by
                 // scheduling.
                 let snapshot = preserve.then(|| unsafe {
-                    Snapshot::take_modes(modes.iter().copied().zip(bindings.iter().copied()))
+                    self.snapshots.take_modes(modes.iter().copied().zip(bindings.iter().copied()))
                 });
                 let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
                 outcome.map_err(|p| {
