@@ -33,11 +33,11 @@
 //! * `threaded`: a scheduler thread and the default worker threads (one per core).
 //!
 //! Ids: `fusion_chain/{set}/{size}/K{k}/{variant}`; throughput is elements per second.
-//! The `threaded` 16M cases run only with `GANTRY_BENCH_FUSION_THREADED_16M=1`: at
-//! about 10 ns per work-item per kernel (measured on a 2-core machine), the 16M chains
-//! cost most of the run's time, and the inline set already covers that size.
-//! (A full run takes about three minutes on 2 cores, most of it the 16M K = 8 chains;
-//! `-- --quick` about one.)
+//! The `threaded` 16M cases run only with `GANTRY_BENCH_FUSION_THREADED_16M=1`: the
+//! per-item variant costs about 2–10 ns per work-item per kernel (measured on a
+//! 2-core machine), so the 16M chains cost most of the run's time, and the inline set
+//! already covers that size. (A full run takes about three minutes on 2 cores, most
+//! of it the 16M per-item chains; `-- --quick` about one.)
 //!
 //! `fusion_overhead/{set}/fused` times one round of a tiny chain (2 kernels of one
 //! work-item) with `start_fusion` + submits + `complete_fusion` + wait, the plan
