@@ -130,7 +130,7 @@ fn launch_of(cmd: &Cmd) -> (usize, usize, Option<usize>) {
     let Cmd::Kernel { writes, launch, .. } = cmd else { panic!("not a kernel: {cmd:?}") };
     let n = writes.iter().map(|(s, _)| s.len()).max().unwrap_or(1);
     match launch {
-        Launch::Flat => (n, n, None),
+        Launch::Flat | Launch::Map => (n, n, None),
         Launch::Nd(l) => (n, n.div_ceil(*l) * l, Some(*l)),
     }
 }
@@ -556,7 +556,7 @@ fn kernel(r: &RawOp, live: &Live<'_>, w: Option<&mut Open>, scratch: Option<usiz
             // Gantry checks itself (sizes); plain ranges cannot be local (it falls back).
             let n = writes.iter().map(|(s, _)| s.len()).chain(access.map(|_| len)).max().unwrap_or(1);
             let fits = match launch {
-                Launch::Flat => true,
+                Launch::Flat | Launch::Map => true,
                 Launch::Nd(l) => n.div_ceil(l) * l == len,
             };
             if (r.modes[1] >> 2) & 3 != 0 && fits {
@@ -570,6 +570,29 @@ fn kernel(r: &RawOp, live: &Live<'_>, w: Option<&mut Open>, scratch: Option<usiz
                     promote.push((t, p));
                 }
             }
+        }
+    }
+    // Two thirds of the plain-range kernels with a read and a write become elementwise
+    // kernels (`map`: the vectorized path, private and local slots included): one read
+    // and one write (the scratch buffer's access if it has one), the write a
+    // discard-write no longer than the read. The scratch buffer's accesses are kept
+    // whole, or the kernel stays per-item.
+    let mut launch = launch;
+    if launch == Launch::Flat && r.salt % 3 != 1 && !reads.is_empty() && !writes.is_empty() {
+        let is_scratch = |b: usize| scratch == Some(b);
+        let kr = reads.iter().position(|s| is_scratch(s.buf)).unwrap_or(0);
+        let kw = writes.iter().position(|(s, _)| is_scratch(s.buf)).unwrap_or(0);
+        let dropped = reads.iter().enumerate().filter(|&(i, _)| i != kr).map(|(_, s)| s.buf);
+        let dropped =
+            dropped.chain(writes.iter().enumerate().filter(|&(i, _)| i != kw).map(|(_, (s, _))| s.buf));
+        let (read, (w, _)) = (reads[kr], writes[kw]);
+        let scratch_cut = w.len() > read.len() && is_scratch(w.buf);
+        if !scratch_cut && !dropped.into_iter().any(is_scratch) {
+            let mut w = w;
+            w.end = w.start + w.len().min(read.len());
+            reads = vec![read];
+            writes = vec![(w, WMode::DiscardWrite)];
+            launch = Launch::Map;
         }
     }
     Cmd::Kernel { reads, writes, salt: r.salt, launch, promote }
@@ -672,8 +695,11 @@ pub fn decode(raw: &RawProgram, gen: &FusionGen) -> Program {
                     while !buffers[t].len.is_multiple_of(l) {
                         l /= 2;
                     }
+                    // Private memory also works with plain ranges, and half of those
+                    // windows run plain: their kernels are often elementwise (`map`).
                     launch = match (launch, promote) {
                         (Some(0), Some((Promotion::Private, _))) => Some(0),
+                        (_, Some((Promotion::Private, _))) if (r.salt >> 14) & 1 == 1 => Some(0),
                         _ => Some(l),
                     };
                 }

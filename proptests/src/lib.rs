@@ -165,6 +165,17 @@ pub enum Launch {
     /// `parallel_for_nd` over `n` rounded up to a multiple of `local` (work-items past
     /// `n` do nothing); several work-groups run in parallel on CPU workers.
     Nd(usize),
+    /// An elementwise kernel, `cg.map(&read, &write, f)`: exactly one read range at
+    /// least as long as the one write range, which is a discard-write. `f` sees only
+    /// the element, so the work-item's seed is [`item_seed`]`(salt, 0)` for every `i`.
+    Map,
+}
+
+impl Launch {
+    /// `Map` if a kernel of these accesses can be one (see [`Launch::Map`]).
+    pub fn map_fits(reads: &[Span], writes: &[(Span, WMode)]) -> bool {
+        matches!((reads, writes), ([r], [(w, WMode::DiscardWrite)]) if r.len() >= w.len() && !w.is_empty())
+    }
 }
 
 /// The command of a submission.
@@ -264,6 +275,7 @@ impl fmt::Debug for Cmd {
                 match launch {
                     Launch::Flat => write!(f, "kernel salt={salt:#x}")?,
                     Launch::Nd(l) => write!(f, "kernel(nd local {l}) salt={salt:#x}")?,
+                    Launch::Map => write!(f, "kernel(map) salt={salt:#x}")?,
                 }
                 rw(f, reads, writes)?;
                 if !promote.is_empty() {
@@ -807,6 +819,7 @@ impl Program {
                     let (reads, writes) =
                         accessors(r, &live, r.counts as usize % 3, 1 + (r.counts as usize / 3) % 2);
                     let launch = match r.aux % 5 {
+                        0 if r.salt % 3 == 0 && Launch::map_fits(&reads, &writes) => Launch::Map,
                         0 => Launch::Flat,
                         k => Launch::Nd(1 << (k - 1)),
                     };
@@ -929,11 +942,13 @@ pub fn digest<'a>(reads: impl IntoIterator<Item = &'a [u32]>) -> u32 {
 }
 
 /// Kernel/host-task semantics on plain vectors.
-fn model_compute(bufs: &mut [Vec<u32>], reads: &[Span], writes: &[(Span, WMode)], salt: u32) {
+/// What a kernel or host task computes; a [`Launch::Map`] kernel seeds every
+/// work-item with `item_seed(salt, 0)`.
+fn model_compute(bufs: &mut [Vec<u32>], reads: &[Span], writes: &[(Span, WMode)], salt: u32, map: bool) {
     let read_data: Vec<Vec<u32>> = reads.iter().map(|s| bufs[s.buf][s.start..s.end].to_vec()).collect();
     for (k, (w, mode)) in writes.iter().enumerate() {
         for i in 0..w.len() {
-            let mut acc = item_seed(salt, i);
+            let mut acc = item_seed(salt, if map { 0 } else { i });
             for r in &read_data {
                 acc = mix(acc, r[i % r.len()]);
             }
@@ -959,10 +974,12 @@ pub fn run_model(p: &Program) -> Outcome {
     for (i, op) in p.ops.iter().enumerate() {
         match op {
             Op::Submit { cmd, .. } => match cmd {
-                Cmd::Kernel { reads, writes, salt, .. } => model_compute(&mut bufs, reads, writes, *salt),
+                Cmd::Kernel { reads, writes, salt, launch, .. } => {
+                    model_compute(&mut bufs, reads, writes, *salt, *launch == Launch::Map)
+                }
                 Cmd::HostTask { reads, writes, salt } => {
                     out.host_reads.push((i, digest(reads.iter().map(|s| &bufs[s.buf][s.start..s.end]))));
-                    model_compute(&mut bufs, reads, writes, *salt)
+                    model_compute(&mut bufs, reads, writes, *salt, false)
                 }
                 Cmd::Copy { src, dst } => {
                     let data = bufs[src.buf][src.start..src.end].to_vec();
@@ -1351,6 +1368,20 @@ fn build(
     host_reads: HostReads,
 ) {
     match cmd {
+        Cmd::Kernel { reads, writes, salt, launch: Launch::Map, promote } => {
+            let seed = item_seed(*salt, 0);
+            let (r, (w, _)) = (&reads[0], &writes[0]);
+            let a = cg.access::<u32, Read>(&bufs[r.buf], r.start..r.end);
+            let o = cg.elements::<u32, DiscardWrite>(&bufs[w.buf], w.start..w.end);
+            let hint = |b: usize| promote.iter().find(|(x, _)| *x == b).map(|(_, p)| *p);
+            if let Some(p) = hint(r.buf) {
+                cg.promote(&a, p);
+            }
+            if let Some(p) = hint(w.buf) {
+                cg.promote(&o, p);
+            }
+            cg.map(&a, &o, move |x| out_value(mix(seed, x), 0));
+        }
         Cmd::Kernel { reads, writes, salt, launch, promote } => {
             let salt = *salt;
             let ra: Vec<Accessor<u32, Read>> =
@@ -1405,6 +1436,7 @@ fn build(
                 Launch::Nd(local) => {
                     cg.parallel_for_nd(NdRange::new(n.div_ceil(*local) * local, *local), body)
                 }
+                Launch::Map => unreachable!("map kernels are built above"),
             }
         }
         Cmd::HostTask { reads, writes, salt } => {
@@ -1683,11 +1715,11 @@ fn parse_cmd(w: &[&str]) -> Result<Cmd, String> {
     let (kind, rest) = w.split_first().ok_or("empty command")?;
     let words = |from: usize, to: usize| rest[from.min(rest.len())..to.min(rest.len())].join(" ");
     match *kind {
-        "kernel" | "kernel(nd" | "host_task" => {
-            let (launch, rest) = if *kind == "kernel(nd" {
-                (Launch::Nd(num(rest.get(1).ok_or("nd local")?)? as usize), &rest[2..])
-            } else {
-                (Launch::Flat, rest)
+        "kernel" | "kernel(nd" | "kernel(map)" | "host_task" => {
+            let (launch, rest) = match *kind {
+                "kernel(nd" => (Launch::Nd(num(rest.get(1).ok_or("nd local")?)? as usize), &rest[2..]),
+                "kernel(map)" => (Launch::Map, rest),
+                _ => (Launch::Flat, rest),
             };
             let salt = parse_salt(rest.first().ok_or("salt")?)?;
             let r = rest.iter().position(|&x| x == "reads").ok_or("reads")?;

@@ -187,6 +187,31 @@ proptest! {
     }
 }
 
+/// The generator makes elementwise (`map`) kernels inside completed windows, with
+/// promoted (private or local) accessors among them, so the properties above run the
+/// vectorized map path fused and internalized, not only alone.
+#[test]
+fn fusion_programs_have_map_kernels_in_fused_windows() {
+    use proptest::strategy::ValueTree;
+    let strategy = common::fusion_program(MAX_OPS, gen());
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let (mut in_completed, mut promoted) = (0, 0);
+    for _ in 0..1000 {
+        let p = strategy.new_tree(&mut runner).expect("a program").current();
+        for w in fusion::windows(&p).iter().filter(|w| w.completed) {
+            for &k in &w.kernels {
+                if let Op::Submit { cmd: Cmd::Kernel { launch: Launch::Map, promote, .. }, .. } = &p.ops[k] {
+                    in_completed += 1;
+                    promoted += usize::from(!promote.is_empty());
+                }
+            }
+        }
+    }
+    // 1,000 programs of the deterministic runner make 50, 7 of them promoted.
+    assert!(in_completed >= 25, "{in_completed} map kernels in completed windows");
+    assert!(promoted >= 3, "{promoted} of them with promoted accessors");
+}
+
 // ---------------------------------------------------------------------------------
 // Deterministic cases
 // ---------------------------------------------------------------------------------
