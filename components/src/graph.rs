@@ -231,8 +231,9 @@ pub struct FusedChain {
 /// The executable form of a graph.
 #[derive(Clone)]
 pub struct ExecPlan {
-    /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates).
-    pub nodes: Arc<[GraphNode]>,
+    /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates);
+    /// shared with the modifiable graph until it changes.
+    pub nodes: Arc<Vec<GraphNode>>,
     /// The fixed buffers its partitions bind.
     pub buffers: Vec<Arc<BufferCore>>,
     /// The linearization: every node once, dependencies first.
@@ -265,7 +266,7 @@ impl ExecPlan {
 /// A request to finalize a graph, served by the partition stage.
 pub struct FinalizeJob {
     /// The nodes.
-    pub nodes: Arc<[GraphNode]>,
+    pub nodes: Arc<Vec<GraphNode>>,
     /// The device of the graph's non-isolated nodes.
     pub device: DeviceId,
     /// Finalize properties.
