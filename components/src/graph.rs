@@ -271,6 +271,11 @@ pub struct FinalizeJob {
     pub device: DeviceId,
     /// Finalize properties.
     pub props: GraphProps,
+    /// A plan finalized with the same device and properties from nodes with the same
+    /// edges, kinds and devices (a whole-graph update's current plan): its
+    /// linearization and partitions depend on nothing else, so they are kept and only
+    /// the partitions' command buffers are recorded again. Not for graph fusion.
+    pub reuse: Option<Arc<ExecPlan>>,
     /// Completed when the result is in.
     pub event: Arc<EventShared>,
     /// The result.

@@ -608,7 +608,7 @@ impl CommandGraph {
                 st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
             (st.nodes.clone(), st.keep.clone(), params)
         };
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props)?;
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
         let exec = ExecShared {
             id: self.inner.rt.next_id(),
             graph: self.inner.id,
@@ -622,17 +622,20 @@ impl CommandGraph {
     }
 }
 
-/// Runs a finalize request through the scheduler and waits for it.
+/// Runs a finalize request through the scheduler and waits for it (`reuse`: see
+/// [`FinalizeJob::reuse`]).
 fn finalize_nodes(
     rt: &Arc<Shared>,
     nodes: Arc<Vec<GraphNode>>,
     device: DeviceId,
     props: GraphProps,
+    reuse: Option<Arc<ExecPlan>>,
 ) -> Result<ExecPlan> {
     let job = Arc::new(FinalizeJob {
         nodes,
         device,
         props,
+        reuse,
         event: Arc::new(EventShared::new("finalize".into(), rt.id, rt.now_ns())),
         result: Mutex::new(None),
     });
@@ -799,7 +802,11 @@ impl ExecutableGraph {
         };
         let current = self.plan();
         same_topology(&current.nodes, &nodes).map_err(Error::TopologyMismatch)?;
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props)?;
+        // Same edges and kinds; with the same devices too, the partitions are the
+        // current ones (graph fusion may fuse other chains: it redoes it all).
+        let reuse =
+            (self.inner.props.fusion.is_none() && same_devices(&current.nodes, &nodes)).then_some(current);
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
         let mut st = self.inner.state.lock();
         st.plan = Arc::new(plan);
         if !params.is_empty() {
@@ -942,6 +949,12 @@ fn add_requirement(
             (reqs.len() - 1) as u32
         }
     }
+}
+
+/// Whether each node runs on the device of its counterpart (what, with the same
+/// topology, decides the partitions).
+fn same_devices(a: &[GraphNode], b: &[GraphNode]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.device == y.device)
 }
 
 /// Seed 003's whole-graph update check, plus node kinds and the exact edges.

@@ -399,6 +399,23 @@ struct Layout {
     parts: Vec<Laid>,
 }
 
+impl Layout {
+    /// The layout of an earlier plan (see [`FinalizeJob::reuse`]).
+    fn of(plan: &ExecPlan) -> Self {
+        let parts = plan
+            .partitions
+            .iter()
+            .map(|p| Laid {
+                name: p.name.clone(),
+                nodes: p.nodes.clone(),
+                preds: p.preds.clone(),
+                in_order: p.in_order,
+            })
+            .collect();
+        Layout { order: plan.order.clone(), part_of: plan.partition_of.clone(), parts }
+    }
+}
+
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
 /// fill or empty node that depends on a chain's kernel and that a later kernel
 /// depends on ends the chain; one that does not depend on the chain is moved before
@@ -439,7 +456,12 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
 
 impl Finalize<'_> {
     fn run(&self, job: &FinalizeJob) -> Result<ExecPlan, FinalizeError> {
-        let layout = self.layout(job)?;
+        let layout = match &job.reuse {
+            Some(plan) if job.props.fusion.is_none() && plan.nodes.len() == job.nodes.len() => {
+                Layout::of(plan)
+            }
+            _ => self.layout(job)?,
+        };
         self.record_all(job, layout)
     }
 
