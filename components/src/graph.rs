@@ -231,8 +231,9 @@ pub struct FusedChain {
 /// The executable form of a graph.
 #[derive(Clone)]
 pub struct ExecPlan {
-    /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates).
-    pub nodes: Arc<[GraphNode]>,
+    /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates);
+    /// shared with the modifiable graph until it changes.
+    pub nodes: Arc<Vec<GraphNode>>,
     /// The fixed buffers its partitions bind.
     pub buffers: Vec<Arc<BufferCore>>,
     /// The linearization: every node once, dependencies first.
@@ -265,11 +266,16 @@ impl ExecPlan {
 /// A request to finalize a graph, served by the partition stage.
 pub struct FinalizeJob {
     /// The nodes.
-    pub nodes: Arc<[GraphNode]>,
+    pub nodes: Arc<Vec<GraphNode>>,
     /// The device of the graph's non-isolated nodes.
     pub device: DeviceId,
     /// Finalize properties.
     pub props: GraphProps,
+    /// A plan finalized with the same device and properties from nodes with the same
+    /// edges, kinds and devices (a whole-graph update's current plan): its
+    /// linearization and partitions depend on nothing else, so they are kept and only
+    /// the partitions' command buffers are recorded again. Not for graph fusion.
+    pub reuse: Option<Arc<ExecPlan>>,
     /// Completed when the result is in.
     pub event: Arc<EventShared>,
     /// The result.

@@ -96,8 +96,11 @@ struct Recorder {
 
 #[derive(Default)]
 struct GraphState {
-    nodes: Vec<GraphNode>,
-    keep: Vec<KeepAlive>,
+    /// Copy on write: finalize and update share the list with the plans they make,
+    /// and the next modification copies it only while a plan still holds it.
+    nodes: Arc<Vec<GraphNode>>,
+    /// Copy on write, shared with the executable graphs like `nodes`.
+    keep: Arc<Vec<KeepAlive>>,
     accesses: HashMap<u64, Vec<Access>>,
     recorders: Vec<Recorder>,
     /// Buffers marked as recorded (host access refused) until recording ends.
@@ -318,8 +321,8 @@ impl CommandGraph {
         let device =
             if built.kind == CommandKind::HostTask { self.inner.rt.host_task_device(device) } else { device };
         preds.sort_unstable();
-        st.keep.append(&mut built.keep);
-        st.nodes.push(GraphNode {
+        Arc::make_mut(&mut st.keep).append(&mut built.keep);
+        Arc::make_mut(&mut st.nodes).push(GraphNode {
             kind: built.kind,
             name: built.name,
             device,
@@ -352,8 +355,8 @@ impl CommandGraph {
         if check && reaches(&st.nodes, to.index, from.index) {
             return Err(Error::CycleEdge { from: from.index, to: to.index });
         }
-        let preds = &mut st.nodes[to.index as usize].preds;
-        if !preds.contains(&from.index) {
+        if !st.nodes[to.index as usize].preds.contains(&from.index) {
+            let preds = &mut Arc::make_mut(&mut st.nodes)[to.index as usize].preds;
             preds.push(from.index);
             preds.sort_unstable();
         }
@@ -419,7 +422,8 @@ impl CommandGraph {
         }
         entry_preds.retain(|p| *p != exit);
         entry_preds.sort_unstable();
-        st.nodes.push(empty("subgraph_entry", entry_preds));
+        let nodes = Arc::make_mut(&mut st.nodes);
+        nodes.push(empty("subgraph_entry", entry_preds));
         let mut has_succ = vec![false; sub_nodes.len()];
         for mut n in sub_nodes {
             for p in n.preds.iter_mut() {
@@ -429,14 +433,15 @@ impl CommandGraph {
             if n.preds.is_empty() {
                 n.preds.push(entry);
             }
-            st.nodes.push(n);
+            nodes.push(n);
         }
         let leaves: SmallVec<[NodeId; 4]> =
             (0..has_succ.len()).filter(|&i| !has_succ[i]).map(|i| entry + 1 + i as NodeId).collect();
         let leaves = if leaves.is_empty() { smallvec::smallvec![entry] } else { leaves };
-        st.nodes.push(empty("subgraph_exit", leaves));
-        st.keep.extend(sub.inner.keep.iter().cloned());
-        st.keep.extend(params.iter().map(|p| p.1.clone()));
+        nodes.push(empty("subgraph_exit", leaves));
+        let keep = Arc::make_mut(&mut st.keep);
+        keep.extend(sub.inner.keep.iter().cloned());
+        keep.extend(params.iter().map(|p| p.1.clone()));
         exit
     }
 
@@ -570,11 +575,11 @@ impl CommandGraph {
         }
         let p = &st.params[param.index as usize];
         let (bytes, elem, buffer) = (p.buffer.bytes, p.elem_size, p.buffer.clone());
-        let n = &mut st.nodes[node.index as usize];
+        let n = &st.nodes[node.index as usize];
         if n.kind != CommandKind::Kernel {
             return Err(mismatch(format!("node {} is a {}, not a kernel", node.index, n.kind.name())));
         }
-        let Some(req) = n.requirements.get_mut(slot as usize) else {
+        let Some(req) = n.requirements.get(slot as usize) else {
             return Err(mismatch(format!("node {} has no argument slot {slot}", node.index)));
         };
         if req.buffer.bytes != bytes || req.elem_size as usize != elem {
@@ -583,7 +588,8 @@ impl CommandGraph {
                 node.index, req.buffer.bytes, req.elem_size
             )));
         }
-        req.buffer = buffer;
+        let n = &mut Arc::make_mut(&mut st.nodes)[node.index as usize];
+        n.requirements[slot as usize].buffer = buffer;
         n.params.retain(|(s, _)| *s != slot);
         n.params.push((slot, param.index));
         Ok(())
@@ -600,9 +606,9 @@ impl CommandGraph {
             }
             let params: Vec<(Arc<BufferCore>, KeepAlive)> =
                 st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
-            (Arc::<[GraphNode]>::from(st.nodes.clone()), st.keep.clone(), params)
+            (st.nodes.clone(), st.keep.clone(), params)
         };
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props)?;
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
         let exec = ExecShared {
             id: self.inner.rt.next_id(),
             graph: self.inner.id,
@@ -616,17 +622,20 @@ impl CommandGraph {
     }
 }
 
-/// Runs a finalize request through the scheduler and waits for it.
+/// Runs a finalize request through the scheduler and waits for it (`reuse`: see
+/// [`FinalizeJob::reuse`]).
 fn finalize_nodes(
     rt: &Arc<Shared>,
-    nodes: Arc<[GraphNode]>,
+    nodes: Arc<Vec<GraphNode>>,
     device: DeviceId,
     props: GraphProps,
+    reuse: Option<Arc<ExecPlan>>,
 ) -> Result<ExecPlan> {
     let job = Arc::new(FinalizeJob {
         nodes,
         device,
         props,
+        reuse,
         event: Arc::new(EventShared::new("finalize".into(), rt.id, rt.now_ns())),
         result: Mutex::new(None),
     });
@@ -667,7 +676,7 @@ struct ExecShared {
     device: DeviceId,
     rt: Arc<Shared>,
     props: GraphProps,
-    keep: Vec<KeepAlive>,
+    keep: Arc<Vec<KeepAlive>>,
     state: Mutex<ExecState>,
 }
 
@@ -789,11 +798,15 @@ impl ExecutableGraph {
             }
             let params: Vec<(Arc<BufferCore>, KeepAlive)> =
                 st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
-            (Arc::<[GraphNode]>::from(st.nodes.clone()), params)
+            (st.nodes.clone(), params)
         };
         let current = self.plan();
         same_topology(&current.nodes, &nodes).map_err(Error::TopologyMismatch)?;
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props)?;
+        // Same edges and kinds; with the same devices too, the partitions are the
+        // current ones (graph fusion may fuse other chains: it redoes it all).
+        let reuse =
+            (self.inner.props.fusion.is_none() && same_devices(&current.nodes, &nodes)).then_some(current);
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
         let mut st = self.inner.state.lock();
         st.plan = Arc::new(plan);
         if !params.is_empty() {
@@ -936,6 +949,12 @@ fn add_requirement(
             (reqs.len() - 1) as u32
         }
     }
+}
+
+/// Whether each node runs on the device of its counterpart (what, with the same
+/// topology, decides the partitions).
+fn same_devices(a: &[GraphNode], b: &[GraphNode]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.device == y.device)
 }
 
 /// Seed 003's whole-graph update check, plus node kinds and the exact edges.

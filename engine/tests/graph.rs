@@ -403,6 +403,134 @@ fn whole_graph_update_between_submissions_without_waits() {
     }
 }
 
+/// Two branches with a host task each, on `device` (six partitions): x*2 → host(+1)
+/// → x+5 and y*3 → host(+1) → y+7.
+fn branches(
+    rt: &Runtime,
+    device: u32,
+    x: &Buffer<u32>,
+    y: &Buffer<u32>,
+    runs: &Arc<AtomicUsize>,
+) -> CommandGraph {
+    let graph = rt.graph_on(device);
+    let a = affine(&graph, x, 2, 0, &[]);
+    let b = affine(&graph, y, 3, 0, &[]);
+    let hx = counting_host(&graph, x, runs, &[a]);
+    let hy = counting_host(&graph, y, runs, &[b]);
+    affine(&graph, x, 1, 5, &[hx]);
+    affine(&graph, y, 1, 7, &[hy]);
+    graph
+}
+
+/// An update from a graph of the same topology over other buffers (the partitions
+/// are kept, the command buffers recorded again) runs as that graph freshly
+/// finalized does, host-task partitions included, on the CPU and the simulated
+/// device; the first graph's buffers are left alone.
+#[test]
+fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
+    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    for (rt, device) in [(manual(), 0), (sim, 1)] {
+        let sets: Vec<[Buffer<u32>; 2]> =
+            (0..2).map(|_| [rt.buffer(&[1u32; 64]), rt.buffer(&[2u32; 64])]).collect();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let graphs: Vec<CommandGraph> =
+            sets.iter().map(|[x, y]| branches(&rt, device, x, y, &runs)).collect();
+        let exec = graphs[0].finalize(GraphProps::default().updatable()).unwrap();
+        assert_eq!(exec.partitions().len(), 6);
+        exec.update(&graphs[1]).unwrap();
+        let fresh = graphs[1].finalize(GraphProps::default()).unwrap();
+        assert_eq!(exec.partitions(), fresh.partitions());
+        assert_eq!(exec.partition_of(), fresh.partition_of());
+        assert_eq!(exec.order(), fresh.order());
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        let [x, y] = &sets[1];
+        for (i, graph) in [&exec, &fresh].into_iter().enumerate() {
+            q.submit(|cg| cg.fill(x, 1)).unwrap();
+            q.submit(|cg| cg.fill(y, 2)).unwrap();
+            q.submit_graph(graph).unwrap().wait().unwrap();
+            assert_eq!(runs.load(Ordering::SeqCst), 2 * (i + 1), "graph {i}: both host tasks ran");
+            assert_eq!(x.to_vec().unwrap(), vec![(2 + 1) + 5; 64], "graph {i}");
+            assert_eq!(y.to_vec().unwrap(), vec![(2 * 3 + 1) + 7; 64], "graph {i}");
+        }
+        assert_eq!(sets[0][0].to_vec().unwrap(), vec![1; 64]);
+        assert_eq!(sets[0][1].to_vec().unwrap(), vec![2; 64]);
+    }
+}
+
+/// An update from a graph whose nodes run on other devices than the current ones
+/// partitions anew: it gets the partitions of that graph freshly finalized.
+#[test]
+fn an_update_with_nodes_on_other_devices_partitions_anew() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let buf = rt.buffer(&[1u32; 64]);
+    let record = |device: u32| {
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        let graph = rt.graph();
+        graph.begin_recording(&q).unwrap();
+        for add in 1..=3u32 {
+            q.submit(|cg| {
+                let b = cg.elements_mut(&buf);
+                cg.parallel_for(64, move |it| *b.elem(it) = *b.elem(it) * 2 + add);
+            })
+            .unwrap();
+        }
+        graph.end_recording(&q).unwrap();
+        graph
+    };
+    let (on_sim, on_cpu) = (record(1), record(0));
+    let exec = on_sim.finalize(GraphProps::default().updatable()).unwrap();
+    assert_eq!(exec.partitions().len(), 3, "nodes of another device are isolated");
+    exec.update(&on_cpu).unwrap();
+    let fresh = on_cpu.finalize(GraphProps::default()).unwrap();
+    assert_eq!(exec.partitions(), fresh.partitions());
+    assert_eq!(exec.partitions().len(), 1);
+    rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![((2 + 1) * 2 + 2) * 2 + 3; 64]);
+    exec.update(&on_sim).unwrap();
+    assert_eq!(exec.partitions(), on_sim.finalize(GraphProps::default()).unwrap().partitions());
+}
+
+/// An update reads the graph as it is now: a graph updated from, then modified, and
+/// updated from again brings its modification along.
+#[test]
+fn an_update_sees_modifications_since_an_earlier_update() {
+    let rt = manual();
+    let (a, b, c) = (rt.buffer(&[10u32; 16]), rt.buffer(&[20u32; 16]), rt.buffer(&[30u32; 16]));
+    let (out, other) = (rt.buffer_zeroed::<u32>(16), rt.buffer_zeroed::<u32>(16));
+    let build = |src: &Buffer<u32>| {
+        let g = rt.graph();
+        let copy = g
+            .add(
+                |cg| {
+                    let (s, o) = (cg.read(src), cg.elements_out(&out));
+                    cg.parallel_for(16, move |it| *o.elem(it) = s.get(it, it.global_linear_id()) + 1);
+                },
+                &[],
+            )
+            .unwrap();
+        let bump = affine(&g, &other, 1, 1, &[]);
+        (g, copy, bump)
+    };
+    let ((g0, _, _), (g1, copy, bump)) = (build(&a), build(&b));
+    let exec = g0.finalize(GraphProps::default().updatable()).unwrap();
+    let q = rt.queue();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![11; 16]);
+    exec.update(&g1).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![21; 16]);
+    // Rebind the copy's source: the next update reads `c`.
+    let param = g1.dynamic_buffer(&c);
+    g1.set_arg(copy, 0, &param).unwrap();
+    exec.update(&g1).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(out.to_vec().unwrap(), vec![31; 16]);
+    // A new edge: the topology differs from the executable graph's now.
+    g1.make_edge(copy, bump).unwrap();
+    assert!(matches!(exec.update(&g1), Err(Error::TopologyMismatch(_))));
+    assert_eq!(other.to_vec().unwrap(), vec![3; 16]);
+}
+
 #[test]
 fn dynamic_parameter_updates_affect_only_later_submissions() {
     let rt = Runtime::new();

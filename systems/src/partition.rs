@@ -15,7 +15,8 @@
 //! 5. records one driver command buffer per partition over an argument table of the
 //!    buffers it uses.
 
-use std::collections::{HashMap, VecDeque};
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bevy_ecs::world::World;
@@ -28,6 +29,7 @@ use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
 use gantry_driver::{
     AccessMode, CommandBufferDesc, DeviceInfo, Driver, ExecError, RecordedArg, RecordedOp, SyncPoint,
 };
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::fusion::{fused_requirements, fusion_arg};
@@ -296,9 +298,9 @@ fn build_partitions(group: &[i64], order: &[NodeId], preds: &Adjacency) -> Optio
     let mut numbers: Vec<i64> = group.to_vec();
     numbers.sort_unstable();
     numbers.dedup();
-    let index: HashMap<i64, u32> = numbers.iter().enumerate().map(|(i, &g)| (g, i as u32)).collect();
     let count = numbers.len();
-    let mut part_of: Vec<u32> = group.iter().map(|g| index[g]).collect();
+    let mut part_of: Vec<u32> =
+        group.iter().map(|g| numbers.binary_search(g).expect("a group number") as u32).collect();
     let mut part_preds: Vec<SmallVec<[u32; 2]>> = vec![SmallVec::new(); count];
     for (n, ps) in preds.iter().enumerate() {
         for &p in ps {
@@ -359,23 +361,59 @@ fn is_single_path(nodes: &[NodeId], preds: &Adjacency, part_of: &[u32]) -> bool 
     })
 }
 
-/// One operation of a partition's command buffer: a node or a fused chain.
-struct Step {
+/// One operation of a partition's command buffer: a node or a fused chain. A node's
+/// step borrows the node.
+struct Step<'a> {
     /// The nodes it stands for (one, or a fused chain).
     nodes: SmallVec<[NodeId; 1]>,
     /// Its requirements in argument order (internal ones last, not bound).
-    requirements: SmallVec<[Requirement; 4]>,
+    requirements: Cow<'a, [Requirement]>,
     /// Slots bound to dynamic parameters.
-    params: SmallVec<[(u32, u32); 1]>,
+    params: &'a [(u32, u32)],
     /// What it runs.
-    op: StepOp,
+    op: StepOp<'a>,
     /// Earlier steps it depends on.
-    deps: SmallVec<[u32; 2]>,
+    deps: SmallVec<[SyncPoint; 4]>,
 }
 
-enum StepOp {
-    Node(NodeWork),
+enum StepOp<'a> {
+    Node(&'a NodeWork),
     Fused { kernel: Arc<gantry_driver::ClosureKernel>, geometry: gantry_driver::Geometry },
+}
+
+/// A partition laid out but not recorded yet.
+struct Laid {
+    name: Arc<str>,
+    nodes: Vec<NodeId>,
+    preds: SmallVec<[u32; 2]>,
+    in_order: bool,
+}
+
+/// Where every node runs, before anything is recorded.
+struct Layout {
+    /// The linearization.
+    order: Vec<NodeId>,
+    /// The partition of each node.
+    part_of: Vec<u32>,
+    /// The partitions, dependencies first.
+    parts: Vec<Laid>,
+}
+
+impl Layout {
+    /// The layout of an earlier plan (see [`FinalizeJob::reuse`]).
+    fn of(plan: &ExecPlan) -> Self {
+        let parts = plan
+            .partitions
+            .iter()
+            .map(|p| Laid {
+                name: p.name.clone(),
+                nodes: p.nodes.clone(),
+                preds: p.preds.clone(),
+                in_order: p.in_order,
+            })
+            .collect();
+        Layout { order: plan.order.clone(), part_of: plan.partition_of.clone(), parts }
+    }
 }
 
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
@@ -386,7 +424,7 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
     let mut chains: Vec<Vec<NodeId>> = Vec::new();
     let mut why = Vec::new();
     let mut current: Vec<NodeId> = Vec::new();
-    let mut after: HashMap<NodeId, bool> = HashMap::new();
+    let mut after: FxHashMap<NodeId, bool> = FxHashMap::default();
     for &n in nodes {
         let node = &graph[n as usize];
         let in_chain = |p: &NodeId| current.contains(p);
@@ -418,6 +456,17 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
 
 impl Finalize<'_> {
     fn run(&self, job: &FinalizeJob) -> Result<ExecPlan, FinalizeError> {
+        let layout = match &job.reuse {
+            Some(plan) if job.props.fusion.is_none() && plan.nodes.len() == job.nodes.len() => {
+                Layout::of(plan)
+            }
+            _ => self.layout(job)?,
+        };
+        self.record_all(job, layout)
+    }
+
+    /// Linearizes the nodes and assigns partitions.
+    fn layout(&self, job: &FinalizeJob) -> Result<Layout, FinalizeError> {
         let nodes = &job.nodes;
         let preds: Adjacency = nodes.iter().map(|n| n.preds.clone()).collect();
         let succs = successors(nodes);
@@ -431,7 +480,7 @@ impl Finalize<'_> {
         }
         let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(job.device)).collect();
         let groups = assign_groups(&preds, &succs, &isolated);
-        let Partitions { members: parts, preds: part_preds, part_of } =
+        let Partitions { members, preds: part_preds, part_of } =
             match build_partitions(&groups, &order, &preds) {
                 Some(p) => p,
                 None => {
@@ -442,75 +491,147 @@ impl Finalize<'_> {
                         .expect("contiguous partitions of a topological order are acyclic")
                 }
             };
+        let parts = members
+            .into_iter()
+            .zip(part_preds)
+            .enumerate()
+            .map(|(p, (nodes, preds_of))| Laid {
+                name: format!("partition {p}").into(),
+                in_order: is_single_path(&nodes, &preds, &part_of),
+                nodes,
+                preds: preds_of,
+            })
+            .collect();
+        Ok(Layout { order, part_of, parts })
+    }
 
+    /// Records the partitions of `layout` (host-task partitions run their node).
+    fn record_all(&self, job: &FinalizeJob, layout: Layout) -> Result<ExecPlan, FinalizeError> {
+        let nodes = &job.nodes;
+        let Layout { order, part_of, parts } = layout;
         let mut plan = ExecPlan {
             nodes: nodes.clone(),
             buffers: Vec::new(),
             order,
-            partition_of: part_of.clone(),
+            partition_of: Vec::new(),
             partitions: Vec::with_capacity(parts.len()),
             fused: Vec::new(),
             not_fused: Vec::new(),
             tails: Vec::new(),
         };
-        let mut buffer_index: HashMap<u64, u32> = HashMap::new();
-        for (p, (members, pp)) in parts.into_iter().zip(part_preds).enumerate() {
+        let mut scratch = Scratch {
+            step_of: vec![0; nodes.len()],
+            buffer_index: FxHashMap::default(),
+            entry_of: FxHashMap::default(),
+        };
+        for (p, Laid { name, nodes: members, preds, in_order }) in parts.into_iter().enumerate() {
             let first = members[0] as usize;
             let device = nodes[first].device;
-            let in_order = is_single_path(&members, &preds, &part_of);
             let body = if nodes[first].kind == CommandKind::HostTask {
                 PartitionBody::HostTask { node: members[0] }
             } else {
-                let steps = self.steps(&members, nodes, job, &mut plan)?;
-                self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut buffer_index)?
+                let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of)?;
+                self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut scratch)?
             };
-            let name = format!("partition {p}").into();
-            plan.partitions.push(PartitionPlan { name, device, nodes: members, preds: pp, in_order, body });
+            plan.partitions.push(PartitionPlan { name, device, nodes: members, preds, in_order, body });
         }
+        plan.partition_of = part_of;
         plan.find_tails();
         Ok(plan)
     }
 
     /// The partition's operations: its nodes in order, with kernel chains fused when
-    /// the fusion property asks for it.
-    fn steps(
+    /// the fusion property asks for it. `step_of` is scratch space: an entry per node,
+    /// meaningful only for the nodes of this partition.
+    fn steps<'a>(
+        &self,
+        job: &'a FinalizeJob,
+        partition: u32,
+        members: &[NodeId],
+        part_of: &[u32],
+        plan: &mut ExecPlan,
+        step_of: &mut [u32],
+    ) -> Result<Vec<Step<'a>>, FinalizeError> {
+        let nodes: &'a [GraphNode] = &job.nodes;
+        let node_step = |n: NodeId| {
+            let node = &nodes[n as usize];
+            Step {
+                nodes: smallvec::smallvec![n],
+                requirements: Cow::Borrowed(&node.requirements[..]),
+                params: &node.params,
+                op: StepOp::Node(&node.work),
+                deps: SmallVec::new(),
+            }
+        };
+        let mut steps: Vec<Step<'a>> = Vec::with_capacity(members.len());
+        match job.props.fusion {
+            None => steps.extend(members.iter().map(|&n| node_step(n))),
+            Some(barriers) => self.fused_steps(members, nodes, barriers, plan, &mut steps, node_step),
+        }
+        // Dependencies between steps: on the steps of predecessors in this partition.
+        for (i, step) in steps.iter().enumerate() {
+            for &n in &step.nodes {
+                step_of[n as usize] = i as u32;
+            }
+        }
+        for (i, step) in steps.iter_mut().enumerate() {
+            let mut deps: SmallVec<[SyncPoint; 4]> = SmallVec::new();
+            for &n in &step.nodes {
+                for &p in &nodes[n as usize].preds {
+                    if part_of[p as usize] == partition {
+                        let s = SyncPoint(step_of[p as usize]);
+                        if s.0 as usize != i && !deps.contains(&s) {
+                            deps.push(s);
+                        }
+                    }
+                }
+            }
+            deps.sort_unstable();
+            step.deps = deps;
+        }
+        Ok(steps)
+    }
+
+    /// The steps of a partition with kernel chains fused (into `steps`, which is
+    /// empty).
+    fn fused_steps<'a>(
         &self,
         members: &[NodeId],
-        nodes: &[GraphNode],
-        job: &FinalizeJob,
+        nodes: &'a [GraphNode],
+        barriers: bool,
         plan: &mut ExecPlan,
-    ) -> Result<Vec<Step>, FinalizeError> {
+        steps: &mut Vec<Step<'a>>,
+        node_step: impl Fn(NodeId) -> Step<'a>,
+    ) {
         // Which chain (by index) each fused node belongs to.
-        let mut chain_of: HashMap<NodeId, usize> = HashMap::new();
-        let mut fused: Vec<Option<(Vec<NodeId>, Step)>> = Vec::new();
-        if let Some(barriers) = job.props.fusion {
-            let (chains, why) = fusion_chains(members, nodes);
-            for w in why {
-                warn_fusion(self.warnings, format_args!("graph fusion: chain not fused further: {w}"));
-                plan.not_fused.push(w);
-            }
-            for chain in chains {
-                match self.fuse(&chain, nodes, barriers) {
-                    Ok((step, chain_info)) => {
-                        for &n in &chain {
-                            chain_of.insert(n, fused.len());
-                        }
-                        fused.push(Some((chain, step)));
-                        plan.fused.push(chain_info);
+        let mut chain_of: FxHashMap<NodeId, usize> = FxHashMap::default();
+        let mut fused: Vec<Option<(Vec<NodeId>, Step<'a>)>> = Vec::new();
+        let (chains, why) = fusion_chains(members, nodes);
+        for w in why {
+            warn_fusion(self.warnings, format_args!("graph fusion: chain not fused further: {w}"));
+            plan.not_fused.push(w);
+        }
+        for chain in chains {
+            match self.fuse(&chain, nodes, barriers) {
+                Ok((step, chain_info)) => {
+                    for &n in &chain {
+                        chain_of.insert(n, fused.len());
                     }
-                    Err(why) => {
-                        let names: Vec<&str> = chain.iter().map(|&n| &*nodes[n as usize].name).collect();
-                        let msg = format!("kernels {names:?} not fused: {why}");
-                        warn_fusion(self.warnings, format_args!("graph fusion: {msg}"));
-                        plan.not_fused.push(msg);
-                    }
+                    fused.push(Some((chain, step)));
+                    plan.fused.push(chain_info);
+                }
+                Err(why) => {
+                    let names: Vec<&str> = chain.iter().map(|&n| &*nodes[n as usize].name).collect();
+                    let msg = format!("kernels {names:?} not fused: {why}");
+                    warn_fusion(self.warnings, format_args!("graph fusion: {msg}"));
+                    plan.not_fused.push(msg);
                 }
             }
         }
 
         // Emit in order: a fused chain at its last kernel; a node that depends on
         // chains not emitted yet waits until all of them are (then in order).
-        let mut depends_on: HashMap<NodeId, SmallVec<[usize; 2]>> = HashMap::new();
+        let mut depends_on: FxHashMap<NodeId, SmallVec<[usize; 2]>> = FxHashMap::default();
         for &n in members {
             if chain_of.contains_key(&n) {
                 continue;
@@ -531,32 +652,16 @@ impl Finalize<'_> {
                 depends_on.insert(n, chains);
             }
         }
-        let mut steps: Vec<Step> = Vec::with_capacity(members.len());
-        let mut step_of: HashMap<NodeId, u32> = HashMap::new();
         let mut pending: Vec<NodeId> = Vec::new();
         let last_of: Vec<NodeId> =
             fused.iter().map(|f| *f.as_ref().expect("chain").0.last().expect("kernel")).collect();
         let mut emitted = vec![false; fused.len()];
         let ready =
             |n: &NodeId, emitted: &[bool]| depends_on.get(n).is_none_or(|cs| cs.iter().all(|&c| emitted[c]));
-        let emit_node = |n: NodeId, steps: &mut Vec<Step>, step_of: &mut HashMap<NodeId, u32>| {
-            let node = &nodes[n as usize];
-            step_of.insert(n, steps.len() as u32);
-            steps.push(Step {
-                nodes: smallvec::smallvec![n],
-                requirements: node.requirements.clone(),
-                params: node.params.clone(),
-                op: StepOp::Node(node.work.clone()),
-                deps: SmallVec::new(),
-            });
-        };
         for &n in members {
             if let Some(&c) = chain_of.get(&n) {
                 if n == last_of[c] {
-                    let (chain, step) = fused[c].take().expect("chain emitted once");
-                    for &k in &chain {
-                        step_of.insert(k, steps.len() as u32);
-                    }
+                    let (_, step) = fused[c].take().expect("chain emitted once");
                     steps.push(step);
                     emitted[c] = true;
                     // Waiting nodes whose chains are all out now follow, in order (a
@@ -564,7 +669,7 @@ impl Finalize<'_> {
                     let waiting = std::mem::take(&mut pending);
                     for d in waiting {
                         if ready(&d, &emitted) {
-                            emit_node(d, &mut steps, &mut step_of);
+                            steps.push(node_step(d));
                         } else {
                             pending.push(d);
                         }
@@ -573,32 +678,14 @@ impl Finalize<'_> {
                 continue;
             }
             if ready(&n, &emitted) {
-                emit_node(n, &mut steps, &mut step_of);
+                steps.push(node_step(n));
             } else {
                 pending.push(n);
             }
         }
         // Every chain is emitted at its last kernel, so nothing is left waiting; should
         // a node be, it still runs (the driver checks its sync points).
-        for d in pending {
-            emit_node(d, &mut steps, &mut step_of);
-        }
-        // Dependencies between steps.
-        for (i, step) in steps.iter_mut().enumerate() {
-            let mut deps: SmallVec<[u32; 2]> = SmallVec::new();
-            for &n in &step.nodes {
-                for p in &nodes[n as usize].preds {
-                    if let Some(&s) = step_of.get(p) {
-                        if s as usize != i && !deps.contains(&s) {
-                            deps.push(s);
-                        }
-                    }
-                }
-            }
-            deps.sort_unstable();
-            step.deps = deps;
-        }
-        Ok(steps)
+        steps.extend(pending.into_iter().map(node_step));
     }
 
     /// Fuses one chain through the fusion compiler.
@@ -607,7 +694,7 @@ impl Finalize<'_> {
         chain: &[NodeId],
         nodes: &[GraphNode],
         barriers: bool,
-    ) -> Result<(Step, FusedChain), String> {
+    ) -> Result<(Step<'static>, FusedChain), String> {
         let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
         for &n in chain {
             let node = &nodes[n as usize];
@@ -624,8 +711,8 @@ impl Finalize<'_> {
             FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
         let step = Step {
             nodes: chain.iter().copied().collect(),
-            requirements,
-            params: SmallVec::new(),
+            requirements: Cow::Owned(requirements.into_vec()),
+            params: &[],
             op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry },
             deps: SmallVec::new(),
         };
@@ -642,11 +729,12 @@ impl Finalize<'_> {
         steps: &[Step],
         nodes: &[GraphNode],
         buffers: &mut Vec<Arc<gantry_components::BufferCore>>,
-        buffer_index: &mut HashMap<u64, u32>,
+        scratch: &mut Scratch,
     ) -> Result<PartitionBody, FinalizeError> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut internal: Vec<Entry> = Vec::new();
-        let mut entry_of: HashMap<EntrySource, u32> = HashMap::new();
+        let Scratch { buffer_index, entry_of, .. } = scratch;
+        entry_of.clear();
         let mut source = |r: &Requirement, param: Option<u32>| match param {
             Some(p) => EntrySource::Param(p),
             None => {
@@ -697,14 +785,14 @@ impl Finalize<'_> {
             error => FinalizeError::Driver { partition, error },
         };
         let mut builder = driver
-            .create_command_buffer(CommandBufferDesc { entries: entries.len(), in_order })
+            .create_command_buffer(CommandBufferDesc { entries: entries.len(), in_order, ops: steps.len() })
             .map_err(|e| unsupported(first_node, e))?;
         for (step, args) in steps.iter().zip(step_args) {
             let op = match &step.op {
                 StepOp::Fused { kernel, geometry } => {
                     RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
                 }
-                StepOp::Node(work) => match work {
+                StepOp::Node(work) => match *work {
                     NodeWork::Kernel { kernel, geometry } => {
                         RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
                     }
@@ -723,12 +811,21 @@ impl Finalize<'_> {
                     }
                 },
             };
-            let deps: SmallVec<[SyncPoint; 2]> = step.deps.iter().map(|&d| SyncPoint(d)).collect();
-            builder.append(op, &deps).map_err(|e| unsupported(step.nodes[0], e))?;
+            builder.append(op, &step.deps).map_err(|e| unsupported(step.nodes[0], e))?;
         }
         let buffer = builder.finalize().map_err(|e| unsupported(first_node, e))?;
         Ok(PartitionBody::Commands { buffer, entries, internal })
     }
+}
+
+/// Maps reused from partition to partition of one finalize.
+struct Scratch {
+    /// The step of each node of the partition being recorded.
+    step_of: Vec<u32>,
+    /// The index of each buffer (by id) in [`ExecPlan::buffers`].
+    buffer_index: FxHashMap<u64, u32>,
+    /// The argument-table entry of each source, in the partition being recorded.
+    entry_of: FxHashMap<EntrySource, u32>,
 }
 
 /// The mode of an entry used first as `(a, ra)` and then as `(b, rb)`.

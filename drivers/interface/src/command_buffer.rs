@@ -101,6 +101,18 @@ impl RecordedOp {
         }
     }
 
+    /// Its buffer arguments, in order, as up to two slices (no copy).
+    fn arg_slices(&self) -> [&[RecordedArg]; 2] {
+        use std::slice::from_ref;
+        match self {
+            RecordedOp::Kernel { args, .. } => [args, &[]],
+            RecordedOp::Copy { src, dst } => [from_ref(src), from_ref(dst)],
+            RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => [from_ref(dst), &[]],
+            RecordedOp::Read { src, .. } => [from_ref(src), &[]],
+            RecordedOp::Marker => [&[], &[]],
+        }
+    }
+
     /// Its buffer arguments.
     pub fn args(&self) -> SmallVec<[RecordedArg; 4]> {
         match self {
@@ -125,6 +137,8 @@ pub struct CommandBufferDesc {
     /// Every operation depends on the one before it (seed 003, "In-Order Graph
     /// Partitions"): a hint that the backend needs no synchronization inside.
     pub in_order: bool,
+    /// How many operations will be appended: a capacity hint.
+    pub ops: usize,
 }
 
 /// A finalized command buffer: the driver's own representation, replayed by
@@ -154,8 +168,9 @@ pub struct CommandBufferLaunch {
 pub struct PlannedOp {
     /// The operation.
     pub op: RecordedOp,
-    /// Earlier operations it depends on (indexes into [`Plan::ops`]).
-    pub deps: SmallVec<[u32; 2]>,
+    /// Earlier operations it depends on (indexes into [`Plan::ops`]; four inline take
+    /// no more room than two).
+    pub deps: SmallVec<[u32; 4]>,
 }
 
 /// The generic recorded form of a command buffer: operations in an order that respects
@@ -191,7 +206,12 @@ pub struct PlanBuilder {
 impl PlanBuilder {
     /// Starts a plan for `device`; `accepts` says which operations it can record.
     pub fn new(desc: CommandBufferDesc, device: Arc<str>, accepts: fn(&RecordedOp) -> bool) -> Self {
-        let plan = Plan { entries: desc.entries, in_order: desc.in_order, ops: Vec::new(), work_items: 0 };
+        let plan = Plan {
+            entries: desc.entries,
+            in_order: desc.in_order,
+            ops: Vec::with_capacity(desc.ops),
+            work_items: 0,
+        };
         Self { plan, device, accepts }
     }
 
@@ -215,7 +235,7 @@ impl CommandBufferBuilder for PlanBuilder {
         if let Some(d) = deps.iter().find(|d| d.0 >= index) {
             return Err(self.invalid(format!("sync point {} names no earlier command", d.0)));
         }
-        for a in op.args() {
+        for a in op.arg_slices().into_iter().flatten() {
             if a.entry as usize >= self.plan.entries {
                 return Err(self.invalid(format!(
                     "argument entry {} outside a table of {}",
@@ -244,7 +264,7 @@ impl CommandBufferBuilder for PlanBuilder {
             }
             _ => {}
         }
-        let mut deps: SmallVec<[u32; 2]> = deps.iter().map(|d| d.0).collect();
+        let mut deps: SmallVec<[u32; 4]> = deps.iter().map(|d| d.0).collect();
         if self.plan.in_order && index > 0 && !deps.contains(&(index - 1)) {
             deps.push(index - 1);
         }
@@ -270,7 +290,7 @@ mod tests {
     }
 
     fn builder(in_order: bool) -> Box<dyn CommandBufferBuilder> {
-        Box::new(PlanBuilder::new(CommandBufferDesc { entries: 2, in_order }, "test".into(), |op| {
+        Box::new(PlanBuilder::new(CommandBufferDesc { entries: 2, in_order, ops: 0 }, "test".into(), |op| {
             !matches!(op, RecordedOp::Read { .. })
         }))
     }

@@ -365,7 +365,7 @@ struct PlanStep {
     work: Work,
     /// Earlier steps it depends on (indexes into [`PlanWork::steps`], all smaller
     /// than its own).
-    deps: SmallVec<[u32; 2]>,
+    deps: SmallVec<[u32; 4]>,
     /// Named in the errors of the steps that depend on it.
     name: Arc<str>,
 }
@@ -1706,7 +1706,7 @@ mod tests {
 
     /// Records `ops` (each with the sync points it depends on) into a command buffer.
     fn record(d: &SimDriver, entries: usize, ops: Vec<(RecordedOp, Vec<u32>)>) -> CommandBuffer {
-        let mut b = d.create_command_buffer(CommandBufferDesc { entries, in_order: false }).unwrap();
+        let mut b = d.create_command_buffer(CommandBufferDesc { entries, in_order: false, ops: 0 }).unwrap();
         for (i, (op, deps)) in ops.into_iter().enumerate() {
             let deps: Vec<SyncPoint> = deps.into_iter().map(SyncPoint).collect();
             assert_eq!(b.append(op, &deps), Ok(SyncPoint(i as u32)));
@@ -1817,7 +1817,8 @@ mod tests {
     #[test]
     fn command_buffers_refuse_host_writes_and_reads() {
         let (d, _rx) = sim();
-        let mut b = d.create_command_buffer(CommandBufferDesc { entries: 2, in_order: true }).unwrap();
+        let mut b =
+            d.create_command_buffer(CommandBufferDesc { entries: 2, in_order: true, ops: 0 }).unwrap();
         let host_data = Arc::new(HostStorage::zeroed(16));
         let write = RecordedOp::Write { src: host_data.clone(), dst: rarg(0, 0, 16) };
         let read = RecordedOp::Read { src: rarg(0, 0, 16), dst: host_data };
@@ -1992,7 +1993,7 @@ mod tests {
         submit(&d, 0, replay_op(&buffer, &[dev(buf, 0, 16)]), &[]); // one entry of two
         let foreign: CommandBuffer = Arc::new(5u32);
         submit(&d, 1, replay_op(&foreign, &[]), &[]);
-        let hand_built = |op: RecordedOp, deps: SmallVec<[u32; 2]>| -> CommandBuffer {
+        let hand_built = |op: RecordedOp, deps: SmallVec<[u32; 4]>| -> CommandBuffer {
             Arc::new(Plan { entries: 1, in_order: false, ops: vec![PlannedOp { op, deps }], work_items: 1 })
         };
         let forward = hand_built(RecordedOp::Marker, smallvec::smallvec![3]);
