@@ -16,6 +16,8 @@
 //! * `replay`: `submit_graph` of the finalized graph, then a wait on its event;
 //! * `replay_submit`: the `submit_graph` call alone (timed per call; the wait after
 //!   each call is not timed);
+//! * `build`: `CommandGraph::add` of the frame's N nodes into a new graph (edges
+//!   derived from their accesses; the graph's drop is not timed);
 //! * `finalize`: `CommandGraph::finalize` of the already-built graph (the executable
 //!   graph's drop is not timed);
 //! * `update_param`: `ExecutableGraph::update_param` of a dynamic parameter bound to
@@ -279,6 +281,16 @@ fn set_bench(c: &mut Criterion, set: Set, n: usize) {
                 ev.wait().expect("replay");
             }
             submitting
+        });
+    });
+    group.bench_function("build", |b| {
+        let fx = fixture.get_or_insert_with(|| Fixture::new(set, n));
+        b.iter_with_large_drop(|| {
+            let g = fx.rt.graph_on(set.device());
+            for &p in &fx.picks {
+                g.add(|cg| node(cg, &fx.src[0], &fx.bufs[0], p), &[]).expect("add");
+            }
+            g
         });
     });
     group.bench_function("finalize", |b| {

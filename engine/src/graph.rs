@@ -74,7 +74,16 @@ impl Node {
 struct Access {
     node: NodeId,
     range: ByteRange,
-    writes: bool,
+}
+
+/// The accesses to one buffer that later nodes may conflict with: the reads and the
+/// writes not yet covered by a later write. Kept apart so a read scans only the
+/// writes: a buffer every node reads would otherwise make each `add` scan every
+/// earlier node (quadratic graph building).
+#[derive(Default)]
+struct Accesses {
+    reads: Vec<Access>,
+    writes: Vec<Access>,
 }
 
 /// A dynamic parameter's state in its graph.
@@ -101,7 +110,7 @@ struct GraphState {
     nodes: Arc<Vec<GraphNode>>,
     /// Copy on write, shared with the executable graphs like `nodes`.
     keep: Arc<Vec<KeepAlive>>,
-    accesses: HashMap<u64, Vec<Access>>,
+    accesses: HashMap<u64, Accesses>,
     recorders: Vec<Recorder>,
     /// Buffers marked as recorded (host access refused) until recording ends.
     marked: Vec<Arc<BufferCore>>,
@@ -170,21 +179,23 @@ impl GraphState {
     /// as accesses of `node`.
     fn access_edges(&mut self, node: NodeId, reqs: &[Requirement], preds: &mut SmallVec<[NodeId; 4]>) {
         for r in reqs {
-            let list = self.accesses.entry(r.buffer.id).or_default();
+            let acc = self.accesses.entry(r.buffer.id).or_default();
             let writes = r.mode.writes();
-            for a in list.iter() {
-                if a.node != node
-                    && a.range.overlaps(&r.range)
-                    && (a.writes || writes)
-                    && !preds.contains(&a.node)
-                {
+            let earlier = if writes { &acc.reads[..] } else { &[] };
+            for a in acc.writes.iter().chain(earlier) {
+                if a.node != node && a.range.overlaps(&r.range) && !preds.contains(&a.node) {
                     preds.push(a.node);
                 }
             }
+            let access = Access { node, range: r.range };
             if writes {
-                list.retain(|a| !(r.range.start <= a.range.start && a.range.end <= r.range.end));
+                let covered = |a: &Access| r.range.start <= a.range.start && a.range.end <= r.range.end;
+                acc.reads.retain(|a| !covered(a));
+                acc.writes.retain(|a| !covered(a));
+                acc.writes.push(access);
+            } else {
+                acc.reads.push(access);
             }
-            list.push(Access { node, range: r.range, writes });
         }
     }
 
