@@ -825,3 +825,57 @@ fn a_node_the_driver_cannot_record_fails_finalize_as_unsupported() {
         Err(Error::Finalize(FinalizeError::Unsupported { .. }))
     ));
 }
+
+/// Whole-graph updates whose buffers map one to one onto the current ones patch the
+/// command buffers (new kernels, fill patterns); updates where two buffers become one
+/// record anew. Both give the results of the update graph freshly finalized, on the
+/// CPU and the simulated device, and leave the current graph's buffers alone.
+#[test]
+fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
+    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    for (rt, device) in [(manual(), 0), (sim, 1)] {
+        // out1 = fill(f) then in1 * m + 1; out2 = in2 * m + 2 (the two reads are
+        // independent, so in1 == in2 keeps the topology).
+        let build =
+            |in1: &Buffer<u32>, in2: &Buffer<u32>, out1: &Buffer<u32>, out2: &Buffer<u32>, f: u32, m: u32| {
+                let g = rt.graph_on(device);
+                let fill = g.add(|cg| cg.fill(out1, f), &[]).unwrap();
+                for (i, (src, dst)) in [(in1, out1), (in2, out2)].into_iter().enumerate() {
+                    let deps = if i == 0 { vec![fill] } else { vec![] };
+                    g.add(
+                        |cg| {
+                            let (s, o) = (cg.read(src), cg.read_write(dst));
+                            let add = i as u32 + 1;
+                            cg.parallel_for(16, move |it| {
+                                let k = it.global_linear_id();
+                                o.set(it, k, o.get(it, k) + s.get(it, k) * m + add)
+                            });
+                        },
+                        &deps,
+                    )
+                    .unwrap();
+                }
+                g
+            };
+        let buf = |v: u32| rt.buffer(&[v; 16]);
+        let (a1, a2, a3, a4) = (buf(1), buf(2), buf(0), buf(0));
+        let exec = build(&a1, &a2, &a3, &a4, 10, 2).finalize(GraphProps::default().updatable()).unwrap();
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        // One to one: other buffers, kernels and fill value.
+        let (b1, b2, b3, b4) = (buf(3), buf(4), buf(0), buf(0));
+        let g = build(&b1, &b2, &b3, &b4, 100, 5);
+        exec.update(&g).unwrap();
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(b3.to_vec().unwrap(), vec![100 + 3 * 5 + 1; 16], "device {device}");
+        assert_eq!(b4.to_vec().unwrap(), vec![4 * 5 + 2; 16], "device {device}");
+        assert_eq!(exec.partitions(), g.finalize(GraphProps::default()).unwrap().partitions());
+        // Merged: both kernels read one buffer where the plan has two.
+        let (c1, c3, c4) = (buf(6), buf(0), buf(0));
+        exec.update(&build(&c1, &c1, &c3, &c4, 1000, 7)).unwrap();
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(c3.to_vec().unwrap(), vec![1000 + 6 * 7 + 1; 16], "device {device}");
+        assert_eq!(c4.to_vec().unwrap(), vec![6 * 7 + 2; 16], "device {device}");
+        assert_eq!(a3.to_vec().unwrap(), vec![0; 16], "the first graph's buffers are left alone");
+        assert_eq!(b3.to_vec().unwrap(), vec![100 + 3 * 5 + 1; 16]);
+    }
+}

@@ -24,8 +24,8 @@ use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
     CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
     DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
-    MemSlice, OpHandle, OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool, Submission,
-    SyncPoint,
+    MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool,
+    Submission, SyncPoint,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -160,6 +160,20 @@ impl Driver for CpuDriver {
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
         Ok(Box::new(CpuPlanBuilder(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts))))
+    }
+
+    fn patch_command_buffer(
+        &self,
+        buffer: &CommandBuffer,
+        patch: &[OpPatch],
+    ) -> Result<CommandBuffer, ExecError> {
+        let cpu = buffer
+            .downcast_ref::<CpuPlan>()
+            .ok_or_else(|| self.inner.invalid("a command buffer recorded by another driver".into()))?;
+        let plan = cpu.plan.patched(patch).map_err(|e| self.inner.invalid(e))?;
+        // The bound arguments depend only on the argument table and the operations'
+        // arguments, which a patch keeps: the next replay need not bind them again.
+        Ok(Arc::new(CpuPlan { plan, bound: Mutex::new(cpu.bound.lock().clone()) }))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {

@@ -194,6 +194,80 @@ impl Plan {
     pub fn of(buffer: &CommandBuffer) -> Option<&Plan> {
         buffer.downcast_ref::<Plan>()
     }
+
+    /// A copy with `patch[i]` applied to operation `i`: the same arguments and
+    /// dependencies, other kernels, host data or fill patterns (see
+    /// [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).
+    /// A patch of another length, one that does not match its operation's kind, or a
+    /// kernel with another number of buffer slots is refused with the reason.
+    pub fn patched(&self, patch: &[OpPatch]) -> Result<Plan, String> {
+        if patch.len() != self.ops.len() {
+            return Err(format!("{} patches for {} operations", patch.len(), self.ops.len()));
+        }
+        let mut work_items = 0;
+        let mut ops = Vec::with_capacity(self.ops.len());
+        for (i, (planned, change)) in self.ops.iter().zip(patch).enumerate() {
+            let op = match (&planned.op, change) {
+                (op, OpPatch::Keep) => op.clone(),
+                (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, geometry }) => {
+                    if kernel.global_slots != args.len() {
+                        return Err(format!(
+                            "operation {i}: kernel `{}` has {} buffer slots, the recorded one {}",
+                            kernel.name,
+                            kernel.global_slots,
+                            args.len()
+                        ));
+                    }
+                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args: args.clone() }
+                }
+                (RecordedOp::Write { dst, .. }, OpPatch::Write(src)) if src.len() == dst.len => {
+                    RecordedOp::Write { src: src.clone(), dst: *dst }
+                }
+                (RecordedOp::Read { src, .. }, OpPatch::Read(dst)) if dst.len() == src.len => {
+                    RecordedOp::Read { src: *src, dst: dst.clone() }
+                }
+                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern))
+                    if !pattern.is_empty() && dst.len % pattern.len() == 0 =>
+                {
+                    RecordedOp::Fill { dst: *dst, pattern: pattern.clone() }
+                }
+                (op, change) => {
+                    return Err(format!(
+                        "operation {i} is a {}; the patch {change:?} does not fit it",
+                        op.label()
+                    ))
+                }
+            };
+            work_items += match &op {
+                RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
+                _ => 1,
+            };
+            ops.push(PlannedOp { op, deps: planned.deps.clone() });
+        }
+        Ok(Plan { entries: self.entries, in_order: self.in_order, ops, work_items })
+    }
+}
+
+/// What patching a command buffer changes in one operation
+/// ([`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)): its
+/// payload, never its arguments or dependencies.
+#[derive(Clone, Debug)]
+pub enum OpPatch {
+    /// Nothing.
+    Keep,
+    /// Another kernel with as many buffer slots, and its iteration space.
+    Kernel {
+        /// The kernel.
+        kernel: Arc<ClosureKernel>,
+        /// Its iteration space.
+        geometry: Geometry,
+    },
+    /// Other host bytes for a memory buffer write (of the same length).
+    Write(Arc<HostStorage>),
+    /// Other host memory for a memory buffer read (of the same length).
+    Read(Arc<HostStorage>),
+    /// Another fill pattern (dividing the destination's length).
+    Fill(SmallVec<[u8; 16]>),
 }
 
 /// Records a [`Plan`], refusing what the backend's `accepts` says it cannot run.
@@ -293,6 +367,64 @@ mod tests {
         Box::new(PlanBuilder::new(CommandBufferDesc { entries: 2, in_order, ops: 0 }, "test".into(), |op| {
             !matches!(op, RecordedOp::Read { .. })
         }))
+    }
+
+    /// A patch swaps payloads and keeps arguments and dependencies; a patch that does
+    /// not fit its operation is refused with the operation named.
+    #[test]
+    fn patches_replace_payloads_only() {
+        use crate::kernel::{phase, ItemCost};
+        use crate::range::{Geometry, Range};
+        let kernel = |name: &str, slots: usize| {
+            Arc::new(ClosureKernel {
+                name: name.into(),
+                tag: 0,
+                phases: smallvec::smallvec![phase(|_| {})],
+                global_slots: slots,
+                scratch: vec![],
+                cost: ItemCost::default(),
+            })
+        };
+        let geometry = |n| Geometry::for_range(Range::d1(n)).unwrap();
+        let mut b = builder(true);
+        let args: SmallVec<[RecordedArg; 4]> = smallvec::smallvec![arg(0, 8), arg(1, 8)];
+        b.append(
+            RecordedOp::Kernel { kernel: kernel("a", 2), geometry: geometry(4), args: args.clone() },
+            &[],
+        )
+        .unwrap();
+        b.append(RecordedOp::Fill { dst: arg(1, 8), pattern: [1, 2].into_iter().collect() }, &[]).unwrap();
+        b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(1, 8) }, &[]).unwrap();
+        let recorded = b.finalize().unwrap();
+        let plan = Plan::of(&recorded).unwrap();
+        let patched = plan
+            .patched(&[
+                OpPatch::Kernel { kernel: kernel("b", 2), geometry: geometry(16) },
+                OpPatch::Fill([7, 7, 7, 7].into_iter().collect()),
+                OpPatch::Keep,
+            ])
+            .unwrap();
+        match &patched.ops[0].op {
+            RecordedOp::Kernel { kernel, geometry, args: a } => {
+                assert_eq!((&*kernel.name, geometry.global_size(), a), ("b", 16, &args));
+            }
+            op => panic!("{op:?}"),
+        }
+        assert!(
+            matches!(&patched.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [7; 4])
+        );
+        assert!(matches!(patched.ops[2].op, RecordedOp::Copy { .. }));
+        let deps = |p: &Plan| p.ops.iter().map(|o| o.deps.clone()).collect::<Vec<_>>();
+        assert_eq!(deps(&patched), deps(plan), "in-order dependencies kept");
+        assert_eq!(patched.work_items, 16 + 1 + 1);
+        let refused = |patch: &[OpPatch]| plan.patched(patch).unwrap_err();
+        assert!(refused(&[OpPatch::Keep]).contains("1 patches for 3 operations"));
+        let wrong_slots = OpPatch::Kernel { kernel: kernel("c", 3), geometry: geometry(4) };
+        assert!(refused(&[wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
+        let fill_of_3 = OpPatch::Fill([1, 2, 3].into_iter().collect());
+        assert!(refused(&[OpPatch::Keep, fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
+        let write = OpPatch::Write(Arc::new(HostStorage::zeroed(8)));
+        assert!(refused(&[OpPatch::Keep, OpPatch::Keep, write]).contains("operation 2 is a copy"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::sync::channel::Sender;
 
-use crate::command_buffer::{CommandBufferBuilder, CommandBufferDesc};
+use crate::command_buffer::{CommandBuffer, CommandBufferBuilder, CommandBufferDesc, OpPatch};
 use crate::error::ExecError;
 use crate::memory::AllocId;
 use crate::op::{Accepted, Completion, Submission};
@@ -108,6 +108,21 @@ pub trait Driver: Send + Sync {
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let _ = desc;
         Err(ExecError::Unsupported { device: self.info().name.clone(), what: "command buffers" })
+    }
+
+    /// A copy of `buffer` (recorded by this driver) with `patch[i]` applied to its
+    /// operation `i`: other kernels, host data or fill patterns over the same
+    /// arguments and dependencies. This is the fast path of a whole-graph update
+    /// whose nodes changed only those and their buffers; the argument table is bound
+    /// at each launch, so new buffers need no patch. Drivers without it refuse, and
+    /// the update records the command buffer anew.
+    fn patch_command_buffer(
+        &self,
+        buffer: &CommandBuffer,
+        patch: &[OpPatch],
+    ) -> Result<CommandBuffer, ExecError> {
+        let _ = (buffer, patch);
+        Err(ExecError::Unsupported { device: self.info().name.clone(), what: "patching command buffers" })
     }
 
     /// For drivers with [`Capabilities::virtual_time`]: the virtual time now. The

@@ -39,7 +39,7 @@ pub use access::{
 };
 pub use bytemuck::{Pod, Zeroable};
 pub use command_buffer::{
-    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Plan, PlanBuilder,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan, PlanBuilder,
     PlannedOp, RecordedArg, RecordedOp, SyncPoint,
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};

@@ -60,9 +60,10 @@ use std::sync::{Arc, OnceLock};
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
     fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
-    CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef, MemSlice,
-    OpId, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool, Submission,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef,
+    MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool,
+    Submission,
 };
 use smallvec::SmallVec;
 
@@ -944,6 +945,16 @@ impl Driver for SimDriver {
         }
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
         Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts)))
+    }
+
+    fn patch_command_buffer(
+        &self,
+        buffer: &CommandBuffer,
+        patch: &[OpPatch],
+    ) -> Result<CommandBuffer, ExecError> {
+        let plan = Plan::of(buffer)
+            .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
+        Ok(Arc::new(plan.patched(patch).map_err(|e| self.driver_error(e))?))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
