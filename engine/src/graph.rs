@@ -817,7 +817,19 @@ impl ExecutableGraph {
         // current ones (graph fusion may fuse other chains: it redoes it all).
         let reuse =
             (self.inner.props.fusion.is_none() && same_devices(&current.nodes, &nodes)).then_some(current);
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
+        // Buffers one to one: patch the command buffers here, no scheduler round trip.
+        let patched = match &reuse {
+            Some(current) => {
+                let drivers: Option<Vec<_>> =
+                    self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
+                gantry_systems::partition::patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, current)
+            }
+            None => None,
+        };
+        let plan = match patched {
+            Some(plan) => plan,
+            None => finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?,
+        };
         let mut st = self.inner.state.lock();
         st.plan = Arc::new(plan);
         if !params.is_empty() {

@@ -230,6 +230,7 @@ impl RuntimeBuilder {
                 drivers.push(Arc::new(pool));
             }
         }
+        let weak_drivers = drivers.iter().map(Arc::downgrade).collect();
         let devices: Vec<Device> = drivers
             .into_iter()
             .enumerate()
@@ -274,6 +275,7 @@ impl RuntimeBuilder {
             epoch,
             next_id: AtomicU64::new(1),
             devices: infos,
+            drivers: weak_drivers,
             lost,
             sent: sync::atomic::AtomicU64::new(0),
             idle: Mutex::new(IdleState { ingested: 0, idle: true }),
@@ -316,6 +318,10 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
+    /// The drivers, by device id, for work that needs no scheduler (patching a command
+    /// graph's command buffers). Weak: the scheduler's world owns them and stops them
+    /// when the runtime drops.
+    pub(crate) drivers: Vec<std::sync::Weak<dyn Driver>>,
     /// Per device: set by the scheduler once the device is lost.
     pub(crate) lost: Vec<Arc<std::sync::atomic::AtomicBool>>,
     /// Messages sent to the scheduler.

@@ -416,6 +416,102 @@ impl Layout {
     }
 }
 
+/// The fastest whole-graph update: when the new nodes use the plan's buffers one
+/// to one (each old buffer replaced by one new buffer everywhere, distinct ones
+/// by distinct ones) with the same ranges, modes and parameter slots, every
+/// argument table and recorded argument stays as it is. Then only the plan's
+/// buffer list changes, and each command buffer is patched with the new kernels,
+/// host data and fill patterns instead of recorded anew. `None` when that does
+/// not hold or a driver cannot patch: the caller records (a finalize with
+/// [`FinalizeJob::reuse`]).
+///
+/// It needs nothing of the scheduler's world but the drivers (by device id), so a
+/// whole-graph update calls it on its own thread, without a round trip to the
+/// scheduler.
+pub fn patch_plan(
+    drivers: &[Arc<dyn Driver>],
+    nodes: &Arc<Vec<GraphNode>>,
+    old: &ExecPlan,
+) -> Option<ExecPlan> {
+    if !old.fused.is_empty() || nodes.len() != old.nodes.len() {
+        return None;
+    }
+    let was = &old.nodes;
+    let index: FxHashMap<u64, u32> = old.buffers.iter().enumerate().map(|(i, b)| (b.id, i as u32)).collect();
+    let mut buffers: Vec<Option<Arc<gantry_components::BufferCore>>> = vec![None; old.buffers.len()];
+    let mut partitions = Vec::with_capacity(old.partitions.len());
+    let mut patch: Vec<OpPatch> = Vec::new();
+    for part in &old.partitions {
+        let PartitionBody::Commands { buffer, entries, internal } = &part.body else {
+            partitions.push(part.clone());
+            continue;
+        };
+        patch.clear();
+        for &n in &part.nodes {
+            let (a, b) = (&was[n as usize], &nodes[n as usize]);
+            if a.requirements.len() != b.requirements.len() || a.params != b.params {
+                return None;
+            }
+            for (slot, (ra, rb)) in a.requirements.iter().zip(&b.requirements).enumerate() {
+                let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
+                    == (rb.mode, rb.range, rb.internal, rb.elem_size);
+                if !same_use {
+                    return None;
+                }
+                if a.params.iter().any(|&(s, _)| s as usize == slot) {
+                    continue; // a dynamic parameter: bound at submission
+                }
+                let slot = &mut buffers[*index.get(&ra.buffer.id)? as usize];
+                match slot {
+                    None => *slot = Some(rb.buffer.clone()),
+                    Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
+                    Some(_) => return None,
+                }
+            }
+            patch.push(match &b.work {
+                NodeWork::Kernel { kernel, geometry } => {
+                    OpPatch::Kernel { kernel: kernel.clone(), geometry: *geometry }
+                }
+                NodeWork::CopyFromHost(data) => OpPatch::Write(data.clone()),
+                NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
+                NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
+                NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
+                NodeWork::HostTask { .. } => return None,
+            });
+        }
+        let buffer = drivers.get(part.device as usize)?.patch_command_buffer(buffer, &patch).ok()?;
+        let body = PartitionBody::Commands { buffer, entries: entries.clone(), internal: internal.clone() };
+        let (name, nodes, preds) = (part.name.clone(), part.nodes.clone(), part.preds.clone());
+        partitions.push(PartitionPlan {
+            name,
+            device: part.device,
+            nodes,
+            preds,
+            in_order: part.in_order,
+            body,
+        });
+    }
+    let buffers: Vec<_> = buffers.into_iter().collect::<Option<_>>()?;
+    // Distinct old buffers must stay distinct, or the new graph would share one
+    // argument-table entry where the plan has two.
+    let mut ids: Vec<u64> = buffers.iter().map(|b| b.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() != buffers.len() {
+        return None;
+    }
+    Some(ExecPlan {
+        nodes: nodes.clone(),
+        buffers,
+        order: old.order.clone(),
+        partition_of: old.partition_of.clone(),
+        partitions,
+        fused: Vec::new(),
+        not_fused: Vec::new(),
+        tails: old.tails.clone(),
+    })
+}
+
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
 /// fill or empty node that depends on a chain's kernel and that a later kernel
 /// depends on ends the chain; one that does not depend on the chain is moved before
@@ -458,7 +554,8 @@ impl Finalize<'_> {
     fn run(&self, job: &FinalizeJob) -> Result<ExecPlan, FinalizeError> {
         let layout = match &job.reuse {
             Some(plan) if job.props.fusion.is_none() && plan.nodes.len() == job.nodes.len() => {
-                if let Some(patched) = self.patch(job, plan) {
+                let drivers: Vec<Arc<dyn Driver>> = self.devices.iter().map(|(d, _)| d.clone()).collect();
+                if let Some(patched) = patch_plan(&drivers, &job.nodes, plan) {
                     return Ok(patched);
                 }
                 Layout::of(plan)
@@ -466,96 +563,6 @@ impl Finalize<'_> {
             _ => self.layout(job)?,
         };
         self.record_all(job, layout)
-    }
-
-    /// The fastest whole-graph update: when the new nodes use the plan's buffers one
-    /// to one (each old buffer replaced by one new buffer everywhere, distinct ones
-    /// by distinct ones) with the same ranges, modes and parameter slots, every
-    /// argument table and recorded argument stays as it is. Then only the plan's
-    /// buffer list changes, and each command buffer is patched with the new kernels,
-    /// host data and fill patterns instead of recorded anew. `None` when that does
-    /// not hold or a driver cannot patch: the caller records.
-    fn patch(&self, job: &FinalizeJob, old: &ExecPlan) -> Option<ExecPlan> {
-        if !old.fused.is_empty() {
-            return None;
-        }
-        let (nodes, was) = (&job.nodes, &old.nodes);
-        let index: FxHashMap<u64, u32> =
-            old.buffers.iter().enumerate().map(|(i, b)| (b.id, i as u32)).collect();
-        let mut buffers: Vec<Option<Arc<gantry_components::BufferCore>>> = vec![None; old.buffers.len()];
-        let mut partitions = Vec::with_capacity(old.partitions.len());
-        let mut patch: Vec<OpPatch> = Vec::new();
-        for part in &old.partitions {
-            let PartitionBody::Commands { buffer, entries, internal } = &part.body else {
-                partitions.push(part.clone());
-                continue;
-            };
-            patch.clear();
-            for &n in &part.nodes {
-                let (a, b) = (&was[n as usize], &nodes[n as usize]);
-                if a.requirements.len() != b.requirements.len() || a.params != b.params {
-                    return None;
-                }
-                for (slot, (ra, rb)) in a.requirements.iter().zip(&b.requirements).enumerate() {
-                    let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
-                        == (rb.mode, rb.range, rb.internal, rb.elem_size);
-                    if !same_use {
-                        return None;
-                    }
-                    if a.params.iter().any(|&(s, _)| s as usize == slot) {
-                        continue; // a dynamic parameter: bound at submission
-                    }
-                    let slot = &mut buffers[*index.get(&ra.buffer.id)? as usize];
-                    match slot {
-                        None => *slot = Some(rb.buffer.clone()),
-                        Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
-                        Some(_) => return None,
-                    }
-                }
-                patch.push(match &b.work {
-                    NodeWork::Kernel { kernel, geometry } => {
-                        OpPatch::Kernel { kernel: kernel.clone(), geometry: *geometry }
-                    }
-                    NodeWork::CopyFromHost(data) => OpPatch::Write(data.clone()),
-                    NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
-                    NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
-                    NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
-                    NodeWork::HostTask { .. } => return None,
-                });
-            }
-            let (driver, _) = &self.devices[part.device as usize];
-            let buffer = driver.patch_command_buffer(buffer, &patch).ok()?;
-            let body =
-                PartitionBody::Commands { buffer, entries: entries.clone(), internal: internal.clone() };
-            let (name, nodes, preds) = (part.name.clone(), part.nodes.clone(), part.preds.clone());
-            partitions.push(PartitionPlan {
-                name,
-                device: part.device,
-                nodes,
-                preds,
-                in_order: part.in_order,
-                body,
-            });
-        }
-        let buffers: Vec<_> = buffers.into_iter().collect::<Option<_>>()?;
-        // Distinct old buffers must stay distinct, or the new graph would share one
-        // argument-table entry where the plan has two.
-        let mut ids: Vec<u64> = buffers.iter().map(|b| b.id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.len() != buffers.len() {
-            return None;
-        }
-        Some(ExecPlan {
-            nodes: nodes.clone(),
-            buffers,
-            order: old.order.clone(),
-            partition_of: old.partition_of.clone(),
-            partitions,
-            fused: Vec::new(),
-            not_fused: Vec::new(),
-            tails: old.tails.clone(),
-        })
     }
 
     /// Linearizes the nodes and assigns partitions.

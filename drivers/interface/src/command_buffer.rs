@@ -218,7 +218,9 @@ impl Plan {
                             args.len()
                         ));
                     }
-                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args: args.clone() }
+                    // `from_slice` copies in one go (`clone` pushes element by element).
+                    let args = SmallVec::from_slice(args);
+                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
                 }
                 (RecordedOp::Write { dst, .. }, OpPatch::Write(src)) if src.len() == dst.len => {
                     RecordedOp::Write { src: src.clone(), dst: *dst }
@@ -242,7 +244,7 @@ impl Plan {
                 RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
                 _ => 1,
             };
-            ops.push(PlannedOp { op, deps: planned.deps.clone() });
+            ops.push(PlannedOp { op, deps: SmallVec::from_slice(&planned.deps) });
         }
         Ok(Plan { entries: self.entries, in_order: self.in_order, ops, work_items })
     }
