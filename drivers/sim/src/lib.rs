@@ -994,23 +994,31 @@ impl SimDriver {
         preserve: bool,
         arena: &mut Arena,
     ) -> Result<(), ExecError> {
+        let run = |arena: &mut Arena| {
+            catch_unwind(AssertUnwindSafe(|| {
+                for g in 0..geometry.group_count() {
+                    kernel.run_group(geometry, g, bindings, arena);
+                }
+            }))
+            .map_err(|p| ExecError::KernelPanicked {
+                kernel: kernel.name.clone(),
+                message: panic_message(&*p),
+            })
+        };
+        if !preserve {
+            // No snapshot to take or drop: the common path of replayed kernels.
+            return run(arena);
+        }
         // SAFETY: live bindings (the caller's contract), and nothing else runs on the
         // device while this kernel does.
-        let snapshot =
-            preserve.then(|| unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) });
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            for g in 0..geometry.group_count() {
-                kernel.run_group(geometry, g, bindings, arena);
-            }
-        }));
-        outcome.map_err(|p| {
-            if let Some(s) = snapshot {
-                // SAFETY: the kernel has stopped; the memory is still alive and nothing
-                // else touches it.
-                unsafe { s.restore() };
-            }
-            ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
-        })
+        let snapshot = unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) };
+        let outcome = run(arena);
+        if outcome.is_err() {
+            // SAFETY: the kernel has stopped; the memory is still alive and nothing else
+            // touches it.
+            unsafe { snapshot.restore() };
+        }
+        outcome
     }
 
     /// Runs one bound operation of a replay.
@@ -1071,24 +1079,28 @@ impl SimDriver {
         // `memory` keeps the bindings' memory alive until every step has run.
         let PlanWork { buffer, bound, memory: _memory, faulted, .. } = plan;
         let (recorded, _) = plan_of(&buffer).expect("a plan at submission");
-        let mut faulted = faulted.into_iter().peekable();
+        // Where the next faulted step is in `faulted`.
+        let mut next_fault = 0;
         // `failed[i]`: step `i`'s error and the one its dependents get; allocated at
         // the first failure.
         let mut failed: Vec<Option<(ExecError, ExecError)>> = Vec::new();
         let count = recorded.ops.len();
         for (i, (planned, step)) in recorded.ops.iter().zip(&bound.steps).enumerate() {
-            let blocked = (!failed.is_empty())
-                .then(|| {
-                    planned.deps.iter().find_map(|&d| failed.get(d as usize)?.as_ref().map(|f| f.1.clone()))
-                })
-                .flatten();
-            let fault = faulted.next_if(|&(f, _)| f as usize == i).map(|(_, e)| e);
-            let result = match (blocked, fault) {
-                (Some(e), _) | (None, Some(e)) => Err(e),
-                // SAFETY: the bindings point into `_memory` (the bound plan's key is
-                // this replay's table).
-                (None, None) => unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) },
+            let at_fault = faulted.get(next_fault).is_some_and(|&(f, _)| f as usize == i);
+            // SAFETY (both `run_step`s): the bindings point into `_memory`, as the
+            // bound plan's key is this replay's table.
+            let result = if failed.is_empty() && !at_fault {
+                unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) }
+            } else {
+                let blocked =
+                    planned.deps.iter().find_map(|&d| failed.get(d as usize)?.as_ref().map(|f| f.1.clone()));
+                match blocked {
+                    Some(e) => Err(e),
+                    None if at_fault => Err(faulted[next_fault].1.clone()),
+                    None => unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) },
+                }
             };
+            next_fault += usize::from(at_fault);
             if let Err(e) = result {
                 if failed.is_empty() {
                     failed = vec![None; count];
