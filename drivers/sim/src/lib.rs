@@ -63,7 +63,7 @@ use gantry_driver::{
     CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
     DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef,
     MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool,
-    Submission,
+    Submission, SyncPoint,
 };
 use smallvec::SmallVec;
 
@@ -150,6 +150,18 @@ impl CostModel {
     }
 }
 
+/// Records a [`SimPlan`].
+struct SimPlanBuilder(PlanBuilder);
+
+impl CommandBufferBuilder for SimPlanBuilder {
+    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError> {
+        self.0.append(op, deps)
+    }
+    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
+        Ok(Arc::new(SimPlan { plan: self.0.into_plan(), bound: Mutex::new(None) }))
+    }
+}
+
 /// Which engines an operation occupies.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Engine {
@@ -224,6 +236,14 @@ impl FaultPlan {
     }
     fn has(&self, fault: Fault) -> bool {
         self.faults.contains(&fault)
+    }
+    /// Whether any kernel can fail (else a replay only counts its kernels).
+    fn may_fail_kernels(&self) -> bool {
+        self.kernel_per_mille > 0 || self.faults.iter().any(|f| matches!(f, Fault::Kernel { .. }))
+    }
+    /// Whether any copy can fail.
+    fn may_fail_copies(&self) -> bool {
+        self.copy_per_mille > 0 || self.faults.iter().any(|f| matches!(f, Fault::Copy { .. }))
     }
     /// Whether the `nth` operation of a class (`salt`) draws a failure at `per_mille`.
     fn draws(&self, salt: u64, nth: u64, per_mille: u32) -> bool {
@@ -345,10 +365,12 @@ impl Region {
         Binding::new(ptr, self.len)
     }
 
-    /// The `len` bytes at `offset` inside this region, if they lie within it.
-    fn sub(&self, offset: usize, len: usize) -> Option<Region> {
+    /// The binding of the `len` bytes at `offset` inside this region, if they lie
+    /// within it; valid while the region's storage is alive.
+    fn sub_binding(&self, offset: usize, len: usize) -> Option<Binding> {
         let end = offset.checked_add(len)?;
-        (end <= self.len).then(|| Region { storage: self.storage.clone(), offset: self.offset + offset, len })
+        // SAFETY: `offset + len` lies within the region, itself within its storage.
+        (end <= self.len).then(|| Binding::new(unsafe { self.binding().ptr.add(offset) }, len))
     }
 }
 
@@ -361,14 +383,61 @@ struct KernelWork {
     regions: SmallVec<[Region; 8]>,
 }
 
-/// One operation of a command-buffer replay, its memory resolved at submission.
-struct PlanStep {
-    work: Work,
-    /// Earlier steps it depends on (indexes into [`PlanWork::steps`], all smaller
-    /// than its own).
-    deps: SmallVec<[u32; 4]>,
-    /// Named in the errors of the steps that depend on it.
-    name: Arc<str>,
+/// A command buffer recorded by this driver: the plan, and its operations bound to the
+/// argument table of its latest replay. A graph's buffers rarely move between
+/// replays, so a replay usually reuses the binding and costs per operation only its
+/// fault draw and its own work.
+struct SimPlan {
+    plan: Plan,
+    bound: BindingCache,
+}
+
+/// A command buffer's binding for its latest argument table, if any.
+type BindingCache = Mutex<Option<Arc<BoundPlan>>>;
+
+/// The plan behind a command buffer, with its binding cache when this driver recorded
+/// it (a hand-built [`Plan`] is bound afresh at every replay).
+fn plan_of(buffer: &CommandBuffer) -> Option<(&Plan, Option<&BindingCache>)> {
+    match buffer.downcast_ref::<SimPlan>() {
+        Some(sim) => Some((&sim.plan, Some(&sim.bound))),
+        None => Plan::of(buffer).map(|plan| (plan, None)),
+    }
+}
+
+/// Where an argument-table entry was bound: what a [`BoundPlan`] depends on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct EntryKey {
+    /// Address of its first byte.
+    addr: usize,
+    len: usize,
+    host: bool,
+}
+
+/// A plan's operations bound to one argument table. Valid for any replay on the same
+/// driver whose entries have the same address, length and memory kind: the bindings
+/// then point into that replay's memory, which its [`PlanWork`] keeps alive.
+struct BoundPlan {
+    /// The driver that bound it (its errors name the device).
+    instance: u64,
+    entries: SmallVec<[EntryKey; 8]>,
+    /// One per operation, in plan order.
+    steps: Vec<BoundStep>,
+    /// Every step's memory, in plan and argument order.
+    bindings: Vec<Binding>,
+    /// The kernel and the copy operations, in plan order: each draws a fault at every
+    /// replay's submission.
+    kernels: Vec<u32>,
+    copies: Vec<u32>,
+    /// Engine and work time of a replay in which no operation faults.
+    cost: (Engine, u64),
+}
+
+/// One operation of a [`BoundPlan`].
+struct BoundStep {
+    /// Where its arguments start in [`BoundPlan::bindings`], or why it cannot run.
+    args: Result<u32, ExecError>,
+    /// Its engine and work time (none when it cannot run).
+    cost: (Engine, u64),
 }
 
 /// What a copy's bytes cross, which sets its bandwidth.
@@ -393,9 +462,16 @@ struct HostWork {
     ns: u64,
 }
 
-/// A command-buffer replay: its plan's operations in plan order.
+/// A command-buffer replay: its plan bound to the launch's memory.
 struct PlanWork {
-    steps: Vec<PlanStep>,
+    buffer: CommandBuffer,
+    bound: Arc<BoundPlan>,
+    /// The bound entries' memory, alive until the replay has executed.
+    memory: SmallVec<[Arc<HostStorage>; 4]>,
+    /// Operations that drew a fault at submission, with their errors, in plan order.
+    faulted: Vec<(u32, ExecError)>,
+    /// Engine and work time of the operations that can run.
+    cost: (Engine, u64),
 }
 
 /// An operation with its memory resolved at submission.
@@ -413,7 +489,7 @@ enum Work {
     },
     Kernel(Box<KernelWork>),
     /// A command-buffer replay (never nested: its steps are single operations).
-    Plan(PlanWork),
+    Plan(Box<PlanWork>),
     /// A host task on the modelled host pool.
     Host(Box<HostWork>),
     /// An operation that cannot run; it fails with this error at its virtual time.
@@ -551,22 +627,22 @@ impl SimDriver {
                 let items = k.geometry.global_size();
                 (Engine::Compute, self.cost.kernel_ns(items, &k.kernel.cost, bytes))
             }
-            Work::Plan(plan) => {
-                // One engine for the whole replay: compute if anything needs it.
-                let mut engine = Engine::None;
-                let mut ns = 0u64;
-                for step in &plan.steps {
-                    let (e, t) = self.cost_of(&step.work);
-                    ns = ns.saturating_add(t);
-                    engine = match (engine, e) {
-                        (Engine::Compute, _) | (_, Engine::Compute) => Engine::Compute,
-                        (Engine::Copy, _) | (_, Engine::Copy) => Engine::Copy,
-                        _ => Engine::None,
-                    };
-                }
-                (engine, ns)
-            }
+            Work::Plan(plan) => plan.cost,
         }
+    }
+
+    /// The cost of a replay of these steps: one engine for the whole replay (compute if
+    /// anything needs it) and the sum of their times.
+    fn replay_cost<'a>(steps: impl Iterator<Item = &'a BoundStep>) -> (Engine, u64) {
+        steps.fold((Engine::None, 0u64), |(engine, ns), step| {
+            let (e, t) = step.cost;
+            let engine = match (engine, e) {
+                (Engine::Compute, _) | (_, Engine::Compute) => Engine::Compute,
+                (Engine::Copy, _) | (_, Engine::Copy) => Engine::Copy,
+                _ => Engine::None,
+            };
+            (engine, ns.saturating_add(t))
+        })
     }
 
     /// Counts a kernel against the fault plan and fails it if a fault targets it.
@@ -622,12 +698,13 @@ impl SimDriver {
     }
 
     /// Resolves a command-buffer launch: its argument table against the allocation
-    /// table, then every recorded operation against the table. An operation that
-    /// cannot run becomes a [`Work::Invalid`] step (it and its dependents fail at
-    /// replay, independent ones still run); a launch that cannot run at all is an
-    /// error.
+    /// table, then every recorded operation against the table (reusing the command
+    /// buffer's binding when the table's memory has not moved), and draws the faults
+    /// of its kernels and copies. An operation that cannot run fails at replay (its
+    /// dependents with it, independent ones still run); a launch that cannot run at
+    /// all is an error.
     fn prepare_plan(&self, state: &mut State, launch: CommandBufferLaunch) -> Result<Work, ExecError> {
-        let plan = Plan::of(&launch.buffer)
+        let (plan, cache) = plan_of(&launch.buffer)
             .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
         if launch.args.len() != plan.entries {
             return Err(self.driver_error(format!(
@@ -636,44 +713,118 @@ impl SimDriver {
                 launch.args.len()
             )));
         }
-        let entries: Vec<(Region, bool)> = launch
+        let entries: SmallVec<[(Region, bool); 4]> = launch
             .args
             .iter()
             .map(|a| Ok((self.resolve(&a.mem, None)?, matches!(a.mem.mem, MemRef::Host(_)))))
             .collect::<Result<_, ExecError>>()?;
-        let mut steps = Vec::with_capacity(plan.ops.len());
-        for (i, planned) in plan.ops.iter().enumerate() {
-            let work = match planned.deps.iter().find(|&&d| d as usize >= i) {
-                Some(d) => Err(self.driver_error(format!("recorded operation {i} depends on later {d}"))),
-                None => self.prepare_recorded(state, &planned.op, &entries),
-            };
-            let name = match &planned.op {
-                RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
-                op => op.label().into(),
-            };
-            let work = work.unwrap_or_else(Work::Invalid);
-            steps.push(PlanStep { work, deps: planned.deps.clone(), name });
+        let keys: SmallVec<[EntryKey; 8]> = entries
+            .iter()
+            .map(|(r, host)| EntryKey { addr: r.binding().ptr as usize, len: r.len, host: *host })
+            .collect();
+        let bound = match cache {
+            Some(slot) => {
+                let mut slot = slot.lock();
+                match &*slot {
+                    Some(b) if b.instance == self.instance && b.entries == keys => b.clone(),
+                    _ => {
+                        let b = Arc::new(self.bind_plan(plan, &entries, keys));
+                        *slot = Some(b.clone());
+                        b
+                    }
+                }
+            }
+            None => Arc::new(self.bind_plan(plan, &entries, keys)),
+        };
+        // Kernels, then copies: separate counters, each drawn in plan order.
+        let mut faulted = Vec::new();
+        if self.faults.may_fail_kernels() {
+            for &i in &bound.kernels {
+                if let Err(e) = self.kernel_fault(state) {
+                    faulted.push((i, e));
+                }
+            }
+        } else {
+            state.kernels += bound.kernels.len() as u64;
         }
-        Ok(Work::Plan(PlanWork { steps }))
+        if self.faults.may_fail_copies() {
+            for &i in &bound.copies {
+                if let Err(e) = self.copy_fault(state) {
+                    faulted.push((i, e));
+                }
+            }
+        } else {
+            state.copies += bound.copies.len() as u64;
+        }
+        let cost = if faulted.is_empty() {
+            bound.cost
+        } else {
+            faulted.sort_unstable_by_key(|&(i, _)| i);
+            let mut skip = faulted.iter().map(|&(i, _)| i as usize).peekable();
+            let runs = bound.steps.iter().enumerate().filter(|&(i, _)| skip.next_if_eq(&i).is_none());
+            Self::replay_cost(runs.map(|(_, step)| step))
+        };
+        let memory = entries.into_iter().map(|(r, _)| r.storage).collect();
+        let buffer = launch.buffer.clone();
+        Ok(Work::Plan(Box::new(PlanWork { buffer, bound, memory, faulted, cost })))
     }
 
-    /// Resolves one recorded operation against the bound argument table (each entry
-    /// with whether it is host memory), with the rules of the matching single
-    /// operation: kernels and fills need device memory, copies may cross the link.
-    fn prepare_recorded(
+    /// Binds every operation of `plan` to the resolved argument table `entries` (each
+    /// with whether it is host memory), whose keys are `keys`.
+    fn bind_plan(&self, plan: &Plan, entries: &[(Region, bool)], keys: SmallVec<[EntryKey; 8]>) -> BoundPlan {
+        let mut bound = BoundPlan {
+            instance: self.instance,
+            entries: keys,
+            steps: Vec::with_capacity(plan.ops.len()),
+            bindings: Vec::new(),
+            kernels: Vec::new(),
+            copies: Vec::new(),
+            cost: (Engine::None, 0),
+        };
+        for (i, planned) in plan.ops.iter().enumerate() {
+            let start = bound.bindings.len();
+            let bind = match planned.deps.iter().find(|&&d| d as usize >= i) {
+                Some(d) => Err(self.driver_error(format!("recorded operation {i} depends on later {d}"))),
+                None => {
+                    match planned.op {
+                        RecordedOp::Kernel { .. } => bound.kernels.push(i as u32),
+                        RecordedOp::Copy { .. } => bound.copies.push(i as u32),
+                        _ => {}
+                    }
+                    self.bind_recorded(&planned.op, entries, &mut bound.bindings)
+                }
+            };
+            let step = match bind {
+                Ok(cost) => BoundStep { args: Ok(start as u32), cost },
+                Err(e) => {
+                    bound.bindings.truncate(start);
+                    BoundStep { args: Err(e), cost: (Engine::None, 0) }
+                }
+            };
+            bound.steps.push(step);
+        }
+        bound.cost = Self::replay_cost(bound.steps.iter());
+        bound
+    }
+
+    /// Binds one recorded operation to the resolved argument table (each entry with
+    /// whether it is host memory), appending its arguments' memory to `out`, with the
+    /// rules of the matching single operation: kernels and fills need device memory,
+    /// copies may cross the link. Returns its engine and work time.
+    fn bind_recorded(
         &self,
-        state: &mut State,
         op: &RecordedOp,
         entries: &[(Region, bool)],
-    ) -> Result<Work, ExecError> {
-        let region = |a: &RecordedArg, host: Option<&'static str>| -> Result<(Region, bool), ExecError> {
+        out: &mut Vec<Binding>,
+    ) -> Result<(Engine, u64), ExecError> {
+        let bind = |a: &RecordedArg, host: Option<&'static str>| -> Result<(Binding, bool), ExecError> {
             let (entry, is_host) = entries.get(a.entry as usize).ok_or_else(|| {
                 self.driver_error(format!("argument entry {} outside a table of {}", a.entry, entries.len()))
             })?;
             if let (true, Some(what)) = (*is_host, host) {
                 return Err(self.unsupported(what));
             }
-            let sub = entry.sub(a.offset, a.len).ok_or_else(|| {
+            let sub = entry.sub_binding(a.offset, a.len).ok_or_else(|| {
                 self.driver_error(format!(
                     "recorded range {}..+{} outside argument entry {} of {} bytes",
                     a.offset, a.len, a.entry, entry.len
@@ -682,38 +833,30 @@ impl SimDriver {
             Ok((sub, *is_host))
         };
         match op {
-            RecordedOp::Marker => Ok(Work::Marker),
+            RecordedOp::Marker => Ok((Engine::None, 0)),
             RecordedOp::Kernel { kernel, geometry, args } => {
-                self.kernel_fault(state)?;
                 self.check_kernel(kernel, args.len())?;
-                let regions = args
-                    .iter()
-                    .map(|a| region(a, Some("kernel arguments in host memory")).map(|r| r.0))
-                    .collect::<Result<_, _>>()?;
-                let modes = args.iter().map(|a| a.mode).collect();
-                Ok(Work::Kernel(Box::new(KernelWork {
-                    kernel: kernel.clone(),
-                    geometry: *geometry,
-                    modes,
-                    regions,
-                })))
+                for a in args {
+                    out.push(bind(a, Some("kernel arguments in host memory"))?.0);
+                }
+                let bytes = args.iter().map(|a| a.len).sum();
+                Ok((Engine::Compute, self.cost.kernel_ns(geometry.global_size(), &kernel.cost, bytes)))
             }
             RecordedOp::Copy { src, dst } => {
-                self.copy_fault(state)?;
                 if src.len != dst.len {
                     return Err(
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
                     );
                 }
-                let (src, src_host) = region(src, None)?;
-                let (dst, dst_host) = region(dst, None)?;
-                let link = if src_host || dst_host { Link::Host } else { Link::Local };
-                Ok(Work::Copy { src, dst, link })
+                let (s, src_host) = bind(src, None)?;
+                let (d, dst_host) = bind(dst, None)?;
+                out.extend([s, d]);
+                Ok((Engine::Copy, self.cost.copy_ns(src.len, src_host || dst_host)))
             }
             RecordedOp::Fill { dst, pattern } => {
                 self.check_fill(dst.len, pattern)?;
-                let (dst, _) = region(dst, Some("fills of host memory"))?;
-                Ok(Work::Fill { dst, pattern: pattern.clone() })
+                out.push(bind(dst, Some("fills of host memory"))?.0);
+                Ok((Engine::Compute, self.cost.fill_ns(dst.len)))
             }
             RecordedOp::Write { .. } | RecordedOp::Read { .. } => Err(self.unsupported(op.label())),
         }
@@ -811,27 +954,12 @@ impl SimDriver {
             Work::Kernel(work) => {
                 let KernelWork { kernel, geometry, modes, regions } = *work;
                 let bindings: SmallVec<[Binding; 8]> = regions.iter().map(Region::binding).collect();
-                let geometry = &geometry;
-                // SAFETY: the bindings are live (held by `regions`) and nothing else
-                // runs on the device while this kernel does.
-                let snapshot = preserve.then(|| unsafe {
-                    self.snapshots.take_modes(modes.iter().copied().zip(bindings.iter().copied()))
-                });
-                let outcome = catch_unwind(AssertUnwindSafe(|| {
-                    for g in 0..geometry.group_count() {
-                        kernel.run_group(geometry, g, &bindings, arena);
-                    }
-                }));
-                outcome.map_err(|p| {
-                    if let Some(s) = snapshot {
-                        // SAFETY: the kernel has stopped; the regions are still alive
-                        // and nothing else touches them.
-                        unsafe { s.restore() };
-                    }
-                    ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
-                })
+                // SAFETY: the bindings are live (held by `regions`).
+                unsafe {
+                    self.run_kernel(&kernel, &geometry, modes.iter().copied(), &bindings, preserve, arena)
+                }
             }
-            Work::Plan(plan) => self.replay(plan, preserve, arena),
+            Work::Plan(plan) => self.replay(*plan, preserve, arena),
             Work::Host(task) => {
                 let HostWork { name, tag, mut run, modes, regions, .. } = *task;
                 let bindings: SmallVec<[Binding; 4]> = regions.iter().map(Region::binding).collect();
@@ -852,6 +980,90 @@ impl SimDriver {
         }
     }
 
+    /// Runs a kernel over `bindings` (`modes` says how it uses each); restores what it
+    /// wrote if it panics and `preserve` is set.
+    ///
+    /// # Safety
+    /// The bindings must be live for the whole call.
+    unsafe fn run_kernel(
+        &self,
+        kernel: &ClosureKernel,
+        geometry: &Geometry,
+        modes: impl Iterator<Item = AccessMode>,
+        bindings: &[Binding],
+        preserve: bool,
+        arena: &mut Arena,
+    ) -> Result<(), ExecError> {
+        let run = |arena: &mut Arena| {
+            catch_unwind(AssertUnwindSafe(|| {
+                for g in 0..geometry.group_count() {
+                    kernel.run_group(geometry, g, bindings, arena);
+                }
+            }))
+            .map_err(|p| ExecError::KernelPanicked {
+                kernel: kernel.name.clone(),
+                message: panic_message(&*p),
+            })
+        };
+        if !preserve {
+            // No snapshot to take or drop: the common path of replayed kernels.
+            return run(arena);
+        }
+        // SAFETY: live bindings (the caller's contract), and nothing else runs on the
+        // device while this kernel does.
+        let snapshot = unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) };
+        let outcome = run(arena);
+        if outcome.is_err() {
+            // SAFETY: the kernel has stopped; the memory is still alive and nothing else
+            // touches it.
+            unsafe { snapshot.restore() };
+        }
+        outcome
+    }
+
+    /// Runs one bound operation of a replay.
+    ///
+    /// # Safety
+    /// `bindings` (the [`BoundPlan`]'s) must point into live memory: the replay's.
+    unsafe fn run_step(
+        &self,
+        op: &RecordedOp,
+        step: &BoundStep,
+        bindings: &[Binding],
+        preserve: bool,
+        arena: &mut Arena,
+    ) -> Result<(), ExecError> {
+        let start = match &step.args {
+            Ok(start) => *start as usize,
+            Err(e) => return Err(e.clone()),
+        };
+        match op {
+            RecordedOp::Marker => Ok(()),
+            RecordedOp::Kernel { kernel, geometry, args } => {
+                let bindings = &bindings[start..start + args.len()];
+                // SAFETY: forwarded.
+                unsafe {
+                    self.run_kernel(kernel, geometry, args.iter().map(|a| a.mode), bindings, preserve, arena)
+                }
+            }
+            RecordedOp::Copy { .. } => {
+                let (s, d) = (bindings[start], bindings[start + 1]);
+                // SAFETY: bound within live entries, of equal length; ordered against
+                // other work by scheduling. `copy` tolerates overlap.
+                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
+                Ok(())
+            }
+            RecordedOp::Fill { pattern, .. } => {
+                let d = bindings[start];
+                // SAFETY: bound within a live entry, its length a multiple of the
+                // pattern's (checked when bound); exclusive by scheduling.
+                unsafe { fill_bytes(d.ptr, d.len, pattern) };
+                Ok(())
+            }
+            RecordedOp::Write { .. } | RecordedOp::Read { .. } => Err(self.unsupported(op.label())),
+        }
+    }
+
     /// Runs a replay's steps in plan order (see [`SimDriver::replay_steps`]); its
     /// result is the first step's error.
     fn replay(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
@@ -864,22 +1076,39 @@ impl SimDriver {
     /// follows the failure rules of its single operation (a panicking kernel restores
     /// what it wrote when `preserve` is set).
     fn replay_steps(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Vec<Option<ExecError>> {
+        // `memory` keeps the bindings' memory alive until every step has run.
+        let PlanWork { buffer, bound, memory: _memory, faulted, .. } = plan;
+        let (recorded, _) = plan_of(&buffer).expect("a plan at submission");
+        // Where the next faulted step is in `faulted`.
+        let mut next_fault = 0;
         // `failed[i]`: step `i`'s error and the one its dependents get; allocated at
         // the first failure.
         let mut failed: Vec<Option<(ExecError, ExecError)>> = Vec::new();
-        let count = plan.steps.len();
-        for (i, PlanStep { work, deps, name }) in plan.steps.into_iter().enumerate() {
-            let blocked = deps
-                .iter()
-                .find_map(|&d| failed.get(d as usize).and_then(Option::as_ref).map(|(_, dep)| dep.clone()));
-            let result = match blocked {
-                Some(e) => Err(e),
-                None => self.execute(work, preserve, arena),
+        let count = recorded.ops.len();
+        for (i, (planned, step)) in recorded.ops.iter().zip(&bound.steps).enumerate() {
+            let at_fault = faulted.get(next_fault).is_some_and(|&(f, _)| f as usize == i);
+            // SAFETY (both `run_step`s): the bindings point into `_memory`, as the
+            // bound plan's key is this replay's table.
+            let result = if failed.is_empty() && !at_fault {
+                unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) }
+            } else {
+                let blocked =
+                    planned.deps.iter().find_map(|&d| failed.get(d as usize)?.as_ref().map(|f| f.1.clone()));
+                match blocked {
+                    Some(e) => Err(e),
+                    None if at_fault => Err(faulted[next_fault].1.clone()),
+                    None => unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) },
+                }
             };
+            next_fault += usize::from(at_fault);
             if let Err(e) = result {
                 if failed.is_empty() {
                     failed = vec![None; count];
                 }
+                let name = match &planned.op {
+                    RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
+                    op => op.label().into(),
+                };
                 let for_dependents = e.as_dependency_of(name);
                 failed[i] = Some((e, for_dependents));
             }
@@ -944,7 +1173,7 @@ impl Driver for SimDriver {
             return Err(self.unsupported("command buffers"));
         }
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
-        Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts)))
+        Ok(Box::new(SimPlanBuilder(PlanBuilder::new(desc, self.info.name.clone(), accepts))))
     }
 
     fn patch_command_buffer(
@@ -952,9 +1181,12 @@ impl Driver for SimDriver {
         buffer: &CommandBuffer,
         patch: &[OpPatch],
     ) -> Result<CommandBuffer, ExecError> {
-        let plan = Plan::of(buffer)
+        let (plan, _) = plan_of(buffer)
             .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
-        Ok(Arc::new(plan.patched(patch).map_err(|e| self.driver_error(e))?))
+        let plan = plan.patched(patch).map_err(|e| self.driver_error(e))?;
+        // A fresh binding cache: it holds each step's virtual cost, which depends on
+        // the kernels the patch replaced.
+        Ok(Arc::new(SimPlan { plan, bound: Mutex::new(None) }))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
@@ -1849,7 +2081,7 @@ mod tests {
         );
         assert_eq!(b.append(RecordedOp::Marker, &[]), Ok(SyncPoint(3)));
         let plan = b.finalize().unwrap();
-        assert_eq!(Plan::of(&plan).unwrap().ops.len(), 4);
+        assert_eq!(plan_of(&plan).unwrap().0.ops.len(), 4);
     }
 
     /// A panicking kernel inside a plan fails the operations that depend on it,
@@ -1966,7 +2198,7 @@ mod tests {
         };
         let errors = d.replay_steps(
             match work {
-                Work::Plan(plan) => plan,
+                Work::Plan(plan) => *plan,
                 _ => unreachable!("a replay prepares to a plan"),
             },
             true,
@@ -2036,5 +2268,148 @@ mod tests {
         submit(&d, 7, copy(dev(buf, 0, 16), host(&out, 0, 16)), &[]);
         d.poll();
         assert_eq!(read_u32(&out), [1, 2, 3, 4], "only the host-to-device copy changed the buffer");
+    }
+
+    /// Reads `n` u32s of device allocation `id` back through a copy.
+    fn read_dev(d: &SimDriver, rx: &Receiver<Completion>, id: AllocId, n: usize) -> Vec<u32> {
+        let out = Arc::new(HostStorage::zeroed(n * 4));
+        submit(d, 1000, copy(dev(id, 0, n * 4), host(&out, 0, n * 4)), &[]);
+        d.poll();
+        assert!(drain(rx).iter().all(|c| c.result.is_ok()));
+        read_u32(&out)
+    }
+
+    /// A replay reuses the binding of the previous one only while its table's memory
+    /// is where it was: rebound to another allocation, a reallocated one, another
+    /// offset or a shorter range, it reads and writes (or refuses) the new memory.
+    #[test]
+    fn replays_follow_their_table_when_buffers_move() {
+        let (d, rx) = sim();
+        let buffer = record(&d, 1, vec![(rec_add(4, rarg(0, 0, 16), 1), vec![])]);
+        let run = |entry: MemSlice| {
+            submit(&d, 0, replay_op(&buffer, &[entry]), &[]);
+            d.poll();
+            drain(&rx).pop().unwrap().result
+        };
+        let (a, b) = (d.alloc(16).unwrap(), d.alloc(32).unwrap());
+        run(dev(a, 0, 16)).unwrap();
+        run(dev(a, 0, 16)).unwrap();
+        assert_eq!(read_dev(&d, &rx, a, 4), [2; 4]);
+        run(dev(b, 0, 16)).unwrap();
+        assert_eq!(read_dev(&d, &rx, a, 4), [2; 4], "moved: the old memory is left alone");
+        assert_eq!(read_dev(&d, &rx, b, 8), [1, 1, 1, 1, 0, 0, 0, 0]);
+        run(dev(b, 16, 16)).unwrap();
+        assert_eq!(read_dev(&d, &rx, b, 8), [1; 8], "another offset of the same allocation");
+        assert!(matches!(run(dev(b, 16, 8)), Err(ExecError::Driver { .. })), "the entry got too short");
+        d.free(a);
+        let c = d.alloc(16).unwrap(); // may reuse a's address: its bytes are c's now
+        run(dev(c, 0, 16)).unwrap();
+        assert_eq!(read_dev(&d, &rx, c, 4), [1; 4]);
+        run(dev(b, 0, 16)).unwrap();
+        assert_eq!(read_dev(&d, &rx, b, 8), [2, 2, 2, 2, 1, 1, 1, 1]);
+    }
+
+    /// Faults are drawn at every replay, bound or not: the nth kernel and copy fail in
+    /// whichever replay they fall, and a faulted step costs no time (a replay whose
+    /// every step faulted occupies no engine).
+    #[test]
+    fn faults_and_costs_are_per_replay_with_a_reused_binding() {
+        let faults = FaultPlan::default()
+            .with(Fault::Kernel { nth: 0 })
+            .with(Fault::Kernel { nth: 1 })
+            .with(Fault::Kernel { nth: 3 })
+            .with(Fault::Copy { nth: 3 }); // copy 0 is the read-back below
+        let (d, rx) = driver(SimConfig { latency_ns: 100, cost: cb_model(), faults, ..Default::default() });
+        let bytes = CB_N * 4;
+        let (a, b) = (d.alloc(bytes).unwrap(), d.alloc(bytes).unwrap());
+        let kernels = record(
+            &d,
+            1,
+            vec![
+                (rec_add(CB_N, rarg(0, 0, bytes), 1), vec![]),
+                (rec_add(CB_N, rarg(0, 0, bytes), 2), vec![]),
+            ],
+        );
+        let copy_ab = record(
+            &d,
+            2,
+            vec![(RecordedOp::Copy { src: rarg(0, 0, bytes), dst: rarg(1, 0, bytes) }, vec![])],
+        );
+        let mut spans = Vec::new();
+        for _ in 0..3 {
+            submit(&d, 0, replay_op(&kernels, &[dev(a, 0, bytes)]), &[]);
+            d.poll();
+            let c = drain(&rx).pop().unwrap();
+            spans.push((c.ended_ns - c.started_ns, c.lane, c.result.is_ok()));
+        }
+        // Kernels 0, 1 fault (both steps), then 3 (the second step), then none.
+        assert_eq!(spans, [(100, 0, false), (104, 1, false), (108, 1, true)]);
+        assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 2; CB_N]);
+        let copies: Vec<bool> = (0..3)
+            .map(|_| {
+                submit(&d, 0, replay_op(&copy_ab, &[dev(a, 0, bytes), dev(b, 0, bytes)]), &[]);
+                d.poll();
+                drain(&rx).pop().unwrap().result.is_ok()
+            })
+            .collect();
+        assert_eq!(
+            copies,
+            [true, true, false],
+            "the third replay's copy (copies count apart from kernels) faults"
+        );
+    }
+
+    /// A patched command buffer runs its new kernels at their virtual cost: its
+    /// binding (which holds each step's cost) starts afresh, while the original keeps
+    /// its own.
+    #[test]
+    fn patched_buffers_run_their_new_kernels_at_their_cost() {
+        let (d, rx) = driver(SimConfig { latency_ns: 100, cost: cb_model(), ..Default::default() });
+        let bytes = CB_N * 4;
+        let a = d.alloc(bytes).unwrap();
+        let original = record(&d, 1, vec![(rec_add(CB_N, rarg(0, 0, bytes), 1), vec![])]);
+        let run = |buffer: &CommandBuffer| {
+            submit(&d, 0, replay_op(buffer, &[dev(a, 0, bytes)]), &[]);
+            d.poll();
+            let c = drain(&rx).pop().unwrap();
+            assert!(c.result.is_ok(), "{c:?}");
+            c.ended_ns - c.started_ns
+        };
+        assert_eq!((run(&original), run(&original)), (104, 104), "bound once, then reused");
+        // A kernel adding 10 that declares twice the default cost per work-item.
+        let RecordedOp::Kernel { kernel, geometry, .. } = rec_add(CB_N, rarg(0, 0, bytes), 10) else {
+            unreachable!()
+        };
+        let kernel =
+            Arc::new(ClosureKernel { cost: gantry_driver::ItemCost::of(Some(2.0)), ..(*kernel).clone() });
+        let patched = d.patch_command_buffer(&original, &[OpPatch::Kernel { kernel, geometry }]).unwrap();
+        assert_eq!(run(&patched), 108);
+        assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
+        assert_eq!(run(&original), 104, "the original is unchanged");
+        assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10 + 1; CB_N]);
+    }
+
+    /// A command buffer bound on one device is rebound on another, even over the
+    /// same memory: its errors name the device that ran it.
+    #[test]
+    fn bindings_belong_to_one_device() {
+        let machine = SimMachine::new(MachineConfig::default());
+        let device = |name: &'static str| {
+            let (tx, rx) = unbounded();
+            let config = SimConfig { name: name.into(), ..Default::default() };
+            (machine.device(config, DriverContext { completions: tx, epoch: Instant::now() }), rx)
+        };
+        let ((d1, rx1), (d2, rx2)) = (device("one"), device("two"));
+        let buffer = record(&d1, 1, vec![(rec_add(4, rarg(0, 0, 16), 1), vec![])]);
+        let mem = host_u32(&[0; 4]);
+        for (d, rx, name) in [(&d1, &rx1, "one"), (&d2, &rx2, "two")] {
+            submit(d, 0, replay_op(&buffer, &[host(&mem, 0, 16)]), &[]);
+            d.poll();
+            let done = drain(rx);
+            assert!(
+                matches!(&done[0].result, Err(ExecError::Unsupported { device, .. }) if &**device == name),
+                "{done:?}"
+            );
+        }
     }
 }
