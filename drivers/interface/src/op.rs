@@ -231,25 +231,30 @@ impl Drop for Snapshot {
 /// Reusable snapshot memory for one driver. A snapshot of a large range costs a copy
 /// either way, but in fresh memory it also costs a page fault per 4 KiB touched and an
 /// unmap when it is freed (about four times the copy, measured on 64 MiB ranges), so
-/// finished snapshots keep their memory here for the next operation: at most
+/// finished snapshots of at least [`SnapshotPool::MIN_POOLED`] bytes keep their memory
+/// here for the next operation: at most [`SnapshotPool::MAX_POOLED`] of them and
 /// [`SnapshotPool::DEFAULT_LIMIT`] bytes (or the limit given), the most recent first.
+/// Smaller snapshots come from the allocator, which serves them without faults or a
+/// lock.
 ///
 /// ```
 /// # use std::sync::Arc;
 /// # use gantry_driver::{AccessMode, Binding, SnapshotPool};
 /// let pool = Arc::new(SnapshotPool::default());
-/// let mut data = vec![1u8, 2, 3];
-/// let b = Binding::new(data.as_mut_ptr(), 3);
+/// let n = SnapshotPool::MIN_POOLED;
+/// let mut data = vec![1u8; n];
+/// let b = Binding::new(data.as_mut_ptr(), n);
 /// // SAFETY: `data` is live and nothing else touches it.
 /// let snap = unsafe { pool.take_modes([(AccessMode::ReadWrite, b)]) };
-/// data.copy_from_slice(&[9, 9, 9]);
+/// data.fill(9);
 /// unsafe { snap.restore() };
-/// assert_eq!(data, [1, 2, 3]);
-/// assert_eq!(pool.pooled_bytes(), 3, "the copy's memory went back to the pool");
+/// assert!(data.iter().all(|&x| x == 1));
+/// assert_eq!(pool.pooled_bytes(), n, "the copy's memory went back to the pool");
 /// ```
 #[derive(Debug)]
 pub struct SnapshotPool {
-    free: parking_lot::Mutex<Vec<Vec<u8>>>,
+    /// The pooled vectors and their total capacity.
+    free: parking_lot::Mutex<(Vec<Vec<u8>>, usize)>,
     limit: usize,
 }
 
@@ -262,10 +267,14 @@ impl Default for SnapshotPool {
 impl SnapshotPool {
     /// Bytes a default pool keeps at most.
     pub const DEFAULT_LIMIT: usize = 256 << 20;
+    /// Smallest snapshot whose memory is pooled.
+    pub const MIN_POOLED: usize = 64 << 10;
+    /// Most vectors a pool keeps.
+    pub const MAX_POOLED: usize = 16;
 
     /// A pool that keeps at most `limit` bytes of finished snapshots.
     pub fn with_limit(limit: usize) -> Self {
-        Self { free: parking_lot::Mutex::new(Vec::new()), limit }
+        Self { free: parking_lot::Mutex::new((Vec::new(), 0)), limit }
     }
 
     /// Saves every writable binding (`bindings[i]` belongs to `args[i]`) in pooled
@@ -292,12 +301,16 @@ impl SnapshotPool {
 
     /// Bytes of memory the pool holds now.
     pub fn pooled_bytes(&self) -> usize {
-        self.free.lock().iter().map(Vec::capacity).sum()
+        self.free.lock().1
     }
 
     /// An empty vector with room for `len` bytes: the smallest pooled one that fits.
     fn get(&self, len: usize) -> Vec<u8> {
-        let mut free = self.free.lock();
+        if len < Self::MIN_POOLED {
+            return Vec::with_capacity(len);
+        }
+        let mut guard = self.free.lock();
+        let (free, total) = &mut *guard;
         let best = free
             .iter()
             .enumerate()
@@ -305,23 +318,28 @@ impl SnapshotPool {
             .min_by_key(|(_, v)| v.capacity())
             .map(|(i, _)| i);
         match best {
-            Some(i) => free.swap_remove(i),
+            Some(i) => {
+                let v = free.remove(i);
+                *total -= v.capacity();
+                v
+            }
             None => Vec::with_capacity(len),
         }
     }
 
-    /// Keeps `bytes`' memory if it fits under the limit (dropping the oldest to make
-    /// room).
+    /// Keeps `bytes`' memory if it is large enough to be worth it and fits under the
+    /// limits (dropping the oldest to make room).
     fn put(&self, mut bytes: Vec<u8>) {
-        if bytes.capacity() == 0 || bytes.capacity() > self.limit {
+        if bytes.capacity() < Self::MIN_POOLED || bytes.capacity() > self.limit {
             return;
         }
         bytes.clear();
-        let mut free = self.free.lock();
+        let mut guard = self.free.lock();
+        let (free, total) = &mut *guard;
+        *total += bytes.capacity();
         free.push(bytes);
-        let mut total: usize = free.iter().map(Vec::capacity).sum();
-        while total > self.limit {
-            total -= free.remove(0).capacity();
+        while *total > self.limit || free.len() > Self::MAX_POOLED {
+            *total -= free.remove(0).capacity();
         }
     }
 }
@@ -350,38 +368,51 @@ mod tests {
     use super::*;
 
     /// Snapshots restore their ranges, reuse pooled memory, and the pool stays under
-    /// its limit: oldest memory goes first, larger-than-limit copies are not kept.
+    /// its limits: oldest memory goes first; copies larger than the limit, or too small
+    /// to be worth pooling, are not kept.
     #[test]
     fn snapshot_pool_reuses_memory_within_its_limit() {
-        let pool = Arc::new(SnapshotPool::with_limit(1000));
-        let mut a = vec![7u8; 600];
-        let mut b = vec![3u8; 300];
-        let (ba, bb) = (Binding::new(a.as_mut_ptr(), 600), Binding::new(b.as_mut_ptr(), 300));
-        // SAFETY (all): `a` and `b` are live and touched only between the calls.
+        const U: usize = SnapshotPool::MIN_POOLED;
+        let pool = Arc::new(SnapshotPool::with_limit(10 * U));
+        let mut a = vec![7u8; 6 * U];
+        let mut b = vec![3u8; 3 * U];
+        let (ba, bb) = (Binding::new(a.as_mut_ptr(), 6 * U), Binding::new(b.as_mut_ptr(), 3 * U));
+        // SAFETY (all): the vectors are live and touched only between the calls.
         let s = unsafe { pool.take_modes([(AccessMode::Write, ba), (AccessMode::Read, bb)]) };
         a.fill(0);
         unsafe { s.restore() };
-        assert_eq!(a, vec![7u8; 600], "restored");
-        assert_eq!(pool.pooled_bytes(), 600, "only the written range was copied, and its memory kept");
+        assert_eq!(a, vec![7u8; 6 * U], "restored");
+        assert_eq!(pool.pooled_bytes(), 6 * U, "only the written range was copied, and its memory kept");
         // The next snapshot of a smaller range takes that memory instead of allocating.
         let s = unsafe { pool.take_modes([(AccessMode::DiscardWrite, bb)]) };
         assert_eq!(pool.pooled_bytes(), 0);
         drop(s);
-        assert_eq!(pool.pooled_bytes(), 600);
+        assert_eq!(pool.pooled_bytes(), 6 * U);
         // Two copies alive at once: the second allocates; both come back, and the pool
-        // drops the oldest to stay under 1000 bytes.
-        let mut c = vec![5u8; 500];
+        // drops the oldest to stay under its limit.
+        let mut c = vec![5u8; 5 * U];
         let s1 = unsafe { pool.take_modes([(AccessMode::ReadWrite, ba)]) };
-        let s2 = unsafe { pool.take_modes([(AccessMode::ReadWrite, Binding::new(c.as_mut_ptr(), 500))]) };
+        let s2 = unsafe { pool.take_modes([(AccessMode::ReadWrite, Binding::new(c.as_mut_ptr(), 5 * U))]) };
         drop(s1);
         drop(s2);
-        assert_eq!(pool.pooled_bytes(), 500, "600 + 500 > 1000: the older 600 went");
+        assert_eq!(pool.pooled_bytes(), 5 * U, "6 + 5 units > 10: the older 6 went");
         c.fill(0);
-        // A copy larger than the limit is freed, not kept.
-        let mut big = vec![1u8; 2000];
-        let s = unsafe { pool.take_modes([(AccessMode::Write, Binding::new(big.as_mut_ptr(), 2000))]) };
-        let before = pool.pooled_bytes();
+        // A copy larger than the limit is freed, not kept; so is a small one.
+        let mut big = vec![1u8; 20 * U];
+        let s = unsafe { pool.take_modes([(AccessMode::Write, Binding::new(big.as_mut_ptr(), 20 * U))]) };
         drop(s);
-        assert_eq!(pool.pooled_bytes(), before);
+        let mut small = vec![1u8; 64];
+        let s = unsafe { pool.take_modes([(AccessMode::Write, Binding::new(small.as_mut_ptr(), 64))]) };
+        drop(s);
+        assert_eq!(pool.pooled_bytes(), 5 * U);
+        // At most MAX_POOLED vectors.
+        let pool = Arc::new(SnapshotPool::default());
+        let mut many: Vec<Vec<u8>> = (0..SnapshotPool::MAX_POOLED + 4).map(|_| vec![0u8; U]).collect();
+        let snaps: Vec<Snapshot> = many
+            .iter_mut()
+            .map(|v| unsafe { pool.take_modes([(AccessMode::Write, Binding::new(v.as_mut_ptr(), U))]) })
+            .collect();
+        drop(snaps);
+        assert_eq!(pool.pooled_bytes(), SnapshotPool::MAX_POOLED * U);
     }
 }
