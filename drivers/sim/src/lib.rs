@@ -200,6 +200,37 @@ pub enum Fault {
     },
 }
 
+/// The classes of operations that fail by count (each with its own counter and its
+/// own random draws).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Faulting {
+    Kernel = 0,
+    Copy = 1,
+}
+
+impl Faulting {
+    /// The planned fault of the `nth` operation of the class.
+    fn fault(self, nth: u64) -> Fault {
+        match self {
+            Faulting::Kernel => Fault::Kernel { nth },
+            Faulting::Copy => Fault::Copy { nth },
+        }
+    }
+    /// Whether a planned fault targets an operation of this class.
+    fn targeted_by(self, fault: Fault) -> bool {
+        matches!(
+            (self, fault),
+            (Faulting::Kernel, Fault::Kernel { .. }) | (Faulting::Copy, Fault::Copy { .. })
+        )
+    }
+    fn what(self) -> &'static str {
+        match self {
+            Faulting::Kernel => "kernel launch failed",
+            Faulting::Copy => "copy failed",
+        }
+    }
+}
+
 /// Which faults a simulated device injects: an explicit list, and optionally random
 /// kernel and copy failures drawn from a seed (the same seed fails the same
 /// operations).
@@ -237,13 +268,19 @@ impl FaultPlan {
     fn has(&self, fault: Fault) -> bool {
         self.faults.contains(&fault)
     }
-    /// Whether any kernel can fail (else a replay only counts its kernels).
-    fn may_fail_kernels(&self) -> bool {
-        self.kernel_per_mille > 0 || self.faults.iter().any(|f| matches!(f, Fault::Kernel { .. }))
+    /// Whether any operation of `class` can fail (else a replay only counts them).
+    fn may_fail(&self, class: Faulting) -> bool {
+        self.per_mille(class) > 0 || self.faults.iter().any(|&f| class.targeted_by(f))
     }
-    /// Whether any copy can fail.
-    fn may_fail_copies(&self) -> bool {
-        self.copy_per_mille > 0 || self.faults.iter().any(|f| matches!(f, Fault::Copy { .. }))
+    fn per_mille(&self, class: Faulting) -> u32 {
+        match class {
+            Faulting::Kernel => self.kernel_per_mille,
+            Faulting::Copy => self.copy_per_mille,
+        }
+    }
+    /// Whether the `nth` operation of `class` fails: planned, or drawn.
+    fn strikes(&self, class: Faulting, nth: u64) -> bool {
+        self.has(class.fault(nth)) || self.draws(class as u64 + 1, nth, self.per_mille(class))
     }
     /// Whether the `nth` operation of a class (`salt`) draws a failure at `per_mille`.
     fn draws(&self, salt: u64, nth: u64, per_mille: u32) -> bool {
@@ -313,10 +350,9 @@ struct State {
     allocated: usize,
     /// Recorded, not yet executed operations, keyed by (virtual end, sequence).
     queue: BTreeMap<(u64, u64), Pending>,
-    /// Kernels, copies and allocations so far, and operations executed (fault plans
-    /// count these).
-    kernels: u64,
-    copies: u64,
+    /// Kernels and copies (indexed by [`Faulting`]) and allocations so far, and
+    /// operations executed (fault plans count these).
+    counted: [u64; 2],
     allocs: u64,
     executed: u64,
     /// Set once the device is lost.
@@ -645,22 +681,13 @@ impl SimDriver {
         })
     }
 
-    /// Counts a kernel against the fault plan and fails it if a fault targets it.
-    fn kernel_fault(&self, state: &mut State) -> Result<(), ExecError> {
-        let nth = state.kernels;
-        state.kernels += 1;
-        if self.faults.has(Fault::Kernel { nth }) || self.faults.draws(1, nth, self.faults.kernel_per_mille) {
-            return Err(self.fault("kernel launch failed"));
-        }
-        Ok(())
-    }
-
-    /// Counts a copy against the fault plan and fails it if a fault targets it.
-    fn copy_fault(&self, state: &mut State) -> Result<(), ExecError> {
-        let nth = state.copies;
-        state.copies += 1;
-        if self.faults.has(Fault::Copy { nth }) || self.faults.draws(2, nth, self.faults.copy_per_mille) {
-            return Err(self.fault("copy failed"));
+    /// Counts a kernel or copy against the fault plan and fails it if a fault targets
+    /// it.
+    fn count_fault(&self, state: &mut State, class: Faulting) -> Result<(), ExecError> {
+        let nth = &mut state.counted[class as usize];
+        *nth += 1;
+        if self.faults.strikes(class, *nth - 1) {
+            return Err(self.fault(class.what()));
         }
         Ok(())
     }
@@ -738,23 +765,16 @@ impl SimDriver {
         };
         // Kernels, then copies: separate counters, each drawn in plan order.
         let mut faulted = Vec::new();
-        if self.faults.may_fail_kernels() {
-            for &i in &bound.kernels {
-                if let Err(e) = self.kernel_fault(state) {
+        for (class, ops) in [(Faulting::Kernel, &bound.kernels), (Faulting::Copy, &bound.copies)] {
+            if !self.faults.may_fail(class) {
+                state.counted[class as usize] += ops.len() as u64;
+                continue;
+            }
+            for &i in ops {
+                if let Err(e) = self.count_fault(state, class) {
                     faulted.push((i, e));
                 }
             }
-        } else {
-            state.kernels += bound.kernels.len() as u64;
-        }
-        if self.faults.may_fail_copies() {
-            for &i in &bound.copies {
-                if let Err(e) = self.copy_fault(state) {
-                    faulted.push((i, e));
-                }
-            }
-        } else {
-            state.copies += bound.copies.len() as u64;
         }
         let cost = if faulted.is_empty() {
             bound.cost
@@ -867,7 +887,7 @@ impl SimDriver {
         match op {
             DeviceOp::Marker => Ok(Work::Marker),
             DeviceOp::Copy { src, dst } => {
-                self.copy_fault(state)?;
+                self.count_fault(state, Faulting::Copy)?;
                 if src.len != dst.len {
                     return Err(
                         self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
@@ -896,7 +916,7 @@ impl SimDriver {
             DeviceOp::Kernel(_) if self.host_pool => Err(self.unsupported("kernels")),
             DeviceOp::CommandBuffer(_) if self.host_pool => Err(self.unsupported("command buffers")),
             DeviceOp::Kernel(launch) => {
-                self.kernel_fault(state)?;
+                self.count_fault(state, Faulting::Kernel)?;
                 self.check_kernel(&launch.kernel, launch.args.len())?;
                 let regions = launch
                     .args
