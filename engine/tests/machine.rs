@@ -38,6 +38,20 @@ fn two_gpus(machine: MachineConfig) -> Runtime {
         .build()
 }
 
+/// A recorded manual runtime: one simulated GPU (device 1) and a host pool of
+/// `threads` threads, 1 µs per task by default (device 2).
+fn gpu_and_pool(threads: u32) -> Runtime {
+    let host = HostPoolConfig { threads, task_ns: 1_000, latency_ns: 0, memory_bytes_per_ns: 0.0 };
+    Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .host_threads(0)
+        .sim(gpu("gpu0"))
+        .sim_machine(MachineConfig { peer_bytes_per_ns: 0.0, host: Some(host) })
+        .timeline(true)
+        .build()
+}
+
 fn queue(rt: &Runtime, device: u32) -> Queue {
     rt.queue_with(QueueOptions { device, in_order: false }).unwrap()
 }
@@ -155,15 +169,7 @@ fn devices_share_one_clock_and_reactions_start_when_their_dependency_ended() {
 /// the device work they read has been copied back to host memory.
 #[test]
 fn host_tasks_run_on_the_modelled_pool_in_virtual_time() {
-    let host = HostPoolConfig { threads: 2, task_ns: 1_000, latency_ns: 0, memory_bytes_per_ns: 0.0 };
-    let rt = Runtime::builder()
-        .mode(Mode::Manual)
-        .worker_threads(0)
-        .host_threads(0)
-        .sim(gpu("gpu0"))
-        .sim_machine(MachineConfig { peer_bytes_per_ns: 0.0, host: Some(host) })
-        .timeline(true)
-        .build();
+    let rt = gpu_and_pool(2);
     let pool_device = 2;
     assert_eq!(&*rt.devices()[pool_device as usize].name, "sim-host");
     let (gpu, pool) = (queue(&rt, 1), queue(&rt, pool_device));
@@ -270,15 +276,7 @@ fn machine_timelines_are_deterministic() {
 /// pool, in virtual time, at its declared duration, after the kernel it reads.
 #[test]
 fn graph_host_tasks_replay_on_the_pool() {
-    let host = HostPoolConfig { threads: 1, task_ns: 1_000, latency_ns: 0, memory_bytes_per_ns: 0.0 };
-    let rt = Runtime::builder()
-        .mode(Mode::Manual)
-        .worker_threads(0)
-        .host_threads(0)
-        .sim(gpu("gpu0"))
-        .sim_machine(MachineConfig { peer_bytes_per_ns: 0.0, host: Some(host) })
-        .timeline(true)
-        .build();
+    let rt = gpu_and_pool(1);
     let (gpu, pool) = (queue(&rt, 1), queue(&rt, 2));
     let data = rt.buffer(&[1u32; 16]);
     let total = rt.buffer_zeroed::<u32>(1);
