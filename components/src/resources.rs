@@ -64,6 +64,15 @@ impl Device {
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
+
+    /// Its virtual time now (0 on a real-time device).
+    pub fn virtual_now_ns(&self) -> u64 {
+        if self.info.caps.virtual_time {
+            self.driver.virtual_now_ns()
+        } else {
+            0
+        }
+    }
 }
 
 /// All devices; index = [`DeviceId`]. Device 0 is the host (CPU driver), which also
@@ -75,7 +84,7 @@ impl Devices {
     /// The virtual time now on each device, 0 on real-time ones: the earliest a
     /// command created now may start there.
     pub fn virtual_now_ns(&self) -> SmallVec<[u64; 4]> {
-        self.0.iter().map(|d| if d.info.caps.virtual_time { d.driver.virtual_now_ns() } else { 0 }).collect()
+        self.0.iter().map(Device::virtual_now_ns).collect()
     }
 
     /// Which devices run on a virtual clock; `None` when none does.

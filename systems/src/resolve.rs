@@ -11,7 +11,8 @@
 //! * **Placement** — a command needs the buffer's contents in its device's memory
 //!   space. If that copy is not valid, a memory move is inserted: straight from a
 //!   device in the same peer group (a device-to-device link), else through host
-//!   memory; a discard-write of the whole buffer needs no move. After a write, only the writer's space holds valid contents.
+//!   memory; a discard-write of the whole buffer needs no move. After a write, only
+//!   the writer's space holds valid contents.
 //! * **Events** — an explicit dependency on an unfinished event is an edge to its
 //!   command; on a failed event, the command fails without running.
 //! * **Queue order** — an in-order queue's command depends on the previous one; a
@@ -373,7 +374,7 @@ fn insert_move(
     let name: Arc<str> = format!("move buffer {} {:?}->{:?}", buffer.id, from, to).into();
     let config = world.resource::<SchedulerConfig>();
     let event = Arc::new(EventShared::new(name.clone(), 0, config.now_ns()));
-    let not_before_ns = world.resource::<Devices>().virtual_now_ns()[device as usize];
+    let not_before_ns = world.resource::<Devices>().0[device as usize].virtual_now_ns();
     let mut src_req = Requirement::new(buffer.clone(), AccessMode::Read, whole);
     (src_req.space, src_req.alloc) = (from, src.alloc);
     let mut dst_req = Requirement::new(buffer, AccessMode::DiscardWrite, whole);
