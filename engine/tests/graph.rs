@@ -826,10 +826,11 @@ fn a_node_the_driver_cannot_record_fails_finalize_as_unsupported() {
     ));
 }
 
-/// Whole-graph updates whose buffers map one to one onto the current ones patch the
-/// command buffers (new kernels, fill patterns); updates where two buffers become one
-/// record anew. Both give the results of the update graph freshly finalized, on the
-/// CPU and the simulated device, and leave the current graph's buffers alone.
+/// Whole-graph updates that replace each current buffer by one new buffer patch the
+/// command buffers (new kernels, fill patterns), also when two current buffers become
+/// one (their entries then bind the same memory). Both give the results of the
+/// update graph freshly finalized, on the CPU and the simulated device, and leave the
+/// current graph's buffers alone.
 #[test]
 fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
     let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();

@@ -313,12 +313,7 @@ pub(crate) fn fusion_arg(r: &Requirement) -> FusionArg {
 }
 
 /// The fused kernel's requirement standing for the slots `uses` on one buffer.
-pub(crate) fn union_requirement(
-    reqs: &[&Requirement],
-    start: usize,
-    end: usize,
-    internal: bool,
-) -> Requirement {
+fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: bool) -> Requirement {
     let first = reqs[0];
     let writes = reqs.iter().any(|r| r.mode.writes());
     let reads = reqs.iter().any(|r| r.mode.reads());

@@ -416,10 +416,12 @@ impl Layout {
     }
 }
 
-/// The fastest whole-graph update: when the new nodes use the plan's buffers one
-/// to one (each old buffer replaced by one new buffer everywhere, distinct ones
-/// by distinct ones) with the same ranges, modes and parameter slots, every
-/// argument table and recorded argument stays as it is. Then only the plan's
+/// The fastest whole-graph update: when the new nodes replace each of the plan's
+/// buffers by one buffer everywhere, with the same ranges, modes and parameter
+/// slots, every argument table and recorded argument stays as it is. (Two old
+/// buffers may become one: their entries then bind the same memory, and submission
+/// merges their requirements, as it does for a dynamic parameter bound to a buffer
+/// the partition also uses.) Then only the plan's
 /// buffer list changes, and each command buffer is patched with the new kernels,
 /// host data and fill patterns instead of recorded anew. `None` when that does
 /// not hold or a driver cannot patch: the caller records (a finalize with
@@ -492,14 +494,6 @@ pub fn patch_plan(
         });
     }
     let buffers: Vec<_> = buffers.into_iter().collect::<Option<_>>()?;
-    // Distinct old buffers must stay distinct, or the new graph would share one
-    // argument-table entry where the plan has two.
-    let mut ids: Vec<u64> = buffers.iter().map(|b| b.id).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    if ids.len() != buffers.len() {
-        return None;
-    }
     Some(ExecPlan {
         nodes: nodes.clone(),
         buffers,
