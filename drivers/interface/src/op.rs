@@ -159,53 +159,15 @@ pub struct Completion {
 }
 
 /// Copies of the writable ranges of an operation, taken before it runs so that a
-/// failure can put them back. Taken from a [`SnapshotPool`], it hands its copies
-/// back there when dropped.
-#[derive(Default)]
+/// failure can put them back. Taken from a [`SnapshotPool`], to which it hands its
+/// copies back when dropped.
 pub struct Snapshot {
     saved: Vec<(Binding, Vec<u8>)>,
+    /// Where its copies go back; `None` when none is large enough to be pooled.
     pool: Option<Arc<SnapshotPool>>,
 }
 
 impl Snapshot {
-    /// Saves every writable binding (`bindings[i]` belongs to `args[i]`), in fresh
-    /// memory.
-    ///
-    /// # Safety
-    /// The bindings must be valid and not written concurrently.
-    pub unsafe fn take(args: &[MemArg], bindings: &[Binding]) -> Self {
-        // SAFETY: forwarded.
-        unsafe { Self::take_modes(args.iter().map(|a| a.mode).zip(bindings.iter().copied())) }
-    }
-
-    /// Saves every binding whose mode writes, in fresh memory.
-    ///
-    /// # Safety
-    /// The bindings must be valid and not written concurrently.
-    pub unsafe fn take_modes(args: impl IntoIterator<Item = (AccessMode, Binding)>) -> Self {
-        // SAFETY: forwarded.
-        unsafe { Self::save(args, None) }
-    }
-
-    /// # Safety
-    /// The bindings must be valid and not written concurrently.
-    unsafe fn save(
-        args: impl IntoIterator<Item = (AccessMode, Binding)>,
-        pool: Option<Arc<SnapshotPool>>,
-    ) -> Self {
-        let saved = args
-            .into_iter()
-            .filter(|(mode, _)| mode.writes())
-            .map(|(_, b)| {
-                let mut copy = pool.as_ref().map(|p| p.get(b.len)).unwrap_or_default();
-                // SAFETY: the caller guarantees validity.
-                copy.extend_from_slice(unsafe { std::slice::from_raw_parts(b.ptr, b.len) });
-                (b, copy)
-            })
-            .collect();
-        Self { saved, pool }
-    }
-
     /// Writes the saved bytes back.
     ///
     /// # Safety
@@ -287,7 +249,7 @@ impl SnapshotPool {
         unsafe { self.take_modes(args.iter().map(|a| a.mode).zip(bindings.iter().copied())) }
     }
 
-    /// Saves every binding whose mode writes in pooled memory.
+    /// Saves every binding whose mode writes, in pooled memory when large.
     ///
     /// # Safety
     /// The bindings must be valid and not written concurrently.
@@ -295,8 +257,18 @@ impl SnapshotPool {
         self: &Arc<Self>,
         args: impl IntoIterator<Item = (AccessMode, Binding)>,
     ) -> Snapshot {
-        // SAFETY: forwarded.
-        unsafe { Snapshot::save(args, Some(self.clone())) }
+        let saved: Vec<(Binding, Vec<u8>)> = args
+            .into_iter()
+            .filter(|(mode, _)| mode.writes())
+            .map(|(_, b)| {
+                let mut copy = self.get(b.len);
+                // SAFETY: the caller guarantees validity.
+                copy.extend_from_slice(unsafe { std::slice::from_raw_parts(b.ptr, b.len) });
+                (b, copy)
+            })
+            .collect();
+        let pooled = saved.iter().any(|(_, c)| c.capacity() >= Self::MIN_POOLED);
+        Snapshot { saved, pool: pooled.then(|| self.clone()) }
     }
 
     /// Bytes of memory the pool holds now.
