@@ -143,31 +143,30 @@ pub struct Arena {
 }
 
 impl Arena {
-    /// `bytes` of zeroed scratch (zeroed for every group, so what a kernel reads
-    /// before writing does not depend on which groups ran on this thread before).
-    fn prepare(&mut self, bytes: usize) -> *mut u8 {
+    /// At least `bytes` of scratch (initialized, not cleared).
+    fn reserve(&mut self, bytes: usize) -> *mut u8 {
         let lines = bytes.div_ceil(LINE);
         if self.lines.len() < lines {
             self.lines.resize(lines, Line([0; LINE]));
         }
-        let p = self.lines.as_mut_ptr();
-        // SAFETY: the arena holds at least `lines` lines.
-        unsafe { std::ptr::write_bytes(p, 0, lines) };
-        p.cast()
+        self.lines.as_mut_ptr().cast()
+    }
+}
+
+impl Scratch {
+    /// Bytes of the slot's region for one work-group of `local_size` work-items.
+    fn group_bytes(&self, local_size: usize) -> usize {
+        match self.kind {
+            ScratchKind::Local => self.bytes,
+            ScratchKind::Private => self.bytes * local_size,
+        }
     }
 }
 
 impl ClosureKernel {
     /// Bytes of scratch one work-group of `local_size` work-items needs.
     pub fn scratch_bytes(&self, local_size: usize) -> usize {
-        self.scratch
-            .iter()
-            .map(|s| match s.kind {
-                ScratchKind::Local => s.bytes,
-                ScratchKind::Private => s.bytes * local_size,
-            })
-            .map(region_stride)
-            .sum()
+        self.scratch.iter().map(|s| region_stride(s.group_bytes(local_size))).sum()
     }
 
     /// Runs every phase of work-group `group` (linear id), one phase for all its
@@ -176,14 +175,14 @@ impl ClosureKernel {
         let mut scratch: SmallVec<[Binding; 4]> = SmallVec::new();
         if !self.scratch.is_empty() {
             let local_size = geometry.local_size();
-            let mut p = arena.prepare(self.scratch_bytes(local_size));
+            let mut p = arena.reserve(self.scratch_bytes(local_size));
             for s in &self.scratch {
-                let len = match s.kind {
-                    ScratchKind::Local => s.bytes,
-                    ScratchKind::Private => s.bytes * local_size,
-                };
+                let len = s.group_bytes(local_size);
+                // SAFETY (both): the arena holds the sum of all regions and their gaps.
+                // Each region is cleared for every group, so what a kernel reads before
+                // writing does not depend on which groups ran on this thread before.
+                unsafe { std::ptr::write_bytes(p, 0, len) };
                 scratch.push(Binding::new(p, len));
-                // SAFETY: the arena holds the sum of all rounded regions.
                 p = unsafe { p.add(region_stride(len)) };
             }
         }
