@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
-    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
-    MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool,
-    Submission, SyncPoint,
+    fill_bytes, fill_fits, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities,
+    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
+    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch,
+    MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot,
+    SnapshotPool, Submission, SyncPoint,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -429,7 +429,7 @@ impl Inner {
             }
             DeviceOp::Fill { dst, pattern } => {
                 let d = bind(self, &dst)?;
-                if pattern.is_empty() || !d.len.is_multiple_of(pattern.len()) {
+                if !fill_fits(d.len, &pattern) {
                     return Err(self.invalid(format!(
                         "fill of {} bytes with a {}-byte pattern",
                         d.len,

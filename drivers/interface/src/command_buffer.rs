@@ -27,7 +27,7 @@ use crate::access::AccessMode;
 use crate::error::ExecError;
 use crate::kernel::ClosureKernel;
 use crate::memory::HostStorage;
-use crate::op::MemArg;
+use crate::op::{fill_fits, MemArg};
 use crate::range::Geometry;
 
 /// A byte range of one argument-table entry, as a recorded operation uses it.
@@ -228,9 +228,7 @@ impl Plan {
                 (RecordedOp::Read { src, .. }, OpPatch::Read(dst)) if dst.len() == src.len => {
                     RecordedOp::Read { src: *src, dst: dst.clone() }
                 }
-                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern))
-                    if !pattern.is_empty() && dst.len % pattern.len() == 0 =>
-                {
+                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern)) if fill_fits(dst.len, pattern) => {
                     RecordedOp::Fill { dst: *dst, pattern: pattern.clone() }
                 }
                 (op, change) => {
@@ -331,7 +329,7 @@ impl CommandBufferBuilder for PlanBuilder {
             RecordedOp::Copy { src, dst } if src.len != dst.len => {
                 return Err(self.invalid(format!("copy of {} bytes into {} bytes", src.len, dst.len)));
             }
-            RecordedOp::Fill { dst, pattern } if pattern.is_empty() || dst.len % pattern.len() != 0 => {
+            RecordedOp::Fill { dst, pattern } if !fill_fits(dst.len, pattern) => {
                 return Err(self.invalid(format!(
                     "fill of {} bytes with a {}-byte pattern",
                     dst.len,

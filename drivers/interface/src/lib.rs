@@ -49,7 +49,7 @@ pub use item::{GroupCtx, HostCtx, Item};
 pub use kernel::{phase, Arena, ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
 pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
-    fill_bytes, Accepted, Completion, DeviceOp, HostFn, HostTask, KernelLaunch, MemArg, OpHandle, OpId,
-    Snapshot, SnapshotPool, Submission,
+    fill_bytes, fill_fits, Accepted, Completion, DeviceOp, HostFn, HostTask, KernelLaunch, MemArg, OpHandle,
+    OpId, Snapshot, SnapshotPool, Submission,
 };
 pub use range::{delinearize, linearize, Geometry, NdRange, Range, RANGE_CHUNK};

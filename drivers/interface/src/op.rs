@@ -316,6 +316,12 @@ impl SnapshotPool {
     }
 }
 
+/// Whether a fill of `len` bytes is a whole, non-zero number of `pattern`s: the one
+/// rule recorders and drivers check fills against.
+pub fn fill_fits(len: usize, pattern: &[u8]) -> bool {
+    !pattern.is_empty() && len.is_multiple_of(pattern.len())
+}
+
 /// Fills `dst` with repetitions of `pattern`.
 ///
 /// # Safety

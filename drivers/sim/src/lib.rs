@@ -59,11 +59,11 @@ use std::sync::{Arc, OnceLock};
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities, ClosureKernel,
-    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn, HostStorage, MemRef,
-    MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool,
-    Submission, SyncPoint,
+    fill_bytes, fill_fits, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities,
+    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
+    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn,
+    HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind,
+    SnapshotPool, Submission, SyncPoint,
 };
 use smallvec::SmallVec;
 
@@ -713,11 +713,7 @@ impl SimDriver {
 
     /// Checks that a fill's length is a whole number of patterns.
     fn check_fill(&self, len: usize, pattern: &[u8]) -> Result<(), ExecError> {
-        let whole = match pattern.len() {
-            0 => len == 0,
-            p => len.is_multiple_of(p),
-        };
-        if whole {
+        if fill_fits(len, pattern) {
             Ok(())
         } else {
             Err(self.driver_error(format!("fill of {len} bytes with a {}-byte pattern", pattern.len())))
