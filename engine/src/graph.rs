@@ -397,9 +397,9 @@ impl CommandGraph {
         mut entry_preds: SmallVec<[NodeId; 4]>,
         recording: bool,
     ) -> NodeId {
-        let (plan, params) = {
+        let (plan, params, sub_keep) = {
             let s = sub.inner.state.lock();
-            (s.plan.clone(), s.params.clone())
+            (s.plan.clone(), s.params.clone(), s.keep.clone())
         };
         let empty = |name: &str, preds: SmallVec<[NodeId; 4]>| GraphNode {
             kind: CommandKind::Marker,
@@ -451,7 +451,7 @@ impl CommandGraph {
         let leaves = if leaves.is_empty() { smallvec::smallvec![entry] } else { leaves };
         nodes.push(empty("subgraph_exit", leaves));
         let keep = Arc::make_mut(&mut st.keep);
-        keep.extend(sub.inner.keep.iter().cloned());
+        keep.extend(sub_keep.iter().cloned());
         keep.extend(params.iter().map(|p| p.1.clone()));
         exit
     }
@@ -610,27 +610,38 @@ impl CommandGraph {
     /// stage): linearization, partitions, graph fusion if `props` asks, and one
     /// command buffer per partition. The graph stays modifiable.
     pub fn finalize(&self, props: GraphProps) -> Result<ExecutableGraph> {
-        let (nodes, keep, params) = {
-            let st = self.inner.state.lock();
-            if !st.recorders.is_empty() {
-                return Err(Error::GraphRecording(self.inner.id));
-            }
-            let params: Vec<(Arc<BufferCore>, KeepAlive)> =
-                st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
-            (st.nodes.clone(), st.keep.clone(), params)
-        };
+        let Taken { nodes, keep, params } = self.take()?;
         let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
+        let state = ExecState { plan: Arc::new(plan), keep, params, last: None };
         let exec = ExecShared {
             id: self.inner.rt.next_id(),
             graph: self.inner.id,
             device: self.inner.device,
             rt: self.inner.rt.clone(),
             props,
-            keep,
-            state: Mutex::new(ExecState { plan: Arc::new(plan), params: params.into(), last: None }),
+            state: Mutex::new(state),
         };
         Ok(ExecutableGraph { inner: Arc::new(exec) })
     }
+
+    /// What finalize and whole-graph update take from the graph as it is now;
+    /// refused while it records.
+    fn take(&self) -> Result<Taken> {
+        let st = self.inner.state.lock();
+        if !st.recorders.is_empty() {
+            return Err(Error::GraphRecording(self.inner.id));
+        }
+        let params = st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
+        Ok(Taken { nodes: st.nodes.clone(), keep: st.keep.clone(), params })
+    }
+}
+
+/// A graph's nodes, the handles that keep its buffers alive, and its dynamic
+/// parameters' current buffers.
+struct Taken {
+    nodes: Arc<Vec<GraphNode>>,
+    keep: Arc<Vec<KeepAlive>>,
+    params: Arc<[(Arc<BufferCore>, KeepAlive)]>,
 }
 
 /// Runs a finalize request through the scheduler and waits for it (`reuse`: see
@@ -675,6 +686,9 @@ fn reaches(nodes: &[GraphNode], from: NodeId, to: NodeId) -> bool {
 
 struct ExecState {
     plan: Arc<ExecPlan>,
+    /// Handles that keep the buffers of the graph the plan came from alive (that of
+    /// the latest whole-graph update).
+    keep: Arc<Vec<KeepAlive>>,
     /// Current buffers of the dynamic parameters.
     params: Arc<[(Arc<BufferCore>, KeepAlive)]>,
     /// The previous submission's completion: the next one starts after it.
@@ -687,7 +701,6 @@ struct ExecShared {
     device: DeviceId,
     rt: Arc<Shared>,
     props: GraphProps,
-    keep: Arc<Vec<KeepAlive>>,
     state: Mutex<ExecState>,
 }
 
@@ -802,15 +815,7 @@ impl ExecutableGraph {
     /// properties.
     pub fn update(&self, graph: &CommandGraph) -> Result<()> {
         self.check_updatable()?;
-        let (nodes, params) = {
-            let st = graph.inner.state.lock();
-            if !st.recorders.is_empty() {
-                return Err(Error::GraphRecording(graph.inner.id));
-            }
-            let params: Vec<(Arc<BufferCore>, KeepAlive)> =
-                st.params.iter().map(|p| (p.buffer.clone(), p.keep.clone())).collect();
-            (st.nodes.clone(), params)
-        };
+        let Taken { nodes, keep, params } = graph.take()?;
         let current = self.plan();
         same_topology(&current.nodes, &nodes).map_err(Error::TopologyMismatch)?;
         // Same edges and kinds; with the same devices too, the partitions are the
@@ -832,8 +837,9 @@ impl ExecutableGraph {
         };
         let mut st = self.inner.state.lock();
         st.plan = Arc::new(plan);
+        st.keep = keep;
         if !params.is_empty() {
-            st.params = params.into();
+            st.params = params;
         }
         Ok(())
     }

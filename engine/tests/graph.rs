@@ -880,3 +880,40 @@ fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
         assert_eq!(b3.to_vec().unwrap(), vec![100 + 3 * 5 + 1; 16]);
     }
 }
+
+/// An executable graph keeps the buffers of the graph it was last updated from
+/// alive: after the update graph and the handle of its accumulator are dropped, the
+/// accumulator keeps its value on the simulated device from replay to replay.
+#[test]
+fn an_update_keeps_the_new_buffers_alive() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let out = rt.buffer_zeroed::<u32>(8);
+    // acc += 1 on the device; out = acc.
+    let build = |acc: &Buffer<u32>| {
+        let g = rt.graph_on(1);
+        let bump = affine(&g, acc, 1, 1, &[]);
+        g.add(
+            |cg| {
+                let (a, o) = (cg.read(acc), cg.elements_out(&out));
+                cg.parallel_for(8, move |it| *o.elem(it) = a.get(it, it.global_linear_id()));
+            },
+            &[bump],
+        )
+        .unwrap();
+        g
+    };
+    let first = rt.buffer(&[0u32; 8]);
+    let exec = build(&first).finalize(GraphProps::default().updatable()).unwrap();
+    {
+        let second = rt.buffer(&[10u32; 8]);
+        exec.update(&build(&second)).unwrap();
+        // The update graph and `second`'s handle drop here.
+    }
+    let q = rt.queue_with(gantry::QueueOptions { device: 1, in_order: true }).unwrap();
+    for _ in 0..3 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        rt.flush();
+    }
+    assert_eq!(out.to_vec().unwrap(), vec![13; 8], "the accumulator lived through all three replays");
+    assert_eq!(first.to_vec().unwrap(), vec![0; 8]);
+}
