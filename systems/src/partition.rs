@@ -441,14 +441,14 @@ pub fn patch_plan(
     let was = &old.nodes;
     let index: FxHashMap<u64, u32> = old.buffers.iter().enumerate().map(|(i, b)| (b.id, i as u32)).collect();
     let mut buffers: Vec<Option<Arc<gantry_components::BufferCore>>> = vec![None; old.buffers.len()];
-    let mut partitions = Vec::with_capacity(old.partitions.len());
-    let mut patch: Vec<OpPatch> = Vec::new();
+    // Every node is checked before any driver is asked to patch.
+    let mut patches: Vec<Vec<OpPatch>> = Vec::with_capacity(old.partitions.len());
     for part in &old.partitions {
-        let PartitionBody::Commands { buffer, entries, internal } = &part.body else {
-            partitions.push(part.clone());
+        if !matches!(part.body, PartitionBody::Commands { .. }) {
+            patches.push(Vec::new());
             continue;
-        };
-        patch.clear();
+        }
+        let mut patch = Vec::with_capacity(part.nodes.len());
         for &n in &part.nodes {
             let (a, b) = (&was[n as usize], &nodes[n as usize]);
             if a.requirements.len() != b.requirements.len() || a.params != b.params {
@@ -481,17 +481,15 @@ pub fn patch_plan(
                 NodeWork::HostTask { .. } => return None,
             });
         }
-        let buffer = drivers.get(part.device as usize)?.patch_command_buffer(buffer, &patch).ok()?;
-        let body = PartitionBody::Commands { buffer, entries: entries.clone(), internal: internal.clone() };
-        let (name, nodes, preds) = (part.name.clone(), part.nodes.clone(), part.preds.clone());
-        partitions.push(PartitionPlan {
-            name,
-            device: part.device,
-            nodes,
-            preds,
-            in_order: part.in_order,
-            body,
-        });
+        patches.push(patch);
+    }
+    let mut partitions = Vec::with_capacity(old.partitions.len());
+    for (part, patch) in old.partitions.iter().zip(patches) {
+        let mut part = part.clone();
+        if let PartitionBody::Commands { buffer, .. } = &mut part.body {
+            *buffer = drivers.get(part.device as usize)?.patch_command_buffer(buffer, &patch).ok()?;
+        }
+        partitions.push(part);
     }
     let buffers: Vec<_> = buffers.into_iter().collect::<Option<_>>()?;
     Some(ExecPlan {
@@ -547,13 +545,9 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
 impl Finalize<'_> {
     fn run(&self, job: &FinalizeJob) -> Result<ExecPlan, FinalizeError> {
         let layout = match &job.reuse {
-            Some(plan) if job.props.fusion.is_none() && plan.nodes.len() == job.nodes.len() => {
-                let drivers: Vec<Arc<dyn Driver>> = self.devices.iter().map(|(d, _)| d.clone()).collect();
-                if let Some(patched) = patch_plan(&drivers, &job.nodes, plan) {
-                    return Ok(patched);
-                }
-                Layout::of(plan)
-            }
+            // The update that sent it checked the topology, devices and properties,
+            // and tried `patch_plan` first.
+            Some(plan) => Layout::of(plan),
             _ => self.layout(job)?,
         };
         self.record_all(job, layout)
