@@ -613,8 +613,10 @@ impl CommandGraph {
         let Taken { nodes, keep, params } = self.take()?;
         let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
         let state = ExecState { plan: Arc::new(plan), keep, params, last: None };
+        let id = self.inner.rt.next_id();
         let exec = ExecShared {
-            id: self.inner.rt.next_id(),
+            id,
+            name: format!("graph {id}").into(),
             graph: self.inner.id,
             device: self.inner.device,
             rt: self.inner.rt.clone(),
@@ -701,6 +703,8 @@ struct ExecShared {
     device: DeviceId,
     rt: Arc<Shared>,
     props: GraphProps,
+    /// The name of the marker a submission with several tail partitions ends with.
+    name: Arc<str>,
     state: Mutex<ExecState>,
 }
 
@@ -854,9 +858,10 @@ impl ExecutableGraph {
         // poison: a finished (even failed) previous submission is no dependency.
         let prev = st.last.clone().filter(|e| !e.status().is_final());
         let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
+        let now = rt.now_ns();
         for part in &plan.partitions {
             let name = part.name.clone();
-            let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
+            let event = Arc::new(EventShared::new(name.clone(), rt.id, now));
             let mut waits: SmallVec<[Arc<EventShared>; 1]> =
                 part.preds.iter().map(|&p| events[p as usize].clone()).collect();
             if part.preds.is_empty() {
@@ -894,10 +899,8 @@ impl ExecutableGraph {
                     let NodeWork::HostTask { run, tag, cost_ns } = &n.work else {
                         unreachable!("host-task partitions hold host tasks")
                     };
-                    let mut reqs = n.requirements.clone();
-                    for &(slot, p) in &n.params {
-                        reqs[slot as usize].buffer = params[p as usize].0.clone();
-                    }
+                    // (Only kernels take dynamic parameters: the requirements are fixed.)
+                    let reqs = n.requirements.clone();
                     let run = run.clone();
                     let replay: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
                     CommandDesc {
@@ -921,8 +924,8 @@ impl ExecutableGraph {
             [only] => events[*only as usize].clone(),
             _ => {
                 // Several tails (or none): one marker completes after all of them.
-                let name: Arc<str> = format!("graph {}", self.inner.id).into();
-                let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
+                let name = self.inner.name.clone();
+                let event = Arc::new(EventShared::new(name.clone(), rt.id, now));
                 let mut waits: SmallVec<[Arc<EventShared>; 1]> =
                     tails.iter().map(|&t| events[t as usize].clone()).collect();
                 if tails.is_empty() {
@@ -948,6 +951,7 @@ impl ExecutableGraph {
 }
 
 /// Adds a requirement on `buffer` or widens the one already there; returns its index.
+/// Ordering-only (`internal`) requirements come after all the others.
 fn add_requirement(
     reqs: &mut SmallVec<[Requirement; 4]>,
     buffer: &Arc<BufferCore>,
@@ -958,10 +962,7 @@ fn add_requirement(
     match reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) {
         Some(i) => {
             let r = &mut reqs[i];
-            if r.internal && !internal {
-                r.internal = false;
-                r.mode = mode;
-            } else if !internal && (r.mode != mode || r.range != range) {
+            if !internal && (r.mode != mode || r.range != range) {
                 r.mode = if r.mode == AccessMode::Read && mode == AccessMode::Read {
                     AccessMode::Read
                 } else {
