@@ -45,6 +45,11 @@ impl ByteRange {
     pub fn covers(&self, other: &ByteRange) -> bool {
         self.start <= other.start && other.end <= self.end
     }
+    /// The smallest range containing both.
+    #[inline]
+    pub fn hull(&self, other: &ByteRange) -> ByteRange {
+        ByteRange { start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
 }
 
 /// An unfinished command that read or wrote a range.
@@ -157,8 +162,7 @@ impl LeafSet {
         let mut hull: Option<ByteRange> = None;
         let mut widen = |r: &ByteRange| {
             let h = hull.get_or_insert(*r);
-            h.start = h.start.min(r.start);
-            h.end = h.end.max(r.end);
+            *h = h.hull(r);
         };
         match &mut self.index {
             None => self.list.retain(|l| {

@@ -189,7 +189,7 @@ impl GraphState {
             }
             let access = Access { node, range: r.range };
             if writes {
-                let covered = |a: &Access| r.range.start <= a.range.start && a.range.end <= r.range.end;
+                let covered = |a: &Access| r.range.covers(&a.range);
                 acc.reads.retain(|a| !covered(a));
                 acc.writes.retain(|a| !covered(a));
                 acc.writes.push(access);
@@ -969,7 +969,7 @@ fn add_requirement(
                     AccessMode::ReadWrite
                 };
             }
-            r.range = ByteRange { start: r.range.start.min(range.start), end: r.range.end.max(range.end) };
+            r.range = r.range.hull(&range);
             i as u32
         }
         None => {

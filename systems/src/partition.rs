@@ -852,8 +852,7 @@ impl Finalize<'_> {
                 } else {
                     let entry = &mut entries[e as usize];
                     entry.mode = merge_modes(entry.mode, entry.range, r.mode, r.range);
-                    entry.range.start = entry.range.start.min(r.range.start);
-                    entry.range.end = entry.range.end.max(r.range.end);
+                    entry.range = entry.range.hull(&r.range);
                 }
                 args.push(RecordedArg { entry: e, offset: r.range.start, len: r.range.len(), mode: r.mode });
             }
@@ -927,7 +926,7 @@ fn merge_modes(
     match (a, b) {
         (Read, Read) => Read,
         // A discard-write first that covers every later use keeps discarding.
-        (DiscardWrite, _) if ra.start <= rb.start && rb.end <= ra.end => DiscardWrite,
+        (DiscardWrite, _) if ra.covers(&rb) => DiscardWrite,
         _ => ReadWrite,
     }
 }
