@@ -618,7 +618,7 @@ impl Finalize<'_> {
             let body = if nodes[first].kind == CommandKind::HostTask {
                 PartitionBody::HostTask { node: members[0] }
             } else {
-                let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of)?;
+                let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of);
                 self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut scratch)?
             };
             plan.partitions.push(PartitionPlan { name, device, nodes: members, preds, in_order, body });
@@ -639,7 +639,7 @@ impl Finalize<'_> {
         part_of: &[u32],
         plan: &mut ExecPlan,
         step_of: &mut [u32],
-    ) -> Result<Vec<Step<'a>>, FinalizeError> {
+    ) -> Vec<Step<'a>> {
         let nodes: &'a [GraphNode] = &job.nodes;
         let node_step = |n: NodeId| {
             let node = &nodes[n as usize];
@@ -677,7 +677,7 @@ impl Finalize<'_> {
             deps.sort_unstable();
             step.deps = deps;
         }
-        Ok(steps)
+        steps
     }
 
     /// The steps of a partition with kernel chains fused (into `steps`, which is
@@ -693,7 +693,8 @@ impl Finalize<'_> {
     ) {
         // Which chain (by index) each fused node belongs to.
         let mut chain_of: FxHashMap<NodeId, usize> = FxHashMap::default();
-        let mut fused: Vec<Option<(Vec<NodeId>, Step<'a>)>> = Vec::new();
+        // The fused steps (their `nodes` are the chain), until emitted.
+        let mut fused: Vec<Option<Step<'a>>> = Vec::new();
         let (chains, why) = fusion_chains(members, nodes);
         for w in why {
             warn_fusion(self.warnings, format_args!("graph fusion: chain not fused further: {w}"));
@@ -705,7 +706,7 @@ impl Finalize<'_> {
                     for &n in &chain {
                         chain_of.insert(n, fused.len());
                     }
-                    fused.push(Some((chain, step)));
+                    fused.push(Some(step));
                     plan.fused.push(chain_info);
                 }
                 Err(why) => {
@@ -742,14 +743,14 @@ impl Finalize<'_> {
         }
         let mut pending: Vec<NodeId> = Vec::new();
         let last_of: Vec<NodeId> =
-            fused.iter().map(|f| *f.as_ref().expect("chain").0.last().expect("kernel")).collect();
+            fused.iter().map(|f| *f.as_ref().expect("chain").nodes.last().expect("kernel")).collect();
         let mut emitted = vec![false; fused.len()];
         let ready =
             |n: &NodeId, emitted: &[bool]| depends_on.get(n).is_none_or(|cs| cs.iter().all(|&c| emitted[c]));
         for &n in members {
             if let Some(&c) = chain_of.get(&n) {
                 if n == last_of[c] {
-                    let (_, step) = fused[c].take().expect("chain emitted once");
+                    let step = fused[c].take().expect("chain emitted once");
                     steps.push(step);
                     emitted[c] = true;
                     // Waiting nodes whose chains are all out now follow, in order (a

@@ -101,6 +101,15 @@ impl RecordedOp {
         }
     }
 
+    /// What it counts for in [`Plan::work_items`]: a kernel its work-items, anything
+    /// else one.
+    fn work_items(&self) -> usize {
+        match self {
+            RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
+            _ => 1,
+        }
+    }
+
     /// Its buffer arguments, in order, as up to two slices (no copy).
     fn arg_slices(&self) -> [&[RecordedArg]; 2] {
         use std::slice::from_ref;
@@ -238,10 +247,7 @@ impl Plan {
                     ))
                 }
             };
-            work_items += match &op {
-                RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
-                _ => 1,
-            };
+            work_items += op.work_items();
             ops.push(PlannedOp { op, deps: SmallVec::from_slice(&planned.deps) });
         }
         Ok(Plan { entries: self.entries, in_order: self.in_order, ops, work_items })
@@ -342,10 +348,7 @@ impl CommandBufferBuilder for PlanBuilder {
         if self.plan.in_order && index > 0 && !deps.contains(&(index - 1)) {
             deps.push(index - 1);
         }
-        self.plan.work_items += match &op {
-            RecordedOp::Kernel { geometry, .. } => geometry.global_size(),
-            _ => 1,
-        };
+        self.plan.work_items += op.work_items();
         self.plan.ops.push(PlannedOp { op, deps });
         Ok(SyncPoint(index))
     }
