@@ -37,8 +37,7 @@
 //! checks each chain the finalize fused ([`fusion::fusion_safe`]).
 //!
 //! A [`GraphProgram`] prints (its `Debug` form) and parses back
-//! ([`GraphProgram::parse`]), so a failing case can be pasted into a test. Failures
-//! that are known, unfixed Gantry bugs are listed in [`KNOWN_BUGS`].
+//! ([`GraphProgram::parse`]), so a failing case can be pasted into a test.
 
 use std::sync::{Arc, Mutex};
 
@@ -672,7 +671,7 @@ impl Timeline<'_> {
 /// refused, not a chain without them. So the check is on the body with every kernel
 /// an ND-range of `l`: pairwise safe with groups of `l` work-items, hence safe for
 /// every subset (which has groups of `l`, or one group, or is refused).
-fn make_fusable(body: &mut [Rec], flags: u32) -> Option<bool> {
+fn make_fusable(body: &mut [Rec], flags: u32) -> bool {
     let local = 1usize << ((flags >> 4) % 4);
     let all_plain = (flags >> 6).is_multiple_of(4);
     let no_barriers = (flags >> 8).is_multiple_of(3);
@@ -704,14 +703,14 @@ fn make_fusable(body: &mut [Rec], flags: u32) -> Option<bool> {
         .collect();
     let refs: Vec<&Cmd> = ks.iter().collect();
     if no_barriers && fusion::fusion_safe(&refs, false) {
-        return Some(false);
+        return false;
     }
     let has_nd =
         body.iter().any(|r| matches!(r, Rec::Node { cmd: Cmd::Kernel { launch: Launch::Nd(_), .. }, .. }));
     if has_nd && !fusion::fusion_safe(&refs, true) {
         relaunch(body, true);
     }
-    Some(true)
+    true
 }
 
 /// Decodes a raw graph program (see the module documentation). Every raw program
@@ -798,7 +797,7 @@ pub fn decode(raw: &RawGraphProgram, gen: &GraphGen) -> GraphProgram {
         body.push(Rec::Node { queue, dev, deps: deps.into_iter().collect(), cmd });
         nodes += 1;
     }
-    let fusion = if gen.fuse { make_fusable(&mut body, flags) } else { None };
+    let fusion = gen.fuse.then(|| make_fusable(&mut body, flags));
 
     // The schedule.
     let after = Limits { recording: &[], marked: &[], drops: opts.drops };
@@ -1152,22 +1151,6 @@ pub fn run_graph_watched(
     let run = move |s: Session| run_graph_in(&p2, s);
     let context = || format!("\nflattened:\n{:?}", p.flatten().program);
     crate::run_watched(config, timeout, "gantry-proptest-graph", start, run, context)
-}
-
-/// Gantry bugs the generator found that are not fixed yet: `(name, what the failure
-/// says)`, each reproduced by a `regression_*` test in `tests/graph.rs`; once one is
-/// fixed, its entry goes. Empty: the one found so far (graph fusion recording a node
-/// before the second of two chains it depends on) is fixed.
-pub const KNOWN_BUGS: &[(&str, &str)] = &[];
-
-/// The name of the known bug ([`KNOWN_BUGS`]) a failure of [`check_graph`] is, if it
-/// is one and `GANTRY_PROPTEST_GRAPH_STRICT` is not set (with it, every failure
-/// fails).
-pub fn known_bug(failure: &str) -> Option<&'static str> {
-    if std::env::var_os("GANTRY_PROPTEST_GRAPH_STRICT").is_some() {
-        return None;
-    }
-    KNOWN_BUGS.iter().find(|(_, says)| failure.contains(says)).map(|(name, _)| *name)
 }
 
 /// Checks that Gantry under `config` produces the model's outcome for `p`: `R`

@@ -30,8 +30,7 @@
 //! # Bugs found
 //! One, fixed: graph fusion recorded a node that depends on two fused chains before
 //! the second (finalize failed; about one fused program in 700),
-//! `regression_node_after_two_fused_chains_*`. Known unfixed bugs would be listed in
-//! `graph::KNOWN_BUGS` (empty) and pass unless `GANTRY_PROPTEST_GRAPH_STRICT=1`.
+//! `regression_node_after_two_fused_chains_*`.
 
 mod common;
 
@@ -63,13 +62,9 @@ fn threaded(sim: bool, host_threads: usize, inline_items: usize) -> Config {
     Config { host_threads, inline_items, ..Config::threaded(2, sim) }
 }
 
-/// Checks `p` under `config`, passing a case that hits a known, unfixed bug
-/// (`graph::KNOWN_BUGS`; `GANTRY_PROPTEST_GRAPH_STRICT=1` fails them too).
+/// Checks `p` under `config`, with the program in the failure message.
 fn check(p: &GraphProgram, config: Config) -> Result<(), TestCaseError> {
-    match check_graph(p, config) {
-        Err(e) if graph::known_bug(&e).is_none() => Err(TestCaseError::fail(format!("{e}\n{p:?}"))),
-        _ => Ok(()),
-    }
+    check_graph(p, config).map_err(|e| TestCaseError::fail(format!("{e}\n{p:?}")))
 }
 
 fn inline_items() -> impl Strategy<Value = usize> {
@@ -334,18 +329,16 @@ fn coverage_report() {
         }
         // Run some, on the simulated device too.
         let before = graph::STATS.get();
-        let (mut known, runs) = (0, 500);
+        let runs = 500;
         for _ in 0..runs {
             let p = strategy.new_tree(&mut runner).expect("tree").current();
-            match check_graph(&p, Config::manual(true)) {
-                Err(e) if graph::known_bug(&e).is_some() => known += 1,
-                Err(e) => panic!("{e}\n{p:?}"),
-                Ok(()) => {}
+            if let Err(e) = check_graph(&p, Config::manual(true)) {
+                panic!("{e}\n{p:?}");
             }
         }
         let s: Vec<usize> = graph::STATS.get().iter().zip(before).map(|(a, b)| a - b).collect();
         println!(
-            "  {runs} run: {known} hit a known bug; per graph: {:.2} partitions ({:.2} host tasks, {:.2} on sim); \
+            "  {runs} run; per graph: {:.2} partitions ({:.2} host tasks, {:.2} on sim); \
              {:.1}% with a fused chain, {:.2} chains of {:.2} kernels",
             s[1] as f64 / s[0] as f64,
             s[2] as f64 / s[0] as f64,
