@@ -423,8 +423,7 @@ fn branches(
 }
 
 /// An update from a graph of the same topology over other buffers (the partitions
-/// are kept, the command buffers recorded again) runs as that graph freshly
-/// finalized does, host-task partitions included, on the CPU and the simulated
+/// are kept, the command buffers patched) runs as that graph freshly finalized does, host-task partitions included, on the CPU and the simulated
 /// device; the first graph's buffers are left alone.
 #[test]
 fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
@@ -549,8 +548,8 @@ fn dynamic_parameter_updates_affect_only_later_submissions() {
     graph.set_arg(n, 0, &param).unwrap();
     let exec = graph.finalize(GraphProps::default().updatable()).unwrap();
     let q = rt.queue();
-    // Hold `b` so the submissions after the update cannot finish early; the one
-    // before it reads `a` whatever happens next.
+    // On the threaded runtime the first submission may still run when the update
+    // comes; it reads `a` whatever happens next.
     q.submit_graph(&exec).unwrap();
     exec.update_param(&param, &b).unwrap();
     q.submit_graph(&exec).unwrap();
@@ -916,4 +915,47 @@ fn an_update_keeps_the_new_buffers_alive() {
     }
     assert_eq!(out.to_vec().unwrap(), vec![13; 8], "the accumulator lived through all three replays");
     assert_eq!(first.to_vec().unwrap(), vec![0; 8]);
+}
+
+/// An update whose nodes use other ranges than the plan's cannot patch the recorded
+/// arguments: it keeps the partitions and records the command buffers again, and
+/// runs as the update graph freshly finalized does.
+#[test]
+fn an_update_over_other_ranges_records_anew() {
+    for (rt, device) in [
+        (manual(), 0),
+        (Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build(), 1),
+    ] {
+        let src = rt.buffer(&(0..16u32).collect::<Vec<_>>());
+        let out = rt.buffer_zeroed::<u32>(8);
+        // out[i] = src[from + i] * 2, then + 1.
+        let build = |from: usize| {
+            let g = rt.graph_on(device);
+            let copy = g
+                .add(
+                    |cg| {
+                        let (s, o) =
+                            (cg.access::<u32, gantry::Read>(&src, from..from + 8), cg.elements_out(&out));
+                        cg.parallel_for(8, move |it| *o.elem(it) = s.get(it, it.global_linear_id()) * 2);
+                    },
+                    &[],
+                )
+                .unwrap();
+            affine(&g, &out, 1, 1, &[copy]);
+            g
+        };
+        let exec = build(0).finalize(GraphProps::default().updatable()).unwrap();
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(out.to_vec().unwrap(), (0..8).map(|i| i * 2 + 1).collect::<Vec<u32>>());
+        let g = build(8);
+        exec.update(&g).unwrap();
+        assert_eq!(exec.partitions(), g.finalize(GraphProps::default()).unwrap().partitions());
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(
+            out.to_vec().unwrap(),
+            (8..16).map(|i| i * 2 + 1).collect::<Vec<u32>>(),
+            "device {device}"
+        );
+    }
 }
