@@ -431,13 +431,11 @@ struct SimPlan {
 /// A command buffer's binding for its latest argument table, if any.
 type BindingCache = Mutex<Option<Arc<BoundPlan>>>;
 
-/// The plan behind a command buffer, with its binding cache when this driver recorded
-/// it (a hand-built [`Plan`] is bound afresh at every replay).
-fn plan_of(buffer: &CommandBuffer) -> Option<(&Plan, Option<&BindingCache>)> {
-    match buffer.downcast_ref::<SimPlan>() {
-        Some(sim) => Some((&sim.plan, Some(&sim.bound))),
-        None => Plan::of(buffer).map(|plan| (plan, None)),
-    }
+/// The command buffer, if this driver recorded it (so its plan passed the
+/// [`PlanBuilder`]'s checks: dependencies on earlier operations, entries inside the
+/// table, copy lengths, fill patterns).
+fn sim_plan(buffer: &CommandBuffer) -> Option<&SimPlan> {
+    buffer.downcast_ref::<SimPlan>()
 }
 
 /// Where an argument-table entry was bound: what a [`BoundPlan`] depends on.
@@ -727,7 +725,7 @@ impl SimDriver {
     /// dependents with it, independent ones still run); a launch that cannot run at
     /// all is an error.
     fn prepare_plan(&self, state: &mut State, launch: CommandBufferLaunch) -> Result<Work, ExecError> {
-        let (plan, cache) = plan_of(&launch.buffer)
+        let SimPlan { plan, bound: cache } = sim_plan(&launch.buffer)
             .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
         if launch.args.len() != plan.entries {
             return Err(self.driver_error(format!(
@@ -745,19 +743,16 @@ impl SimDriver {
             .iter()
             .map(|(r, host)| EntryKey { addr: r.binding().ptr as usize, len: r.len, host: *host })
             .collect();
-        let bound = match cache {
-            Some(slot) => {
-                let mut slot = slot.lock();
-                match &*slot {
-                    Some(b) if b.instance == self.instance && b.entries == keys => b.clone(),
-                    _ => {
-                        let b = Arc::new(self.bind_plan(plan, &entries, keys));
-                        *slot = Some(b.clone());
-                        b
-                    }
+        let bound = {
+            let mut slot = cache.lock();
+            match &*slot {
+                Some(b) if b.instance == self.instance && b.entries == keys => b.clone(),
+                _ => {
+                    let b = Arc::new(self.bind_plan(plan, &entries, keys));
+                    *slot = Some(b.clone());
+                    b
                 }
             }
-            None => Arc::new(self.bind_plan(plan, &entries, keys)),
         };
         // Kernels, then copies: separate counters, each drawn in plan order.
         let mut faulted = Vec::new();
@@ -799,17 +794,12 @@ impl SimDriver {
         };
         for (i, planned) in plan.ops.iter().enumerate() {
             let start = bound.bindings.len();
-            let bind = match planned.deps.iter().find(|&&d| d as usize >= i) {
-                Some(d) => Err(self.driver_error(format!("recorded operation {i} depends on later {d}"))),
-                None => {
-                    match planned.op {
-                        RecordedOp::Kernel { .. } => bound.kernels.push(i as u32),
-                        RecordedOp::Copy { .. } => bound.copies.push(i as u32),
-                        _ => {}
-                    }
-                    self.bind_recorded(&planned.op, entries, &mut bound.bindings)
-                }
-            };
+            match planned.op {
+                RecordedOp::Kernel { .. } => bound.kernels.push(i as u32),
+                RecordedOp::Copy { .. } => bound.copies.push(i as u32),
+                _ => {}
+            }
+            let bind = self.bind_recorded(&planned.op, entries, &mut bound.bindings);
             let step = match bind {
                 Ok(cost) => BoundStep { args: Ok(start as u32), cost },
                 Err(e) => {
@@ -859,18 +849,12 @@ impl SimDriver {
                 Ok((Engine::Compute, self.cost.kernel_ns(geometry.global_size(), &kernel.cost, bytes)))
             }
             RecordedOp::Copy { src, dst } => {
-                if src.len != dst.len {
-                    return Err(
-                        self.driver_error(format!("copy from {} bytes to {} bytes", src.len, dst.len))
-                    );
-                }
                 let (s, src_host) = bind(src, None)?;
                 let (d, dst_host) = bind(dst, None)?;
                 out.extend([s, d]);
                 Ok((Engine::Copy, self.cost.copy_ns(src.len, src_host || dst_host)))
             }
-            RecordedOp::Fill { dst, pattern } => {
-                self.check_fill(dst.len, pattern)?;
+            RecordedOp::Fill { dst, .. } => {
                 out.push(bind(dst, Some("fills of host memory"))?.0);
                 Ok((Engine::Compute, self.cost.fill_ns(dst.len)))
             }
@@ -1094,7 +1078,7 @@ impl SimDriver {
     fn replay_steps(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Vec<Option<ExecError>> {
         // `memory` keeps the bindings' memory alive until every step has run.
         let PlanWork { buffer, bound, memory: _memory, faulted, .. } = plan;
-        let (recorded, _) = plan_of(&buffer).expect("a plan at submission");
+        let recorded = &sim_plan(&buffer).expect("checked at submission").plan;
         // Where the next faulted step is in `faulted`.
         let mut next_fault = 0;
         // `failed[i]`: step `i`'s error and the one its dependents get; allocated at
@@ -1197,7 +1181,7 @@ impl Driver for SimDriver {
         buffer: &CommandBuffer,
         patch: &[OpPatch],
     ) -> Result<CommandBuffer, ExecError> {
-        let (plan, _) = plan_of(buffer)
+        let SimPlan { plan, .. } = sim_plan(buffer)
             .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
         let plan = plan.patched(patch).map_err(|e| self.driver_error(e))?;
         // A fresh binding cache: it holds each step's virtual cost, which depends on
@@ -2097,7 +2081,7 @@ mod tests {
         );
         assert_eq!(b.append(RecordedOp::Marker, &[]), Ok(SyncPoint(3)));
         let plan = b.finalize().unwrap();
-        assert_eq!(plan_of(&plan).unwrap().0.ops.len(), 4);
+        assert_eq!(sim_plan(&plan).unwrap().plan.ops.len(), 4);
     }
 
     /// A panicking kernel inside a plan fails the operations that depend on it,
@@ -2242,8 +2226,9 @@ mod tests {
     }
 
     /// Malformed launches complete with an error instead of panicking: a wrong number
-    /// of bound entries, a buffer of another driver, a hand-built plan with a forward
-    /// dependency or an entry outside its table, kernels bound to host memory.
+    /// of bound entries, a buffer of another driver, hand-built plans (with a forward
+    /// dependency or an entry outside its table, which only a recorder's checks keep
+    /// out: refused like another driver's), kernels bound to host memory.
     #[test]
     fn bad_command_buffer_launches_fail_without_panicking() {
         let (d, rx) = sim();
