@@ -25,7 +25,7 @@ use gantry_driver::{
     ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
     DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch,
     MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot,
-    SnapshotPool, Submission, SyncPoint,
+    SnapshotPool, Submission,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -159,7 +159,8 @@ impl Driver for CpuDriver {
         desc: CommandBufferDesc,
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
-        Ok(Box::new(CpuPlanBuilder(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts))))
+        let wrap = |plan| -> CommandBuffer { Arc::new(CpuPlan { plan, bound: Mutex::new(None) }) };
+        Ok(Box::new(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts, wrap)))
     }
 
     fn patch_command_buffer(
@@ -244,17 +245,6 @@ struct BoundPlan {
     entries: SmallVec<[Binding; 8]>,
     /// Each operation's arguments, or why they cannot be bound.
     ops: Vec<Result<SmallVec<[Binding; 4]>, ExecError>>,
-}
-
-struct CpuPlanBuilder(PlanBuilder);
-
-impl CommandBufferBuilder for CpuPlanBuilder {
-    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError> {
-        self.0.append(op, deps)
-    }
-    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
-        Ok(Arc::new(CpuPlan { plan: self.0.into_plan(), bound: Mutex::new(None) }))
-    }
 }
 
 /// Resolves host memory to a raw binding.

@@ -199,11 +199,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan behind a command buffer recorded by a [`PlanBuilder`].
-    pub fn of(buffer: &CommandBuffer) -> Option<&Plan> {
-        buffer.downcast_ref::<Plan>()
-    }
-
     /// A copy with `patch[i]` applied to operation `i`: the same arguments and
     /// dependencies, other kernels, host data or fill patterns (see
     /// [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).
@@ -276,33 +271,35 @@ pub enum OpPatch {
     Fill(SmallVec<[u8; 16]>),
 }
 
-/// Records a [`Plan`], refusing what the backend's `accepts` says it cannot run.
+/// Records a [`Plan`], refusing what the backend's `accepts` says it cannot run, and
+/// finalizes it into the backend's command-buffer type with `wrap`.
 pub struct PlanBuilder {
     plan: Plan,
     device: Arc<str>,
     accepts: fn(&RecordedOp) -> bool,
+    wrap: fn(Plan) -> CommandBuffer,
 }
 
 impl PlanBuilder {
-    /// Starts a plan for `device`; `accepts` says which operations it can record.
-    pub fn new(desc: CommandBufferDesc, device: Arc<str>, accepts: fn(&RecordedOp) -> bool) -> Self {
+    /// Starts a plan for `device`; `accepts` says which operations it can record,
+    /// `wrap` makes the finished plan a command buffer.
+    pub fn new(
+        desc: CommandBufferDesc,
+        device: Arc<str>,
+        accepts: fn(&RecordedOp) -> bool,
+        wrap: fn(Plan) -> CommandBuffer,
+    ) -> Self {
         let plan = Plan {
             entries: desc.entries,
             in_order: desc.in_order,
             ops: Vec::with_capacity(desc.ops),
             work_items: 0,
         };
-        Self { plan, device, accepts }
+        Self { plan, device, accepts, wrap }
     }
 
     fn invalid(&self, message: String) -> ExecError {
         ExecError::Driver { device: self.device.clone(), message }
-    }
-
-    /// The plan recorded so far, for drivers that wrap it in their own command-buffer
-    /// type.
-    pub fn into_plan(self) -> Plan {
-        self.plan
     }
 }
 
@@ -354,7 +351,7 @@ impl CommandBufferBuilder for PlanBuilder {
     }
 
     fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
-        Ok(Arc::new(self.plan))
+        Ok((self.wrap)(self.plan))
     }
 }
 
@@ -362,14 +359,21 @@ impl CommandBufferBuilder for PlanBuilder {
 mod tests {
     use super::*;
 
+    impl Plan {
+        /// The plan behind a test builder's command buffer.
+        fn of(buffer: &CommandBuffer) -> Option<&Plan> {
+            buffer.downcast_ref::<Plan>()
+        }
+    }
+
     fn arg(entry: u32, len: usize) -> RecordedArg {
         RecordedArg { entry, offset: 0, len, mode: AccessMode::ReadWrite }
     }
 
     fn builder(in_order: bool) -> Box<dyn CommandBufferBuilder> {
-        Box::new(PlanBuilder::new(CommandBufferDesc { entries: 2, in_order, ops: 0 }, "test".into(), |op| {
-            !matches!(op, RecordedOp::Read { .. })
-        }))
+        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
+        let desc = CommandBufferDesc { entries: 2, in_order, ops: 0 };
+        Box::new(PlanBuilder::new(desc, "test".into(), accepts, |plan| Arc::new(plan)))
     }
 
     /// A patch swaps payloads and keeps arguments and dependencies; a patch that does

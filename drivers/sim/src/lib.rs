@@ -63,7 +63,7 @@ use gantry_driver::{
     ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
     DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn,
     HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind,
-    SnapshotPool, Submission, SyncPoint,
+    SnapshotPool, Submission,
 };
 use smallvec::SmallVec;
 
@@ -147,18 +147,6 @@ impl CostModel {
     /// Virtual time of a fill of `bytes`.
     pub fn fill_ns(&self, bytes: usize) -> u64 {
         per(bytes, self.memory_bytes_per_ns).ceil() as u64
-    }
-}
-
-/// Records a [`SimPlan`].
-struct SimPlanBuilder(PlanBuilder);
-
-impl CommandBufferBuilder for SimPlanBuilder {
-    fn append(&mut self, op: RecordedOp, deps: &[SyncPoint]) -> Result<SyncPoint, ExecError> {
-        self.0.append(op, deps)
-    }
-    fn finalize(self: Box<Self>) -> Result<CommandBuffer, ExecError> {
-        Ok(Arc::new(SimPlan { plan: self.0.into_plan(), bound: Mutex::new(None) }))
     }
 }
 
@@ -1173,7 +1161,8 @@ impl Driver for SimDriver {
             return Err(self.unsupported("command buffers"));
         }
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
-        Ok(Box::new(SimPlanBuilder(PlanBuilder::new(desc, self.info.name.clone(), accepts))))
+        let wrap = |plan| -> CommandBuffer { Arc::new(SimPlan { plan, bound: Mutex::new(None) }) };
+        Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts, wrap)))
     }
 
     fn patch_command_buffer(
