@@ -7,12 +7,12 @@
 //! straight from a peer's memory over a device-to-device link, and the settings of the
 //! modelled host thread pool.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{AllocId, DriverContext, HostStorage};
+use rustc_hash::FxHashMap;
 
 use crate::{SimConfig, SimDriver};
 
@@ -22,14 +22,19 @@ static NEXT_MACHINE: AtomicU64 = AtomicU64::new(1);
 /// What the devices of one simulated machine share.
 ///
 /// ```
-/// use gantry_sim::{HostPoolConfig, MachineConfig};
-/// // Two GPUs joined by a 50 GB/s link, and four host threads for host tasks that
-/// // take 5 µs unless they declare otherwise.
-/// let machine = MachineConfig {
+/// use gantry_driver::{sync::channel::unbounded, Driver, DriverContext};
+/// use gantry_sim::{HostPoolConfig, MachineConfig, SimConfig, SimMachine};
+/// // GPUs joined by a 50 GB/s link, and four host threads for host tasks that take
+/// // 5 µs unless they declare otherwise.
+/// let machine = SimMachine::new(MachineConfig {
 ///     peer_bytes_per_ns: 50.0,
 ///     host: Some(HostPoolConfig { threads: 4, task_ns: 5_000, ..Default::default() }),
-/// };
-/// assert!(machine.host.is_some());
+/// });
+/// let ctx = DriverContext { completions: unbounded().0, epoch: std::time::Instant::now() };
+/// let gpu = machine.device(SimConfig::default(), ctx.clone());
+/// let pool = machine.host_pool(ctx).expect("the machine has a host pool");
+/// assert_ne!(gpu.info().caps.peer_group, 0, "the link puts the GPUs in a peer group");
+/// assert!(pool.info().caps.host_tasks && !gpu.info().caps.host_tasks);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MachineConfig {
@@ -93,7 +98,8 @@ pub struct SimMachine {
     /// The latest virtual end of any executed operation.
     clock: AtomicU64,
     next_alloc: AtomicU64,
-    pub(crate) memory: Mutex<HashMap<AllocId, Allocation>>,
+    /// Looked up for every device argument of every operation: Fx, not SipHash.
+    pub(crate) memory: Mutex<FxHashMap<AllocId, Allocation>>,
 }
 
 impl SimMachine {
@@ -104,7 +110,7 @@ impl SimMachine {
             config,
             clock: AtomicU64::new(0),
             next_alloc: AtomicU64::new(0),
-            memory: Mutex::new(HashMap::new()),
+            memory: Mutex::new(FxHashMap::default()),
         })
     }
 
