@@ -91,7 +91,17 @@ impl Queue {
 
     /// Whether the queue records into a graph.
     pub fn is_recording(&self) -> bool {
-        self.recording_graph().is_some()
+        self.handle.recording.load(Ordering::Acquire)
+    }
+
+    /// A lost device takes no new work.
+    fn check_device(&self) -> Result<()> {
+        let rt = &self.handle.rt;
+        if rt.lost[self.device() as usize].load(Ordering::Acquire) {
+            let device = &rt.devices[self.device() as usize];
+            return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
+        }
+        Ok(())
     }
 
     pub(crate) fn start_recording(&self, graph: &CommandGraph) -> Result<()> {
@@ -141,11 +151,7 @@ impl Queue {
     /// # Ok::<(), gantry::Error>(())
     /// ```
     pub fn submit_graph(&self, graph: &ExecutableGraph) -> Result<Event> {
-        let rt = &self.handle.rt;
-        if rt.lost[self.device() as usize].load(Ordering::Acquire) {
-            let device = &rt.devices[self.device() as usize];
-            return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
-        }
+        self.check_device()?;
         if let Some(g) = self.recording_graph() {
             let node = g.add_graph_recorded(graph, &self.handle.core)?;
             return Ok(node);
@@ -173,11 +179,8 @@ impl Queue {
             None => Handler::new(rt.id, rt.next_id()),
         };
         build(&mut cg);
-        let device = &rt.devices[self.device() as usize];
-        if rt.lost[self.device() as usize].load(Ordering::Acquire) {
-            return Err(Error::Exec(gantry_driver::ExecError::DeviceLost { device: device.name.clone() }));
-        }
-        let built = cg.finish(device)?;
+        self.check_device()?;
+        let built = cg.finish(&rt.devices[self.device() as usize])?;
         if let Some(graph) = recording {
             return graph.record(&self.handle.core, built);
         }

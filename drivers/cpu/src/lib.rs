@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities,
-    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
-    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch,
-    MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot,
-    SnapshotPool, Submission,
+    fill_bytes, fill_fits, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, ClosureKernel,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
+    MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool,
+    Submission,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -549,8 +549,7 @@ impl Inner {
         match op {
             RecordedOp::Kernel { kernel, geometry, args } => {
                 let saved = preserve.then(|| {
-                    let pairs: SmallVec<[(AccessMode, Binding); 8]> =
-                        args.iter().map(|a| a.mode).zip(bindings.iter().copied()).collect();
+                    let pairs = args.iter().map(|a| a.mode).zip(bindings.iter().copied());
                     // SAFETY: live bindings, ordered against other work by scheduling.
                     unsafe { self.snapshots.take_modes(pairs) }
                 });

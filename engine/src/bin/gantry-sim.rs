@@ -65,11 +65,12 @@ struct HostSpec {
     memory_bytes_per_ns: f64,
 }
 
+// Absent fields take the pool's own defaults.
 fn one_thread() -> u32 {
-    1
+    HostPoolConfig::default().threads
 }
 fn default_task() -> u64 {
-    1_000
+    HostPoolConfig::default().task_ns
 }
 
 #[derive(Deserialize)]
