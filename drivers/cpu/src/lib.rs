@@ -502,33 +502,11 @@ impl Inner {
                 }
             }
         };
-        // Allocated at the first failure only.
-        let mut failed: Vec<Option<ExecError>> = Vec::new();
-        let mut first = None;
-        for (i, planned) in plan.ops.iter().enumerate() {
-            let blocked = (!failed.is_empty())
-                .then(|| planned.deps.iter().find_map(|&d| failed[d as usize].clone()))
-                .flatten();
-            let result = match blocked {
-                Some(e) => Err(e),
-                None => match &bound.ops[i] {
-                    Ok(bindings) => self.run_recorded(&planned.op, bindings, preserve),
-                    Err(e) => Err(e.clone()),
-                },
-            };
-            if let Err(e) = result {
-                if failed.is_empty() {
-                    failed = vec![None; plan.ops.len()];
-                }
-                let name = match &planned.op {
-                    RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
-                    op => op.label().into(),
-                };
-                failed[i] = Some(e.as_dependency_of(name));
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let failed = plan.replay(|i, op| match &bound.ops[i] {
+            Ok(bindings) => self.run_recorded(op, bindings, preserve),
+            Err(e) => Err(e.clone()),
+        });
+        failed.into_iter().flatten().next().map_or(Ok(()), Err)
     }
 
     fn bind_recorded(&self, entries: &[Binding], a: &RecordedArg) -> Result<Binding, ExecError> {

@@ -101,6 +101,14 @@ impl RecordedOp {
         }
     }
 
+    /// Its name in errors: the kernel's, or what kind of operation it is.
+    pub fn name(&self) -> Arc<str> {
+        match self {
+            RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
+            op => op.label().into(),
+        }
+    }
+
     /// What it counts for in [`Plan::work_items`]: a kernel its work-items, anything
     /// else one.
     fn work_items(&self) -> usize {
@@ -199,6 +207,38 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Replays the operations in order through `run` and returns each one's error
+    /// (empty when none failed). An operation whose dependency failed, directly or
+    /// not, is not run: it fails with a dependency error naming the failed one, and
+    /// independent operations still run. Both drivers' replays go through here.
+    pub fn replay(
+        &self,
+        mut run: impl FnMut(usize, &RecordedOp) -> Result<(), ExecError>,
+    ) -> Vec<Option<ExecError>> {
+        // `failed[i]`: operation `i`'s error and the one its dependents get;
+        // allocated at the first failure.
+        let mut failed: Vec<Option<(ExecError, ExecError)>> = Vec::new();
+        for (i, planned) in self.ops.iter().enumerate() {
+            let blocked = if failed.is_empty() {
+                None // the common case: nothing failed, no dependency to look at
+            } else {
+                planned.deps.iter().find_map(|&d| failed[d as usize].as_ref().map(|f| f.1.clone()))
+            };
+            let result = match blocked {
+                Some(e) => Err(e),
+                None => run(i, &planned.op),
+            };
+            if let Err(e) = result {
+                if failed.is_empty() {
+                    failed = vec![None; self.ops.len()];
+                }
+                let for_dependents = e.as_dependency_of(planned.op.name());
+                failed[i] = Some((e, for_dependents));
+            }
+        }
+        failed.into_iter().map(|f| f.map(|(own, _)| own)).collect()
+    }
+
     /// A copy with `patch[i]` applied to operation `i`: the same arguments and
     /// dependencies, other kernels, host data or fill patterns (see
     /// [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).

@@ -1067,41 +1067,15 @@ impl SimDriver {
         // `memory` keeps the bindings' memory alive until every step has run.
         let PlanWork { buffer, bound, memory: _memory, faulted, .. } = plan;
         let recorded = &sim_plan(&buffer).expect("checked at submission").plan;
-        // Where the next faulted step is in `faulted`.
-        let mut next_fault = 0;
-        // `failed[i]`: step `i`'s error and the one its dependents get; allocated at
-        // the first failure.
-        let mut failed: Vec<Option<(ExecError, ExecError)>> = Vec::new();
-        let count = recorded.ops.len();
-        for (i, (planned, step)) in recorded.ops.iter().zip(&bound.steps).enumerate() {
-            let at_fault = faulted.get(next_fault).is_some_and(|&(f, _)| f as usize == i);
-            // SAFETY (both `run_step`s): the bindings point into `_memory`, as the
-            // bound plan's key is this replay's table.
-            let result = if failed.is_empty() && !at_fault {
-                unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) }
-            } else {
-                let blocked =
-                    planned.deps.iter().find_map(|&d| failed.get(d as usize)?.as_ref().map(|f| f.1.clone()));
-                match blocked {
-                    Some(e) => Err(e),
-                    None if at_fault => Err(faulted[next_fault].1.clone()),
-                    None => unsafe { self.run_step(&planned.op, step, &bound.bindings, preserve, arena) },
-                }
-            };
-            next_fault += usize::from(at_fault);
-            if let Err(e) = result {
-                if failed.is_empty() {
-                    failed = vec![None; count];
-                }
-                let name = match &planned.op {
-                    RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
-                    op => op.label().into(),
-                };
-                let for_dependents = e.as_dependency_of(name);
-                failed[i] = Some((e, for_dependents));
+        recorded.replay(|i, op| {
+            // `faulted` is sorted by step: an injected fault fails its step.
+            if let Ok(f) = faulted.binary_search_by_key(&(i as u32), |&(f, _)| f) {
+                return Err(faulted[f].1.clone());
             }
-        }
-        failed.into_iter().map(|f| f.map(|(own, _)| own)).collect()
+            // SAFETY: the bindings point into `_memory`, as the bound plan's key is
+            // this replay's table.
+            unsafe { self.run_step(op, &bound.steps[i], &bound.bindings, preserve, arena) }
+        })
     }
 }
 
