@@ -510,15 +510,7 @@ impl Inner {
     }
 
     fn bind_recorded(&self, entries: &[Binding], a: &RecordedArg) -> Result<Binding, ExecError> {
-        let entry = entries[a.entry as usize];
-        if a.offset.checked_add(a.len).is_none_or(|end| end > entry.len) {
-            return Err(self.invalid(format!(
-                "recorded range {}..+{} outside argument entry {} of {} bytes",
-                a.offset, a.len, a.entry, entry.len
-            )));
-        }
-        // SAFETY: inside the entry's live memory (checked above).
-        Ok(Binding::new(unsafe { entry.ptr.add(a.offset) }, a.len))
+        a.bind(entries[a.entry as usize]).map_err(|e| self.invalid(e))
     }
 
     /// Runs one recorded operation over its bound arguments (in [`RecordedOp::args`]

@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 use crate::access::AccessMode;
 use crate::error::ExecError;
 use crate::kernel::ClosureKernel;
+use crate::memory::Binding;
 use crate::memory::HostStorage;
 use crate::op::{fill_fits, MemArg};
 use crate::range::Geometry;
@@ -41,6 +42,22 @@ pub struct RecordedArg {
     pub len: usize,
     /// How the operation uses it.
     pub mode: AccessMode,
+}
+
+impl RecordedArg {
+    /// Its bytes inside `entry`, the memory its argument-table entry is bound to; the
+    /// reason when they lie outside it (the entry is shorter than when recorded).
+    pub fn bind(&self, entry: Binding) -> Result<Binding, String> {
+        let inside = self.offset.checked_add(self.len).is_some_and(|end| end <= entry.len);
+        if !inside {
+            return Err(format!(
+                "recorded range {}..+{} outside argument entry {} of {} bytes",
+                self.offset, self.len, self.entry, entry.len
+            ));
+        }
+        // SAFETY: `offset + len` lies within the entry's memory (checked above).
+        Ok(Binding::new(unsafe { entry.ptr.add(self.offset) }, self.len))
+    }
 }
 
 /// An operation recorded into a command buffer.

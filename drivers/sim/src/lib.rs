@@ -388,14 +388,6 @@ impl Region {
         let ptr = unsafe { self.storage.as_ptr().add(self.offset) };
         Binding::new(ptr, self.len)
     }
-
-    /// The binding of the `len` bytes at `offset` inside this region, if they lie
-    /// within it; valid while the region's storage is alive.
-    fn sub_binding(&self, offset: usize, len: usize) -> Option<Binding> {
-        let end = offset.checked_add(len)?;
-        // SAFETY: `offset + len` lies within the region, itself within its storage.
-        (end <= self.len).then(|| Binding::new(unsafe { self.binding().ptr.add(offset) }, len))
-    }
 }
 
 /// A kernel launch and the resolved memory of its global slots.
@@ -818,12 +810,7 @@ impl SimDriver {
             if let (true, Some(what)) = (*is_host, host) {
                 return Err(self.unsupported(what));
             }
-            let sub = entry.sub_binding(a.offset, a.len).ok_or_else(|| {
-                self.driver_error(format!(
-                    "recorded range {}..+{} outside argument entry {} of {} bytes",
-                    a.offset, a.len, a.entry, entry.len
-                ))
-            })?;
+            let sub = a.bind(entry.binding()).map_err(|e| self.driver_error(e))?;
             Ok((sub, *is_host))
         };
         match op {
