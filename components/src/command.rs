@@ -173,7 +173,8 @@ pub struct Requirement {
     /// Set by resolution when this write made `space` the valid copy although it held
     /// none before (a whole-buffer discard-write): the resolution order and the spaces
     /// that were valid, to restore if the command fails and leaves garbage behind.
-    pub valid_before: Option<(u64, SmallVec<[MemSpace; 2]>)>,
+    /// Boxed: rare, and a requirement then fits a cache line.
+    pub valid_before: Option<Box<(u64, SmallVec<[MemSpace; 2]>)>>,
     /// Bytes per element of the accessor (fusion sizes promoted memory with it).
     pub elem_size: u32,
     /// The accessor's promotion hint for fusion.
@@ -182,6 +183,9 @@ pub struct Requirement {
     /// (a buffer a fused kernel internalized).
     pub internal: bool,
 }
+
+// Every command and graph node holds a few: one cache line each.
+const _: () = assert!(std::mem::size_of::<Requirement>() <= 64);
 
 impl Requirement {
     /// A requirement not yet placed in a memory space.

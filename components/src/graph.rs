@@ -236,6 +236,11 @@ pub struct ExecPlan {
     pub nodes: Arc<Vec<GraphNode>>,
     /// The fixed buffers its partitions bind.
     pub buffers: Vec<Arc<BufferCore>>,
+    /// Where each node's requirements are in [`ExecPlan::buffers`], node by node,
+    /// slot by slot (`u32::MAX` for a dynamic parameter's slot, a host task's, or a
+    /// fused kernel's): a whole-graph update maps the old buffers to the new ones
+    /// with it.
+    pub slot_buffers: Vec<u32>,
     /// The linearization: every node once, dependencies first.
     pub order: Vec<NodeId>,
     /// The partition of each node.

@@ -697,6 +697,16 @@ struct ExecState {
     last: Option<Arc<EventShared>>,
 }
 
+impl ExecState {
+    /// Takes the buffers of the graph a whole-graph update came from.
+    fn set_graph(&mut self, keep: Arc<Vec<KeepAlive>>, params: Arc<[(Arc<BufferCore>, KeepAlive)]>) {
+        self.keep = keep;
+        if !params.is_empty() {
+            self.params = params;
+        }
+    }
+}
+
 struct ExecShared {
     id: u64,
     graph: u64,
@@ -820,31 +830,28 @@ impl ExecutableGraph {
     pub fn update(&self, graph: &CommandGraph) -> Result<()> {
         self.check_updatable()?;
         let Taken { nodes, keep, params } = graph.take()?;
-        let current = self.plan();
-        same_topology(&current.nodes, &nodes).map_err(Error::TopologyMismatch)?;
+        let mut st = self.inner.state.lock();
+        same_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;
         // Same edges and kinds; with the same devices too, the partitions are the
         // current ones (graph fusion may fuse other chains: it redoes it all).
-        let reuse =
-            (self.inner.props.fusion.is_none() && same_devices(&current.nodes, &nodes)).then_some(current);
-        // Buffers one to one: patch the command buffers here, no scheduler round trip.
-        let patched = match &reuse {
-            Some(current) => {
-                let drivers: Option<Vec<_>> =
-                    self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
-                gantry_systems::partition::patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, current)
+        let same_layout = self.inner.props.fusion.is_none() && same_devices(&st.plan.nodes, &nodes);
+        if same_layout {
+            // Buffers one to one: patch the command buffers here (in place unless a
+            // submission holds them), no scheduler round trip.
+            let drivers: Option<Vec<_>> =
+                self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
+            let drivers = drivers.ok_or(Error::RuntimeDropped)?;
+            if gantry_systems::partition::patch_plan(&drivers, &nodes, &mut st.plan) {
+                st.set_graph(keep, params);
+                return Ok(());
             }
-            None => None,
-        };
-        let plan = match patched {
-            Some(plan) => plan,
-            None => finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?,
-        };
+        }
+        let reuse = same_layout.then(|| st.plan.clone());
+        drop(st); // the scheduler records; submissions go on meanwhile
+        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
         let mut st = self.inner.state.lock();
         st.plan = Arc::new(plan);
-        st.keep = keep;
-        if !params.is_empty() {
-            st.params = params;
-        }
+        st.set_graph(keep, params);
         Ok(())
     }
 

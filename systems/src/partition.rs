@@ -21,13 +21,14 @@ use std::sync::Arc;
 
 use bevy_ecs::world::World;
 use gantry_components::{
-    warn_fusion, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing,
-    FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeWork, PartitionBody,
-    PartitionPlan, Requirement, SchedulerConfig, WorkLists,
+    warn_fusion, BufferCore, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob,
+    Finalizing, FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeWork,
+    PartitionBody, PartitionPlan, Requirement, SchedulerConfig, WorkLists,
 };
 use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
 use gantry_driver::{
-    AccessMode, CommandBufferDesc, DeviceInfo, Driver, ExecError, OpPatch, RecordedArg, RecordedOp, SyncPoint,
+    AccessMode, CommandBuffer, CommandBufferDesc, DeviceInfo, Driver, ExecError, OpPatch, RecordedArg,
+    RecordedOp, SyncPoint,
 };
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -421,11 +422,11 @@ impl Layout {
 /// slots, every argument table and recorded argument stays as it is. (Two old
 /// buffers may become one: their entries then bind the same memory, and submission
 /// merges their requirements, as it does for a dynamic parameter bound to a buffer
-/// the partition also uses.) Then only the plan's
-/// buffer list changes, and each command buffer is patched with the new kernels,
-/// host data and fill patterns instead of recorded anew. `None` when that does
-/// not hold or a driver cannot patch: the caller records (a finalize with
-/// [`FinalizeJob::reuse`]).
+/// the partition also uses.) Then only the plan's buffer list changes, and each
+/// command buffer is patched with the new kernels, host data and fill patterns
+/// instead of recorded anew: in place where no submission holds it. `false`, with
+/// `plan` as it was, when that does not hold or a driver cannot patch: the caller
+/// records (a finalize with [`FinalizeJob::reuse`]).
 ///
 /// It needs nothing of the scheduler's world but the drivers (by device id), so a
 /// whole-graph update calls it on its own thread, without a round trip to the
@@ -433,75 +434,104 @@ impl Layout {
 pub fn patch_plan(
     drivers: &[Arc<dyn Driver>],
     nodes: &Arc<Vec<GraphNode>>,
-    old: &ExecPlan,
-) -> Option<ExecPlan> {
+    plan: &mut Arc<ExecPlan>,
+) -> bool {
+    let Some(PlanPatch { buffers, mut patches }) = plan_patches(nodes, plan) else {
+        return false;
+    };
+    let mut driver_of = Vec::with_capacity(plan.partitions.len());
+    for part in &plan.partitions {
+        match drivers.get(part.device as usize) {
+            Some(driver) => driver_of.push(driver),
+            None => return false,
+        }
+    }
+    let plan = Arc::make_mut(plan);
+    let bodies = plan.partitions.iter_mut().map(|p| &mut p.body).zip(driver_of).zip(&mut patches);
+    let mut done: Vec<(&mut CommandBuffer, &Arc<dyn Driver>, &mut Vec<OpPatch>)> = Vec::new();
+    for ((body, driver), patch) in bodies {
+        let PartitionBody::Commands { buffer, .. } = body else { continue };
+        if driver.patch_command_buffer(buffer, patch).is_err() {
+            // Undo: each patch now holds what it replaced, which fits by construction.
+            for (buffer, driver, patch) in done {
+                let _ = driver.patch_command_buffer(buffer, patch);
+            }
+            return false;
+        }
+        done.push((buffer, driver, patch));
+    }
+    plan.nodes = nodes.clone();
+    plan.buffers = buffers;
+    true
+}
+
+/// What [`patch_plan`] changes.
+struct PlanPatch {
+    /// The plan's new buffer list.
+    buffers: Vec<Arc<BufferCore>>,
+    /// One patch per operation of each partition (none for host tasks).
+    patches: Vec<Vec<OpPatch>>,
+}
+
+/// The [`PlanPatch`] that makes `old` run `nodes`; `None` when the nodes do not fit
+/// the plan that way. Every node is checked before any driver is asked to patch.
+fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Option<PlanPatch> {
     if !old.fused.is_empty() || nodes.len() != old.nodes.len() {
         return None;
     }
-    let was = &old.nodes;
-    let index: FxHashMap<u64, u32> = old.buffers.iter().enumerate().map(|(i, b)| (b.id, i as u32)).collect();
-    let mut buffers: Vec<Option<Arc<gantry_components::BufferCore>>> = vec![None; old.buffers.len()];
-    // Every node is checked before any driver is asked to patch.
-    let mut patches: Vec<Vec<OpPatch>> = Vec::with_capacity(old.partitions.len());
-    for part in &old.partitions {
-        if !matches!(part.body, PartitionBody::Commands { .. }) {
-            patches.push(Vec::new());
+    let mut buffers: Vec<Option<&Arc<BufferCore>>> = vec![None; old.buffers.len()];
+    // Node by node in index order (memory order: partitions list them in execution
+    // order), each node's patch; gathered into operation order after.
+    let mut node_patch: Vec<OpPatch> = Vec::with_capacity(nodes.len());
+    let mut slot_buffers = old.slot_buffers.iter();
+    for (a, b) in old.nodes.iter().zip(nodes) {
+        let slots = slot_buffers.by_ref().take(a.requirements.len());
+        if b.kind == CommandKind::HostTask {
+            // Its own partition, which runs the node the plan holds at submission.
+            slots.for_each(drop);
+            node_patch.push(OpPatch::Keep);
             continue;
         }
-        let mut patch = Vec::with_capacity(part.nodes.len());
-        for &n in &part.nodes {
-            let (a, b) = (&was[n as usize], &nodes[n as usize]);
-            if a.requirements.len() != b.requirements.len() || a.params != b.params {
+        if a.requirements.len() != b.requirements.len() || a.params != b.params {
+            return None;
+        }
+        for ((ra, rb), &i) in a.requirements.iter().zip(&b.requirements).zip(slots) {
+            let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
+                == (rb.mode, rb.range, rb.internal, rb.elem_size);
+            if !same_use {
                 return None;
             }
-            for (slot, (ra, rb)) in a.requirements.iter().zip(&b.requirements).enumerate() {
-                let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
-                    == (rb.mode, rb.range, rb.internal, rb.elem_size);
-                if !same_use {
-                    return None;
-                }
-                if a.params.iter().any(|&(s, _)| s as usize == slot) {
-                    continue; // a dynamic parameter: bound at submission
-                }
-                let slot = &mut buffers[*index.get(&ra.buffer.id)? as usize];
+            // None for `u32::MAX`: a dynamic parameter, bound at submission.
+            if let Some(slot) = buffers.get_mut(i as usize) {
                 match slot {
-                    None => *slot = Some(rb.buffer.clone()),
+                    None => *slot = Some(&rb.buffer),
                     Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
                     Some(_) => return None,
                 }
             }
-            patch.push(match &b.work {
-                NodeWork::Kernel { kernel, geometry } => {
-                    OpPatch::Kernel { kernel: kernel.clone(), geometry: *geometry }
-                }
-                NodeWork::CopyFromHost(data) => OpPatch::Write(data.clone()),
-                NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
-                NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
-                NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
-                NodeWork::HostTask { .. } => return None,
-            });
         }
-        patches.push(patch);
+        node_patch.push(match &b.work {
+            NodeWork::Kernel { kernel, geometry } => {
+                OpPatch::Kernel { kernel: kernel.clone(), geometry: *geometry }
+            }
+            NodeWork::CopyFromHost(data) => OpPatch::Write(data.clone()),
+            NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
+            NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
+            NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
+            NodeWork::HostTask { .. } => return None,
+        });
     }
-    let mut partitions = Vec::with_capacity(old.partitions.len());
-    for (part, patch) in old.partitions.iter().zip(patches) {
-        let mut part = part.clone();
-        if let PartitionBody::Commands { buffer, .. } = &mut part.body {
-            *buffer = drivers.get(part.device as usize)?.patch_command_buffer(buffer, &patch).ok()?;
-        }
-        partitions.push(part);
-    }
-    let buffers: Vec<_> = buffers.into_iter().collect::<Option<_>>()?;
-    Some(ExecPlan {
-        nodes: nodes.clone(),
-        buffers,
-        order: old.order.clone(),
-        partition_of: old.partition_of.clone(),
-        partitions,
-        fused: Vec::new(),
-        not_fused: Vec::new(),
-        tails: old.tails.clone(),
-    })
+    let buffers = buffers.into_iter().map(|b| b.cloned()).collect::<Option<_>>()?;
+    let mut take = |n: &NodeId| std::mem::replace(&mut node_patch[*n as usize], OpPatch::Keep);
+    let patches = old
+        .partitions
+        .iter()
+        .map(|part| match part.body {
+            PartitionBody::Commands { .. } => part.nodes.iter().map(&mut take).collect(),
+            PartitionBody::HostTask { .. } => Vec::new(),
+        })
+        .collect();
+    Some(PlanPatch { buffers, patches })
 }
 
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
@@ -600,6 +630,7 @@ impl Finalize<'_> {
         let mut plan = ExecPlan {
             nodes: nodes.clone(),
             buffers: Vec::new(),
+            slot_buffers: Vec::new(),
             order,
             partition_of: Vec::new(),
             partitions: Vec::with_capacity(parts.len()),
@@ -607,10 +638,18 @@ impl Finalize<'_> {
             not_fused: Vec::new(),
             tails: Vec::new(),
         };
+        let mut slot_start = Vec::with_capacity(nodes.len());
+        let mut slots = 0;
+        for node in nodes.iter() {
+            slot_start.push(slots);
+            slots += node.requirements.len() as u32;
+        }
+        plan.slot_buffers = vec![u32::MAX; slots as usize];
         let mut scratch = Scratch {
             step_of: vec![0; nodes.len()],
             buffer_index: FxHashMap::default(),
             entry_of: FxHashMap::default(),
+            slot_start,
         };
         for (p, Laid { name, nodes: members, preds, in_order }) in parts.into_iter().enumerate() {
             let first = members[0] as usize;
@@ -619,7 +658,7 @@ impl Finalize<'_> {
                 PartitionBody::HostTask { node: members[0] }
             } else {
                 let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of);
-                self.record(p as u32, device, in_order, &steps, nodes, &mut plan.buffers, &mut scratch)?
+                self.record(p as u32, device, in_order, &steps, nodes, &mut plan, &mut scratch)?
             };
             plan.partitions.push(PartitionPlan { name, device, nodes: members, preds, in_order, body });
         }
@@ -817,12 +856,13 @@ impl Finalize<'_> {
         in_order: bool,
         steps: &[Step],
         nodes: &[GraphNode],
-        buffers: &mut Vec<Arc<gantry_components::BufferCore>>,
+        plan: &mut ExecPlan,
         scratch: &mut Scratch,
     ) -> Result<PartitionBody, FinalizeError> {
+        let ExecPlan { buffers, slot_buffers, .. } = plan;
         let mut entries: Vec<Entry> = Vec::new();
         let mut internal: Vec<Entry> = Vec::new();
-        let Scratch { buffer_index, entry_of, .. } = scratch;
+        let Scratch { buffer_index, entry_of, slot_start, .. } = scratch;
         entry_of.clear();
         let mut source = |r: &Requirement, param: Option<u32>| match param {
             Some(p) => EntrySource::Param(p),
@@ -839,9 +879,18 @@ impl Finalize<'_> {
         let mut step_args: Vec<SmallVec<[RecordedArg; 4]>> = Vec::with_capacity(steps.len());
         for step in steps {
             let mut args = SmallVec::new();
+            // A node's slots (a fused step's requirements are no node's).
+            let node_slots = match step.op {
+                StepOp::Node(_) => Some(slot_start[step.nodes[0] as usize] as usize),
+                StepOp::Fused { .. } => None,
+            };
             for (slot, r) in step.requirements.iter().enumerate() {
                 let param = step.params.iter().find(|(s, _)| *s as usize == slot).map(|&(_, p)| p);
                 let src = source(r, param);
+                let at = node_slots.and_then(|start| slot_buffers.get_mut(start + slot));
+                if let (Some(at), EntrySource::Buffer(i)) = (at, src) {
+                    *at = i;
+                }
                 if r.internal {
                     internal.push(Entry { source: src, mode: AccessMode::Read, range: r.range });
                     continue;
@@ -914,6 +963,8 @@ struct Scratch {
     buffer_index: FxHashMap<u64, u32>,
     /// The argument-table entry of each source, in the partition being recorded.
     entry_of: FxHashMap<EntrySource, u32>,
+    /// Where each node's slots start in [`ExecPlan::slot_buffers`].
+    slot_start: Vec<u32>,
 }
 
 /// The mode of an entry used first as `(a, ra)` and then as `(b, rb)`.

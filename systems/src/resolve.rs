@@ -269,7 +269,7 @@ fn resolve_requirement(
             }
         }
         if placed_over_nothing {
-            req.valid_before = Some((next_placement(world), before));
+            req.valid_before = Some(Box::new((next_placement(world), before)));
         }
     } else {
         record.reads.push(gantry_components::Leaf { cmd: e, range: req.range });
@@ -382,7 +382,7 @@ fn insert_move(
     // The move makes `to` valid: remember what was valid before, to restore if the
     // move fails or is failed by a dependency (its target then holds garbage).
     let before = record.locations.iter().filter(|l| l.valid).map(|l| l.space).collect();
-    dst_req.valid_before = Some((next_placement(world), before));
+    dst_req.valid_before = Some(Box::new((next_placement(world), before)));
     let m = world
         .spawn((
             Command { kind: CommandKind::MemoryMove, name, queue: None, device, seq },

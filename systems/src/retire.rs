@@ -218,7 +218,7 @@ type Undo = (u64, Arc<gantry_components::BufferCore>, SmallVec<[MemSpace; 2]>);
 /// placement in the cascade is the truth again ([`apply_undos`]).
 fn undos_of(reqs: &[gantry_components::Requirement], out: &mut Vec<Undo>) {
     for r in reqs {
-        if let Some((order, before)) = &r.valid_before {
+        if let Some((order, before)) = r.valid_before.as_deref() {
             out.push((*order, r.buffer.clone(), before.clone()));
         }
     }

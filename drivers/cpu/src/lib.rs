@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, ClosureKernel,
-    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch, MemArg, MemRef,
-    MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot, SnapshotPool,
-    Submission,
+    fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AllocId, Arena, Binding, Capabilities,
+    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
+    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch,
+    MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot,
+    SnapshotPool, Submission,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -165,16 +165,17 @@ impl Driver for CpuDriver {
 
     fn patch_command_buffer(
         &self,
-        buffer: &CommandBuffer,
-        patch: &[OpPatch],
-    ) -> Result<CommandBuffer, ExecError> {
-        let cpu = buffer
-            .downcast_ref::<CpuPlan>()
-            .ok_or_else(|| self.inner.invalid("a command buffer recorded by another driver".into()))?;
-        let plan = cpu.plan.patched(patch).map_err(|e| self.inner.invalid(e))?;
+        buffer: &mut CommandBuffer,
+        patch: &mut [OpPatch],
+    ) -> Result<(), ExecError> {
         // The bound arguments depend only on the argument table and the operations'
         // arguments, which a patch keeps: the next replay need not bind them again.
-        Ok(Arc::new(CpuPlan { plan, bound: Mutex::new(cpu.bound.lock().clone()) }))
+        let copy =
+            |cpu: &CpuPlan| CpuPlan { plan: cpu.plan.clone(), bound: Mutex::new(cpu.bound.lock().clone()) };
+        let swap = |cpu: &mut CpuPlan| cpu.plan.swap_payloads(patch);
+        patch_buffer(buffer, copy, swap)
+            .ok_or_else(|| self.inner.invalid("a command buffer recorded by another driver".into()))?
+            .map_err(|e| self.inner.invalid(e))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {

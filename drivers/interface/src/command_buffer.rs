@@ -256,21 +256,22 @@ impl Plan {
         failed.into_iter().map(|f| f.map(|(own, _)| own)).collect()
     }
 
-    /// A copy with `patch[i]` applied to operation `i`: the same arguments and
-    /// dependencies, other kernels, host data or fill patterns (see
-    /// [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).
+    /// Exchanges each operation's payload with `patch[i]`: operation `i` takes its
+    /// kernel, host data or fill pattern over the same arguments and dependencies,
+    /// and `patch[i]` gets what it replaced, so swapping again with `patch` undoes it
+    /// (see [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).
     /// A patch of another length, one that does not match its operation's kind, or a
-    /// kernel with another number of buffer slots is refused with the reason.
-    pub fn patched(&self, patch: &[OpPatch]) -> Result<Plan, String> {
+    /// kernel with another number of buffer slots is refused with the reason, and
+    /// nothing changes.
+    pub fn swap_payloads(&mut self, patch: &mut [OpPatch]) -> Result<(), String> {
         if patch.len() != self.ops.len() {
             return Err(format!("{} patches for {} operations", patch.len(), self.ops.len()));
         }
-        let mut work_items = 0;
-        let mut ops = Vec::with_capacity(self.ops.len());
-        for (i, (planned, change)) in self.ops.iter().zip(patch).enumerate() {
-            let op = match (&planned.op, change) {
-                (op, OpPatch::Keep) => op.clone(),
-                (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, geometry }) => {
+        // Everything is checked before anything changes.
+        for (i, (planned, change)) in self.ops.iter().zip(patch.iter()).enumerate() {
+            let fits = match (&planned.op, change) {
+                (_, OpPatch::Keep) => true,
+                (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, .. }) => {
                     if kernel.global_slots != args.len() {
                         return Err(format!(
                             "operation {i}: kernel `{}` has {} buffer slots, the recorded one {}",
@@ -279,36 +280,61 @@ impl Plan {
                             args.len()
                         ));
                     }
-                    // `from_slice` copies in one go (`clone` pushes element by element).
-                    let args = SmallVec::from_slice(args);
-                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
+                    true
                 }
-                (RecordedOp::Write { dst, .. }, OpPatch::Write(src)) if src.len() == dst.len => {
-                    RecordedOp::Write { src: src.clone(), dst: *dst }
-                }
-                (RecordedOp::Read { src, .. }, OpPatch::Read(dst)) if dst.len() == src.len => {
-                    RecordedOp::Read { src: *src, dst: dst.clone() }
-                }
-                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern)) if fill_fits(dst.len, pattern) => {
-                    RecordedOp::Fill { dst: *dst, pattern: pattern.clone() }
-                }
-                (op, change) => {
-                    return Err(format!(
-                        "operation {i} is a {}; the patch {change:?} does not fit it",
-                        op.label()
-                    ))
-                }
+                (RecordedOp::Write { dst, .. }, OpPatch::Write(src)) => src.len() == dst.len,
+                (RecordedOp::Read { src, .. }, OpPatch::Read(dst)) => dst.len() == src.len,
+                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern)) => fill_fits(dst.len, pattern),
+                _ => false,
             };
-            work_items += op.work_items();
-            ops.push(PlannedOp { op, deps: SmallVec::from_slice(&planned.deps) });
+            if !fits {
+                return Err(format!(
+                    "operation {i} is a {}; the patch {change:?} does not fit it",
+                    planned.op.label()
+                ));
+            }
         }
-        Ok(Plan { entries: self.entries, in_order: self.in_order, ops, work_items })
+        let mut work_items = 0;
+        for (planned, change) in self.ops.iter_mut().zip(patch.iter_mut()) {
+            use std::mem::swap;
+            match (&mut planned.op, change) {
+                (RecordedOp::Kernel { kernel, geometry, .. }, OpPatch::Kernel { kernel: k, geometry: g }) => {
+                    swap(kernel, k);
+                    swap(geometry, g);
+                }
+                (RecordedOp::Write { src, .. }, OpPatch::Write(data)) => swap(src, data),
+                (RecordedOp::Read { dst, .. }, OpPatch::Read(out)) => swap(dst, out),
+                (RecordedOp::Fill { pattern, .. }, OpPatch::Fill(p)) => swap(pattern, p),
+                _ => {} // `Keep` (the only other case left after the checks above)
+            }
+            work_items += planned.op.work_items();
+        }
+        self.work_items = work_items;
+        Ok(())
     }
+}
+
+/// Runs `patch` on the driver's command-buffer type `T` behind `buffer`: in place
+/// where nothing else holds the buffer, else on a copy made with `copy` that then
+/// replaces it, so submissions already made keep the original. `None` when `buffer`
+/// is not a `T`. When `patch` fails on a copy, `buffer` is left as it was; in place,
+/// `patch` must leave it so itself.
+pub fn patch_buffer<T: Any + Send + Sync, E>(
+    buffer: &mut CommandBuffer,
+    copy: impl FnOnce(&T) -> T,
+    patch: impl FnOnce(&mut T) -> Result<(), E>,
+) -> Option<Result<(), E>> {
+    if let Some(unique) = Arc::get_mut(buffer) {
+        return Some(patch(unique.downcast_mut::<T>()?));
+    }
+    let mut copied = copy(buffer.downcast_ref::<T>()?);
+    Some(patch(&mut copied).map(|()| *buffer = Arc::new(copied)))
 }
 
 /// What patching a command buffer changes in one operation
 /// ([`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)): its
-/// payload, never its arguments or dependencies.
+/// payload, never its arguments or dependencies. After the patch it holds the
+/// payload it replaced.
 #[derive(Clone, Debug)]
 pub enum OpPatch {
     /// Nothing.
@@ -433,62 +459,116 @@ mod tests {
         Box::new(PlanBuilder::new(desc, "test".into(), accepts, |plan| Arc::new(plan)))
     }
 
-    /// A patch swaps payloads and keeps arguments and dependencies; a patch that does
-    /// not fit its operation is refused with the operation named.
-    #[test]
-    fn patches_replace_payloads_only() {
+    fn test_kernel(name: &str, slots: usize) -> Arc<ClosureKernel> {
         use crate::kernel::{phase, ItemCost};
-        use crate::range::{Geometry, Range};
-        let kernel = |name: &str, slots: usize| {
-            Arc::new(ClosureKernel {
-                name: name.into(),
-                tag: 0,
-                phases: smallvec::smallvec![phase(|_| {})],
-                global_slots: slots,
-                scratch: vec![],
-                cost: ItemCost::default(),
-            })
-        };
-        let geometry = |n| Geometry::for_range(Range::d1(n)).unwrap();
+        Arc::new(ClosureKernel {
+            name: name.into(),
+            tag: 0,
+            phases: smallvec::smallvec![phase(|_| {})],
+            global_slots: slots,
+            scratch: vec![],
+            cost: ItemCost::default(),
+        })
+    }
+
+    fn geometry(n: usize) -> Geometry {
+        Geometry::for_range(crate::range::Range::d1(n)).unwrap()
+    }
+
+    /// A kernel "a" over 4 items, a fill and a copy.
+    fn recorded() -> CommandBuffer {
         let mut b = builder(true);
         let args: SmallVec<[RecordedArg; 4]> = smallvec::smallvec![arg(0, 8), arg(1, 8)];
-        b.append(
-            RecordedOp::Kernel { kernel: kernel("a", 2), geometry: geometry(4), args: args.clone() },
-            &[],
-        )
-        .unwrap();
+        let kernel = RecordedOp::Kernel { kernel: test_kernel("a", 2), geometry: geometry(4), args };
+        b.append(kernel, &[]).unwrap();
         b.append(RecordedOp::Fill { dst: arg(1, 8), pattern: [1, 2].into_iter().collect() }, &[]).unwrap();
         b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(1, 8) }, &[]).unwrap();
-        let recorded = b.finalize().unwrap();
-        let plan = Plan::of(&recorded).unwrap();
-        let patched = plan
-            .patched(&[
-                OpPatch::Kernel { kernel: kernel("b", 2), geometry: geometry(16) },
-                OpPatch::Fill([7, 7, 7, 7].into_iter().collect()),
-                OpPatch::Keep,
-            ])
-            .unwrap();
-        match &patched.ops[0].op {
-            RecordedOp::Kernel { kernel, geometry, args: a } => {
-                assert_eq!((&*kernel.name, geometry.global_size(), a), ("b", 16, &args));
-            }
+        b.finalize().unwrap()
+    }
+
+    fn kernel_name(plan: &Plan) -> (&str, usize) {
+        match &plan.ops[0].op {
+            RecordedOp::Kernel { kernel, geometry, .. } => (&kernel.name, geometry.global_size()),
             op => panic!("{op:?}"),
         }
-        assert!(
-            matches!(&patched.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [7; 4])
-        );
-        assert!(matches!(patched.ops[2].op, RecordedOp::Copy { .. }));
+    }
+
+    /// A patch swaps payloads and keeps arguments and dependencies; the patch then
+    /// holds the replaced payloads, and swapping again undoes it. A patch that does
+    /// not fit its operation is refused with the operation named, and nothing
+    /// changes.
+    #[test]
+    fn patches_swap_payloads_only() {
+        let buffer = recorded();
+        let original = Plan::of(&buffer).unwrap();
+        let mut plan = original.clone();
+        let mut patch = [
+            OpPatch::Kernel { kernel: test_kernel("b", 2), geometry: geometry(16) },
+            OpPatch::Fill([7, 7, 7, 7].into_iter().collect()),
+            OpPatch::Keep,
+        ];
+        plan.swap_payloads(&mut patch).unwrap();
+        assert_eq!(kernel_name(&plan), ("b", 16));
+        let args = |p: &Plan| p.ops.iter().map(|o| o.op.args()).collect::<Vec<_>>();
+        assert_eq!(args(&plan), args(original), "arguments kept");
+        assert!(matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [7; 4]));
+        assert!(matches!(plan.ops[2].op, RecordedOp::Copy { .. }));
         let deps = |p: &Plan| p.ops.iter().map(|o| o.deps.clone()).collect::<Vec<_>>();
-        assert_eq!(deps(&patched), deps(plan), "in-order dependencies kept");
-        assert_eq!(patched.work_items, 16 + 1 + 1);
-        let refused = |patch: &[OpPatch]| plan.patched(patch).unwrap_err();
-        assert!(refused(&[OpPatch::Keep]).contains("1 patches for 3 operations"));
-        let wrong_slots = OpPatch::Kernel { kernel: kernel("c", 3), geometry: geometry(4) };
-        assert!(refused(&[wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
+        assert_eq!(deps(&plan), deps(original), "in-order dependencies kept");
+        assert_eq!(plan.work_items, 16 + 1 + 1);
+        assert!(matches!(&patch[0], OpPatch::Kernel { kernel, .. } if &*kernel.name == "a"));
+        assert!(matches!(&patch[1], OpPatch::Fill(p) if p.as_slice() == [1, 2]));
+
+        plan.swap_payloads(&mut patch).unwrap();
+        assert_eq!(kernel_name(&plan), ("a", 4), "swapping back undoes it");
+        assert!(matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [1, 2]));
+        assert_eq!(plan.work_items, original.work_items);
+
+        let mut refused = |mut patch: Vec<OpPatch>| {
+            let e = plan.swap_payloads(&mut patch).unwrap_err();
+            assert_eq!(kernel_name(&plan), ("a", 4), "unchanged after `{e}`");
+            e
+        };
+        assert!(refused(vec![OpPatch::Keep]).contains("1 patches for 3 operations"));
+        let wrong_slots = OpPatch::Kernel { kernel: test_kernel("c", 3), geometry: geometry(4) };
+        assert!(refused(vec![wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
+        let fine = OpPatch::Kernel { kernel: test_kernel("d", 2), geometry: geometry(4) };
         let fill_of_3 = OpPatch::Fill([1, 2, 3].into_iter().collect());
-        assert!(refused(&[OpPatch::Keep, fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
+        assert!(refused(vec![fine.clone(), fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
         let write = OpPatch::Write(Arc::new(HostStorage::zeroed(8)));
-        assert!(refused(&[OpPatch::Keep, OpPatch::Keep, write]).contains("operation 2 is a copy"));
+        assert!(refused(vec![fine, OpPatch::Keep, write]).contains("operation 2 is a copy"));
+    }
+
+    /// `patch_buffer` patches a command buffer nothing else holds in place, and a
+    /// shared one in a copy that leaves the original to its other holders.
+    #[test]
+    fn buffers_are_patched_in_place_unless_shared() {
+        let swap = |name: &str| {
+            let mut patch = [
+                OpPatch::Kernel { kernel: test_kernel(name, 2), geometry: geometry(8) },
+                OpPatch::Keep,
+                OpPatch::Keep,
+            ];
+            move |plan: &mut Plan| plan.swap_payloads(&mut patch)
+        };
+        let mut buffer = recorded();
+        let at = Arc::as_ptr(&buffer) as *const u8;
+        patch_buffer(&mut buffer, Plan::clone, swap("b")).unwrap().unwrap();
+        assert_eq!(Arc::as_ptr(&buffer) as *const u8, at, "in place");
+        assert_eq!(kernel_name(Plan::of(&buffer).unwrap()), ("b", 8));
+
+        let held = buffer.clone(); // a submission holding it
+        patch_buffer(&mut buffer, Plan::clone, swap("c")).unwrap().unwrap();
+        assert_ne!(Arc::as_ptr(&buffer) as *const u8, at, "a copy");
+        assert_eq!(kernel_name(Plan::of(&buffer).unwrap()), ("c", 8));
+        assert_eq!(kernel_name(Plan::of(&held).unwrap()), ("b", 8), "the held one is unchanged");
+
+        let mut failing = held.clone();
+        let refused = patch_buffer(&mut failing, Plan::clone, |_: &mut Plan| Err("no"));
+        assert_eq!(refused, Some(Err("no")));
+        assert!(Arc::ptr_eq(&failing, &held), "a failed patch of a copy leaves the buffer as it was");
+        let other: CommandBuffer = Arc::new(0u32);
+        assert!(patch_buffer(&mut other.clone(), Plan::clone, swap("d")).is_none(), "not a plan");
     }
 
     #[test]

@@ -110,17 +110,20 @@ pub trait Driver: Send + Sync {
         Err(ExecError::Unsupported { device: self.info().name.clone(), what: "command buffers" })
     }
 
-    /// A copy of `buffer` (recorded by this driver) with `patch[i]` applied to its
-    /// operation `i`: other kernels, host data or fill patterns over the same
-    /// arguments and dependencies. This is the fast path of a whole-graph update
+    /// Patches `buffer` (recorded by this driver): operation `i` takes the kernel,
+    /// host data or fill pattern of `patch[i]` over the same arguments and
+    /// dependencies, and `patch[i]` gets what it replaced (patching again with it
+    /// undoes the change). On error neither changes. The buffer changes in place
+    /// where nothing else holds it, else it becomes a patched copy: submissions
+    /// already made run the original. This is the fast path of a whole-graph update
     /// whose nodes changed only those and their buffers; the argument table is bound
     /// at each launch, so new buffers need no patch. Drivers without it refuse, and
     /// the update records the command buffer anew.
     fn patch_command_buffer(
         &self,
-        buffer: &CommandBuffer,
-        patch: &[OpPatch],
-    ) -> Result<CommandBuffer, ExecError> {
+        buffer: &mut CommandBuffer,
+        patch: &mut [OpPatch],
+    ) -> Result<(), ExecError> {
         let _ = (buffer, patch);
         Err(ExecError::Unsupported { device: self.info().name.clone(), what: "patching command buffers" })
     }

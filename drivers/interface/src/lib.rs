@@ -39,8 +39,8 @@ pub use access::{
 };
 pub use bytemuck::{Pod, Zeroable};
 pub use command_buffer::{
-    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan, PlanBuilder,
-    PlannedOp, RecordedArg, RecordedOp, SyncPoint,
+    patch_buffer, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan,
+    PlanBuilder, PlannedOp, RecordedArg, RecordedOp, SyncPoint,
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use elementwise::map_phase;

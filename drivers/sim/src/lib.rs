@@ -59,11 +59,11 @@ use std::sync::{Arc, OnceLock};
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, panic_message, Accepted, AccessMode, AllocId, Arena, Binding, Capabilities,
-    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
-    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn,
-    HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, ScratchKind,
-    SnapshotPool, Submission,
+    fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena, Binding,
+    Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
+    Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
+    HostFn, HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp,
+    ScratchKind, SnapshotPool, Submission,
 };
 use smallvec::SmallVec;
 
@@ -1128,15 +1128,20 @@ impl Driver for SimDriver {
 
     fn patch_command_buffer(
         &self,
-        buffer: &CommandBuffer,
-        patch: &[OpPatch],
-    ) -> Result<CommandBuffer, ExecError> {
-        let SimPlan { plan, .. } = sim_plan(buffer)
-            .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
-        let plan = plan.patched(patch).map_err(|e| self.driver_error(e))?;
+        buffer: &mut CommandBuffer,
+        patch: &mut [OpPatch],
+    ) -> Result<(), ExecError> {
         // A fresh binding cache: it holds each step's virtual cost, which depends on
-        // the kernels the patch replaced.
-        Ok(Arc::new(SimPlan { plan, bound: Mutex::new(None) }))
+        // the kernels the patch replaces.
+        let copy = |sim: &SimPlan| SimPlan { plan: sim.plan.clone(), bound: Mutex::new(None) };
+        let swap = |sim: &mut SimPlan| {
+            sim.plan.swap_payloads(patch)?;
+            *sim.bound.get_mut() = None;
+            Ok(())
+        };
+        patch_buffer(buffer, copy, swap)
+            .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?
+            .map_err(|e| self.driver_error(e))
     }
 
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
@@ -2333,7 +2338,10 @@ mod tests {
         };
         let kernel =
             Arc::new(ClosureKernel { cost: gantry_driver::ItemCost::of(Some(2.0)), ..(*kernel).clone() });
-        let patched = d.patch_command_buffer(&original, &[OpPatch::Kernel { kernel, geometry }]).unwrap();
+        // `original` is still held here: the patch makes a copy.
+        let mut patched = original.clone();
+        d.patch_command_buffer(&mut patched, &mut [OpPatch::Kernel { kernel, geometry }]).unwrap();
+        assert!(!Arc::ptr_eq(&patched, &original));
         assert_eq!(run(&patched), 108);
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
         assert_eq!(run(&original), 104, "the original is unchanged");
