@@ -831,10 +831,10 @@ impl ExecutableGraph {
         self.check_updatable()?;
         let Taken { nodes, keep, params } = graph.take()?;
         let mut st = self.inner.state.lock();
-        same_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;
+        let same_devices = same_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;
         // Same edges and kinds; with the same devices too, the partitions are the
         // current ones (graph fusion may fuse other chains: it redoes it all).
-        let same_layout = self.inner.props.fusion.is_none() && same_devices(&st.plan.nodes, &nodes);
+        let same_layout = self.inner.props.fusion.is_none() && same_devices;
         if same_layout {
             // Buffers one to one: patch the command buffers here (in place unless a
             // submission holds them), no scheduler round trip.
@@ -988,17 +988,14 @@ fn add_requirement(
     }
 }
 
-/// Whether each node runs on the device of its counterpart (what, with the same
+/// Seed 003's whole-graph update check, plus node kinds and the exact edges; then
+/// whether each node runs on the device of its counterpart too (what, with the same
 /// topology, decides the partitions).
-fn same_devices(a: &[GraphNode], b: &[GraphNode]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.device == y.device)
-}
-
-/// Seed 003's whole-graph update check, plus node kinds and the exact edges.
-fn same_topology(a: &[GraphNode], b: &[GraphNode]) -> std::result::Result<(), String> {
+fn same_topology(a: &[GraphNode], b: &[GraphNode]) -> std::result::Result<bool, String> {
     if a.len() != b.len() {
         return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
     }
+    let mut same_devices = true;
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         if x.kind != y.kind {
             return Err(format!("node {i} is a {}, in the update a {}", x.kind.name(), y.kind.name()));
@@ -1006,6 +1003,7 @@ fn same_topology(a: &[GraphNode], b: &[GraphNode]) -> std::result::Result<(), St
         if x.preds != y.preds {
             return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
         }
+        same_devices &= x.device == y.device;
     }
-    Ok(())
+    Ok(same_devices)
 }

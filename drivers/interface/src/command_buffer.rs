@@ -267,51 +267,48 @@ impl Plan {
         if patch.len() != self.ops.len() {
             return Err(format!("{} patches for {} operations", patch.len(), self.ops.len()));
         }
-        // Everything is checked before anything changes.
-        for (i, (planned, change)) in self.ops.iter().zip(patch.iter()).enumerate() {
-            let fits = match (&planned.op, change) {
-                (_, OpPatch::Keep) => true,
-                (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, .. }) => {
-                    if kernel.global_slots != args.len() {
-                        return Err(format!(
-                            "operation {i}: kernel `{}` has {} buffer slots, the recorded one {}",
-                            kernel.name,
-                            kernel.global_slots,
-                            args.len()
-                        ));
-                    }
-                    true
-                }
-                (RecordedOp::Write { dst, .. }, OpPatch::Write(src)) => src.len() == dst.len,
-                (RecordedOp::Read { src, .. }, OpPatch::Read(dst)) => dst.len() == src.len,
-                (RecordedOp::Fill { dst, .. }, OpPatch::Fill(pattern)) => fill_fits(dst.len, pattern),
-                _ => false,
-            };
-            if !fits {
-                return Err(format!(
-                    "operation {i} is a {}; the patch {change:?} does not fit it",
-                    planned.op.label()
-                ));
-            }
-        }
+        // One pass (a plan of thousands of operations does not stay in cache for a
+        // second); a refusal swaps the ones before it back.
         let mut work_items = 0;
-        for (planned, change) in self.ops.iter_mut().zip(patch.iter_mut()) {
-            use std::mem::swap;
-            match (&mut planned.op, change) {
-                (RecordedOp::Kernel { kernel, geometry, .. }, OpPatch::Kernel { kernel: k, geometry: g }) => {
-                    swap(kernel, k);
-                    swap(geometry, g);
+        for i in 0..patch.len() {
+            let op = &mut self.ops[i].op;
+            if let Err(e) = swap_payload(op, &mut patch[i]) {
+                for (planned, change) in self.ops[..i].iter_mut().zip(&mut patch[..i]) {
+                    let _ = swap_payload(&mut planned.op, change); // it fitted
                 }
-                (RecordedOp::Write { src, .. }, OpPatch::Write(data)) => swap(src, data),
-                (RecordedOp::Read { dst, .. }, OpPatch::Read(out)) => swap(dst, out),
-                (RecordedOp::Fill { pattern, .. }, OpPatch::Fill(p)) => swap(pattern, p),
-                _ => {} // `Keep` (the only other case left after the checks above)
+                return Err(format!("operation {i}{e}"));
             }
-            work_items += planned.op.work_items();
+            work_items += op.work_items();
         }
         self.work_items = work_items;
         Ok(())
     }
+}
+
+/// Exchanges `op`'s payload with `change`'s, or says why `change` does not fit `op`
+/// (leaving both as they are).
+fn swap_payload(op: &mut RecordedOp, change: &mut OpPatch) -> Result<(), String> {
+    use std::mem::swap;
+    match (op, change) {
+        (_, OpPatch::Keep) => {}
+        (RecordedOp::Kernel { kernel, geometry, args }, OpPatch::Kernel { kernel: k, geometry: g }) => {
+            if k.global_slots != args.len() {
+                return Err(format!(
+                    ": kernel `{}` has {} buffer slots, the recorded one {}",
+                    k.name,
+                    k.global_slots,
+                    args.len()
+                ));
+            }
+            swap(kernel, k);
+            swap(geometry, g);
+        }
+        (RecordedOp::Write { src, dst }, OpPatch::Write(data)) if data.len() == dst.len => swap(src, data),
+        (RecordedOp::Read { src, dst }, OpPatch::Read(out)) if out.len() == src.len => swap(dst, out),
+        (RecordedOp::Fill { dst, pattern }, OpPatch::Fill(p)) if fill_fits(dst.len, p) => swap(pattern, p),
+        (op, change) => return Err(format!(" is a {}; the patch {change:?} does not fit it", op.label())),
+    }
+    Ok(())
 }
 
 /// Runs `patch` on the driver's command-buffer type `T` behind `buffer`: in place
