@@ -876,8 +876,9 @@ impl ExecutableGraph {
             }
             let desc = match &part.body {
                 PartitionBody::Commands { buffer, entries, internal } => {
-                    let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::new();
-                    let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::new();
+                    let mut reqs: SmallVec<[Requirement; 4]> =
+                        SmallVec::with_capacity(entries.len() + internal.len());
+                    let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
                     let core = |s: EntrySource| match s {
                         EntrySource::Buffer(b) => &plan.buffers[b as usize],
                         EntrySource::Param(p) => &params[p as usize].0,
