@@ -241,6 +241,9 @@ pub struct ExecPlan {
     /// fused kernel's): a whole-graph update maps the old buffers to the new ones
     /// with it.
     pub slot_buffers: Vec<u32>,
+    /// Whether two of [`ExecPlan::buffers`] are one buffer (a whole-graph update
+    /// merged them): submission then merges their requirements.
+    pub aliased: bool,
     /// The linearization: every node once, dependencies first.
     pub order: Vec<NodeId>,
     /// The partition of each node.

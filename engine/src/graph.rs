@@ -41,7 +41,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use gantry_components::{BufferCore, EntrySource};
+use gantry_components::{BufferCore, Entry, EntrySource};
 use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
     GraphProps, Message, NodeId, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
@@ -883,12 +883,18 @@ impl ExecutableGraph {
                         EntrySource::Buffer(b) => &plan.buffers[b as usize],
                         EntrySource::Param(p) => &params[p as usize].0,
                     };
+                    // Entries have distinct sources; two are one buffer only through a
+                    // parameter or an update that merged buffers.
+                    let is_param = |e: &Entry| matches!(e.source, EntrySource::Param(_));
+                    let may_alias = plan.aliased || entries.iter().chain(internal).any(is_param);
+                    let mut add = |e: &Entry, internal| {
+                        add_requirement(&mut reqs, core(e.source), e.mode, e.range, internal, may_alias)
+                    };
                     for e in entries {
-                        let idx = add_requirement(&mut reqs, core(e.source), e.mode, e.range, false);
-                        args.push((idx, e.mode));
+                        args.push((add(e, false), e.mode));
                     }
                     for e in internal {
-                        add_requirement(&mut reqs, core(e.source), e.mode, e.range, true);
+                        add(e, true);
                     }
                     CommandDesc {
                         kind: CommandKind::CommandBuffer,
@@ -958,16 +964,19 @@ impl ExecutableGraph {
     }
 }
 
-/// Adds a requirement on `buffer` or widens the one already there; returns its index.
-/// Ordering-only (`internal`) requirements come after all the others.
+/// Adds a requirement on `buffer` or widens the one already there (looked for only
+/// when `may_alias`); returns its index. Ordering-only (`internal`) requirements come
+/// after all the others.
 fn add_requirement(
     reqs: &mut SmallVec<[Requirement; 4]>,
     buffer: &Arc<BufferCore>,
     mode: AccessMode,
     range: ByteRange,
     internal: bool,
+    may_alias: bool,
 ) -> u32 {
-    match reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) {
+    let found = if may_alias { reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) } else { None };
+    match found {
         Some(i) => {
             let r = &mut reqs[i];
             if !internal && (r.mode != mode || r.range != range) {

@@ -880,6 +880,54 @@ fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
     }
 }
 
+/// An update may merge a buffer one node writes with one a later node reads (ordered
+/// by an explicit edge in the first graph): the partition's requirements on the
+/// merged buffer become one, and the reader sees the writer's data, on the CPU and
+/// the simulated device, replay after replay.
+#[test]
+fn an_update_that_merges_a_written_and_a_read_buffer_orders_them() {
+    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    for (rt, device) in [(manual(), 0), (sim, 1)] {
+        // produce: dst = 7 * k; consume: out += src (after produce).
+        let build = |dst: &Buffer<u32>, src: &Buffer<u32>, out: &Buffer<u32>, k: u32| {
+            let g = rt.graph_on(device);
+            let produce = g
+                .add(
+                    |cg| {
+                        let d = cg.elements_out(dst);
+                        cg.parallel_for(dst.len(), move |it| *d.elem(it) = 7 * k);
+                    },
+                    &[],
+                )
+                .unwrap();
+            g.add(
+                |cg| {
+                    let (s, o) = (cg.read(src), cg.elements_mut(out));
+                    cg.parallel_for(out.len(), move |it| {
+                        let i = it.global_linear_id();
+                        *o.elem(it) += s.get(it, i)
+                    });
+                },
+                &[produce],
+            )
+            .unwrap();
+            g
+        };
+        let buf = |v: u32| rt.buffer(&[v; 32]);
+        let (a, b, out1) = (buf(0), buf(1), buf(0));
+        let exec = build(&a, &b, &out1, 1).finalize(GraphProps::default().updatable()).unwrap();
+        let (c, out2) = (buf(0), buf(0));
+        exec.update(&build(&c, &c, &out2, 3)).unwrap();
+        let q = rt.queue_with(gantry::QueueOptions { device, in_order: false }).unwrap();
+        for round in 1..=3 {
+            q.submit_graph(&exec).unwrap().wait().unwrap();
+            assert_eq!(out2.to_vec().unwrap(), vec![21 * round; 32], "device {device}, replay {round}");
+        }
+        assert_eq!(c.to_vec().unwrap(), vec![21; 32]);
+        assert_eq!((a.to_vec().unwrap(), out1.to_vec().unwrap()), (vec![0; 32], vec![0; 32]));
+    }
+}
+
 /// An executable graph keeps the buffers of the graph it was last updated from
 /// alive: after the update graph and the handle of its accumulator are dropped, the
 /// accumulator keeps its value on the simulated device from replay to replay.

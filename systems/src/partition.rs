@@ -461,6 +461,8 @@ pub fn patch_plan(
         done.push((buffer, driver, patch));
     }
     plan.nodes = nodes.clone();
+    let mut distinct: rustc_hash::FxHashSet<*const BufferCore> = Default::default();
+    plan.aliased = !buffers.iter().all(|b| distinct.insert(Arc::as_ptr(b)));
     plan.buffers = buffers;
     true
 }
@@ -631,6 +633,7 @@ impl Finalize<'_> {
             nodes: nodes.clone(),
             buffers: Vec::new(),
             slot_buffers: Vec::new(),
+            aliased: false, // `record` numbers buffers by id
             order,
             partition_of: Vec::new(),
             partitions: Vec::with_capacity(parts.len()),
