@@ -831,21 +831,25 @@ impl ExecutableGraph {
         self.check_updatable()?;
         let Taken { nodes, keep, params } = graph.take()?;
         let mut st = self.inner.state.lock();
-        let same_devices = same_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;
-        // Same edges and kinds; with the same devices too, the partitions are the
-        // current ones (graph fusion may fuse other chains: it redoes it all).
-        let same_layout = self.inner.props.fusion.is_none() && same_devices;
-        if same_layout {
+        use gantry_systems::partition::{check_topology, patch_plan, Patch};
+        if self.inner.props.fusion.is_none() {
             // Buffers one to one: patch the command buffers here (in place unless a
             // submission holds them), no scheduler round trip.
             let drivers: Option<Vec<_>> =
                 self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
-            let drivers = drivers.ok_or(Error::RuntimeDropped)?;
-            if gantry_systems::partition::patch_plan(&drivers, &nodes, &mut st.plan) {
-                st.set_graph(keep, params);
-                return Ok(());
+            match patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, &mut st.plan) {
+                Patch::Patched => {
+                    st.set_graph(keep, params);
+                    return Ok(());
+                }
+                Patch::Mismatch(why) => return Err(Error::TopologyMismatch(why)),
+                Patch::Record => {}
             }
         }
+        let same_devices = check_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;
+        // Same edges and kinds; with the same devices too, the partitions are the
+        // current ones (graph fusion may fuse other chains: it redoes it all).
+        let same_layout = self.inner.props.fusion.is_none() && same_devices;
         let reuse = same_layout.then(|| st.plan.clone());
         drop(st); // the scheduler records; submissions go on meanwhile
         let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
@@ -996,24 +1000,4 @@ fn add_requirement(
             (reqs.len() - 1) as u32
         }
     }
-}
-
-/// Seed 003's whole-graph update check, plus node kinds and the exact edges; then
-/// whether each node runs on the device of its counterpart too (what, with the same
-/// topology, decides the partitions).
-fn same_topology(a: &[GraphNode], b: &[GraphNode]) -> std::result::Result<bool, String> {
-    if a.len() != b.len() {
-        return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
-    }
-    let mut same_devices = true;
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        if x.kind != y.kind {
-            return Err(format!("node {i} is a {}, in the update a {}", x.kind.name(), y.kind.name()));
-        }
-        if x.preds != y.preds {
-            return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
-        }
-        same_devices &= x.device == y.device;
-    }
-    Ok(same_devices)
 }

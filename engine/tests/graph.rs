@@ -786,13 +786,24 @@ fn typed_errors_for_misuse() {
     let updatable = graph.finalize(GraphProps::default().updatable()).unwrap();
     let smaller = rt.graph();
     affine(&smaller, &buf, 1, 1, &[]);
-    assert!(matches!(updatable.update(&smaller), Err(Error::TopologyMismatch(_))));
+    let mismatch = |g: &CommandGraph| match updatable.update(g) {
+        Err(Error::TopologyMismatch(why)) => why,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(mismatch(&smaller), "3 nodes, the update has 1");
     let rewired = rt.graph();
     let other_buf = rt.buffer(&[0u32; 4]);
     affine(&rewired, &buf, 1, 1, &[]);
     affine(&rewired, &other_buf, 1, 1, &[]); // no edge to the first
     rewired.add(|cg| cg.fill(&other_buf, 3), &[]).unwrap();
-    assert!(matches!(updatable.update(&rewired), Err(Error::TopologyMismatch(_))));
+    assert_eq!(mismatch(&rewired), "node 1 depends on [0], in the update on []");
+    // Node 0 over another range (no patch), node 2 of another kind: still found.
+    let late = rt.graph();
+    let (longer_buf, other_buf) = (rt.buffer(&[0u32; 8]), rt.buffer(&[0u32; 4]));
+    let first = affine(&late, &longer_buf, 1, 1, &[]);
+    affine(&late, &other_buf, 1, 1, &[first]);
+    late.add_empty(&[]).unwrap();
+    assert_eq!(mismatch(&late), "node 2 is of kind fill, in the update of kind empty");
     let p = graph.dynamic_buffer(&buf);
     let longer = rt.buffer(&[0u32; 8]);
     assert!(matches!(updatable.update_param(&p, &longer), Err(Error::ParamMismatch { .. })));

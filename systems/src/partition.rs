@@ -417,16 +417,59 @@ impl Layout {
     }
 }
 
-/// The fastest whole-graph update: when the new nodes replace each of the plan's
-/// buffers by one buffer everywhere, with the same ranges, modes and parameter
-/// slots, every argument table and recorded argument stays as it is. (Two old
-/// buffers may become one: their entries then bind the same memory, and submission
-/// merges their requirements, as it does for a dynamic parameter bound to a buffer
-/// the partition also uses.) Then only the plan's buffer list changes, and each
-/// command buffer is patched with the new kernels, host data and fill patterns
-/// instead of recorded anew: in place where no submission holds it. `false`, with
-/// `plan` as it was, when that does not hold or a driver cannot patch: the caller
-/// records (a finalize with [`FinalizeJob::reuse`]).
+/// Seed 003's whole-graph update check, plus node kinds and the exact edges: the
+/// reason when `b` does not have `a`'s topology; else whether each node also runs on
+/// the device of its counterpart (what, with the same topology, decides the
+/// partitions).
+pub fn check_topology(a: &[GraphNode], b: &[GraphNode]) -> Result<bool, String> {
+    if a.len() != b.len() {
+        return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
+    }
+    let mut same_devices = true;
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        same_devices &= same_node_topology(i, x, y)?;
+    }
+    Ok(same_devices)
+}
+
+/// [`check_topology`] for node `i`.
+fn same_node_topology(i: usize, x: &GraphNode, y: &GraphNode) -> Result<bool, String> {
+    if x.kind != y.kind {
+        return Err(format!(
+            "node {i} is of kind {}, in the update of kind {}",
+            x.kind.name(),
+            y.kind.name()
+        ));
+    }
+    if x.preds != y.preds {
+        return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
+    }
+    Ok(x.device == y.device)
+}
+
+/// What [`patch_plan`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Patch {
+    /// The plan runs the new nodes.
+    Patched,
+    /// The new nodes do not have the plan's topology ([`check_topology`]'s reason).
+    Mismatch(String),
+    /// The plan is as it was: the update must record (its topology is not checked
+    /// to the end).
+    Record,
+}
+
+/// The fastest whole-graph update: when the new nodes have the plan's topology and
+/// devices and replace each of the plan's buffers by one buffer everywhere, with the
+/// same ranges, modes and parameter slots, every argument table and recorded
+/// argument stays as it is. (Two old buffers may become one: their entries then
+/// bind the same memory, and submission merges their requirements, as it does for a
+/// dynamic parameter bound to a buffer the partition also uses.) Then only the
+/// plan's buffer list changes, and each command buffer is patched with the new
+/// kernels, host data and fill patterns instead of recorded anew: in place where no
+/// submission holds it. One walk over the nodes checks all that, topology included.
+/// Otherwise, or when a driver cannot patch, `plan` stays as it was and the caller
+/// records (a finalize with [`FinalizeJob::reuse`] when the layout holds).
 ///
 /// It needs nothing of the scheduler's world but the drivers (by device id), so a
 /// whole-graph update calls it on its own thread, without a round trip to the
@@ -435,15 +478,17 @@ pub fn patch_plan(
     drivers: &[Arc<dyn Driver>],
     nodes: &Arc<Vec<GraphNode>>,
     plan: &mut Arc<ExecPlan>,
-) -> bool {
-    let Some(PlanPatch { buffers, mut patches }) = plan_patches(nodes, plan) else {
-        return false;
+) -> Patch {
+    let PlanPatch { buffers, mut patches } = match plan_patches(nodes, plan) {
+        Ok(Some(patch)) => patch,
+        Ok(None) => return Patch::Record,
+        Err(why) => return Patch::Mismatch(why),
     };
     let mut driver_of = Vec::with_capacity(plan.partitions.len());
     for part in &plan.partitions {
         match drivers.get(part.device as usize) {
             Some(driver) => driver_of.push(driver),
-            None => return false,
+            None => return Patch::Record,
         }
     }
     let plan = Arc::make_mut(plan);
@@ -456,7 +501,7 @@ pub fn patch_plan(
             for (buffer, driver, patch) in done {
                 let _ = driver.patch_command_buffer(buffer, patch);
             }
-            return false;
+            return Patch::Record;
         }
         done.push((buffer, driver, patch));
     }
@@ -464,7 +509,7 @@ pub fn patch_plan(
     let mut distinct: rustc_hash::FxHashSet<*const BufferCore> = Default::default();
     plan.aliased = !buffers.iter().all(|b| distinct.insert(Arc::as_ptr(b)));
     plan.buffers = buffers;
-    true
+    Patch::Patched
 }
 
 /// What [`patch_plan`] changes.
@@ -476,17 +521,24 @@ struct PlanPatch {
 }
 
 /// The [`PlanPatch`] that makes `old` run `nodes`; `None` when the nodes do not fit
-/// the plan that way. Every node is checked before any driver is asked to patch.
-fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Option<PlanPatch> {
-    if !old.fused.is_empty() || nodes.len() != old.nodes.len() {
-        return None;
+/// the plan that way, the reason when a node's topology differs. Every node is
+/// checked before any driver is asked to patch.
+fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch>, String> {
+    if nodes.len() != old.nodes.len() {
+        return Err(format!("{} nodes, the update has {}", old.nodes.len(), nodes.len()));
+    }
+    if !old.fused.is_empty() {
+        return Ok(None);
     }
     let mut buffers: Vec<Option<&Arc<BufferCore>>> = vec![None; old.buffers.len()];
     // Node by node in index order (memory order: partitions list them in execution
     // order), each node's patch; gathered into operation order after.
     let mut node_patch: Vec<OpPatch> = Vec::with_capacity(nodes.len());
     let mut slot_buffers = old.slot_buffers.iter();
-    for (a, b) in old.nodes.iter().zip(nodes) {
+    for (i, (a, b)) in old.nodes.iter().zip(nodes).enumerate() {
+        if !same_node_topology(i, a, b)? {
+            return Ok(None); // another device: other partitions
+        }
         let slots = slot_buffers.by_ref().take(a.requirements.len());
         if b.kind == CommandKind::HostTask {
             // Its own partition, which runs the node the plan holds at submission.
@@ -495,20 +547,20 @@ fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Option<PlanPatch> {
             continue;
         }
         if a.requirements.len() != b.requirements.len() || a.params != b.params {
-            return None;
+            return Ok(None);
         }
-        for ((ra, rb), &i) in a.requirements.iter().zip(&b.requirements).zip(slots) {
+        for ((ra, rb), &k) in a.requirements.iter().zip(&b.requirements).zip(slots) {
             let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
                 == (rb.mode, rb.range, rb.internal, rb.elem_size);
             if !same_use {
-                return None;
+                return Ok(None);
             }
             // None for `u32::MAX`: a dynamic parameter, bound at submission.
-            if let Some(slot) = buffers.get_mut(i as usize) {
+            if let Some(slot) = buffers.get_mut(k as usize) {
                 match slot {
                     None => *slot = Some(&rb.buffer),
                     Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
-                    Some(_) => return None,
+                    Some(_) => return Ok(None),
                 }
             }
         }
@@ -520,10 +572,12 @@ fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Option<PlanPatch> {
             NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
             NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
             NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
-            NodeWork::HostTask { .. } => return None,
+            NodeWork::HostTask { .. } => return Ok(None),
         });
     }
-    let buffers = buffers.into_iter().map(|b| b.cloned()).collect::<Option<_>>()?;
+    let Some(buffers) = buffers.into_iter().map(|b| b.cloned()).collect() else {
+        return Ok(None); // (each of the plan's buffers is some checked slot's)
+    };
     let mut take = |n: &NodeId| std::mem::replace(&mut node_patch[*n as usize], OpPatch::Keep);
     let patches = old
         .partitions
@@ -533,7 +587,7 @@ fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Option<PlanPatch> {
             PartitionBody::HostTask { .. } => Vec::new(),
         })
         .collect();
-    Some(PlanPatch { buffers, patches })
+    Ok(Some(PlanPatch { buffers, patches }))
 }
 
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
