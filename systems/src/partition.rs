@@ -1099,3 +1099,194 @@ mod tests {
         assert_eq!(partitions(&g), vec![0, 1, 2, 2]);
     }
 }
+
+/// `patch_plan` on a hand-built plan of two single-kernel partitions, recorded by a
+/// driver that can be told to refuse patches.
+#[cfg(test)]
+mod patch_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use gantry_driver::{
+        patch_buffer, phase, Accepted, AllocId, Capabilities, ClosureKernel, CommandBufferBuilder,
+        DeviceInfo, DeviceKind, Geometry, ItemCost, Plan, PlanBuilder, Range, Submission,
+    };
+
+    use super::*;
+    use crate::testing::Harness;
+
+    /// Records plans; refuses the patch call numbered `refuse` (counting from 1).
+    struct Patchy {
+        info: DeviceInfo,
+        calls: AtomicUsize,
+        refuse: usize,
+    }
+
+    impl Driver for Patchy {
+        fn info(&self) -> &DeviceInfo {
+            &self.info
+        }
+        fn alloc(&self, _bytes: usize) -> Result<AllocId, ExecError> {
+            Ok(AllocId(1))
+        }
+        fn free(&self, _id: AllocId) {}
+        fn submit(&self, _sub: Submission<'_>) -> Result<Accepted, ExecError> {
+            Err(ExecError::Unsupported { device: self.info.name.clone(), what: "submissions" })
+        }
+        fn patch_command_buffer(
+            &self,
+            buffer: &mut CommandBuffer,
+            patch: &mut [OpPatch],
+        ) -> Result<(), ExecError> {
+            if self.calls.fetch_add(1, Ordering::Relaxed) + 1 == self.refuse {
+                return Err(ExecError::Unsupported { device: self.info.name.clone(), what: "this patch" });
+            }
+            let swap = |plan: &mut Plan| plan.swap_payloads(patch);
+            let invalid = |message| ExecError::Driver { device: self.info.name.clone(), message };
+            patch_buffer(buffer, Plan::clone, swap).expect("a plan").map_err(invalid)
+        }
+    }
+
+    fn patchy(refuse: usize) -> Arc<dyn Driver> {
+        let caps = Capabilities {
+            shares_host_memory: true,
+            in_driver_waits: false,
+            closure_kernels: true,
+            host_tasks: true,
+            max_local_memory: 0,
+            virtual_time: false,
+            peer_group: 0,
+        };
+        let info = DeviceInfo { name: "patchy".into(), kind: DeviceKind::Sim, caps };
+        Arc::new(Patchy { info, calls: AtomicUsize::new(0), refuse })
+    }
+
+    fn kernel(name: &str) -> Arc<ClosureKernel> {
+        Arc::new(ClosureKernel {
+            name: name.into(),
+            tag: 0,
+            phases: smallvec::smallvec![phase(|_| {})],
+            global_slots: 1,
+            scratch: vec![],
+            cost: ItemCost::default(),
+        })
+    }
+
+    /// Node `i` runs kernel `names[i]` over all of `buffers[i]`; node 1 follows node 0.
+    fn nodes(names: [&str; 2], buffers: [&Arc<BufferCore>; 2]) -> Arc<Vec<GraphNode>> {
+        let node = |i: usize| GraphNode {
+            kind: CommandKind::Kernel,
+            name: names[i].into(),
+            device: 0,
+            requirements: smallvec::smallvec![Requirement::new(
+                buffers[i].clone(),
+                AccessMode::ReadWrite,
+                gantry_components::ByteRange { start: 0, end: buffers[i].bytes },
+            )],
+            params: SmallVec::new(),
+            work: NodeWork::Kernel {
+                kernel: kernel(names[i]),
+                geometry: Geometry::for_range(Range::d1(4)).unwrap(),
+            },
+            preds: if i == 0 { SmallVec::new() } else { smallvec::smallvec![0] },
+        };
+        Arc::new(vec![node(0), node(1)])
+    }
+
+    /// The plan: one partition per node, each a recorded kernel over entry 0.
+    fn plan(nodes: &Arc<Vec<GraphNode>>) -> Arc<ExecPlan> {
+        let partition = |i: u32| {
+            let desc = CommandBufferDesc { entries: 1, in_order: true, ops: 1 };
+            let mut b = PlanBuilder::new(desc, "patchy".into(), |_| true, |plan| Arc::new(plan));
+            let NodeWork::Kernel { kernel, geometry } = &nodes[i as usize].work else { unreachable!() };
+            let bytes = nodes[i as usize].requirements[0].buffer.bytes;
+            let args = smallvec::smallvec![RecordedArg {
+                entry: 0,
+                offset: 0,
+                len: bytes,
+                mode: AccessMode::ReadWrite
+            }];
+            b.append(RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }, &[]).unwrap();
+            let range = gantry_components::ByteRange { start: 0, end: bytes };
+            let entries = vec![Entry { source: EntrySource::Buffer(i), mode: AccessMode::ReadWrite, range }];
+            PartitionPlan {
+                name: format!("partition {i}").into(),
+                device: 0,
+                nodes: vec![i],
+                preds: if i == 0 { SmallVec::new() } else { smallvec::smallvec![0] },
+                in_order: true,
+                body: PartitionBody::Commands {
+                    buffer: Box::new(b).finalize().unwrap(),
+                    entries,
+                    internal: vec![],
+                },
+            }
+        };
+        Arc::new(ExecPlan {
+            nodes: nodes.clone(),
+            buffers: nodes.iter().map(|n| n.requirements[0].buffer.clone()).collect(),
+            slot_buffers: vec![0, 1],
+            aliased: false,
+            order: vec![0, 1],
+            partition_of: vec![0, 1],
+            partitions: vec![partition(0), partition(1)],
+            fused: vec![],
+            not_fused: vec![],
+            tails: vec![1],
+        })
+    }
+
+    /// Each partition's kernel name.
+    fn kernels(plan: &ExecPlan) -> Vec<String> {
+        let name = |p: &PartitionPlan| match &p.body {
+            PartitionBody::Commands { buffer, .. } => match &buffer.downcast_ref::<Plan>().unwrap().ops[0].op
+            {
+                RecordedOp::Kernel { kernel, .. } => kernel.name.to_string(),
+                op => panic!("{op:?}"),
+            },
+            PartitionBody::HostTask { .. } => panic!("no host tasks here"),
+        };
+        plan.partitions.iter().map(name).collect()
+    }
+
+    /// A patch lands in place (nothing else holds the plan); a refusal by the driver
+    /// on the second partition swaps the first one back and leaves the plan as it
+    /// was; a topology change is reported, not patched.
+    #[test]
+    fn patches_land_in_place_or_not_at_all() {
+        let h = Harness::new(false);
+        // 16 bytes each (equal ranges), ids 1 to 4.
+        let buffer = |id| Arc::new(BufferCore { id, ..Arc::into_inner(h.buffer(16)).unwrap() });
+        let (a0, a1, b0, b1) = (buffer(1), buffer(2), buffer(3), buffer(4));
+        let old = nodes(["a", "b"], [&a0, &a1]);
+        let new = nodes(["c", "d"], [&b0, &b1]);
+        let ids = |plan: &ExecPlan| plan.buffers.iter().map(|b| b.id).collect::<Vec<_>>();
+
+        let mut current = plan(&old);
+        assert_eq!(patch_plan(&[patchy(2)], &new, &mut current), Patch::Record);
+        assert_eq!(kernels(&current), ["a", "b"], "the first partition's patch is undone");
+        assert_eq!((ids(&current), Arc::ptr_eq(&current.nodes, &old)), (vec![1, 2], true));
+
+        let buffer_at = |plan: &ExecPlan| match &plan.partitions[0].body {
+            PartitionBody::Commands { buffer, .. } => Arc::as_ptr(buffer) as *const u8,
+            PartitionBody::HostTask { .. } => unreachable!(),
+        };
+        let (plan_at, first_at) = (Arc::as_ptr(&current), buffer_at(&current));
+        assert_eq!(patch_plan(&[patchy(0)], &new, &mut current), Patch::Patched);
+        assert_eq!(kernels(&current), ["c", "d"]);
+        assert_eq!((ids(&current), Arc::ptr_eq(&current.nodes, &new)), (vec![3, 4], true));
+        assert_eq!((Arc::as_ptr(&current), buffer_at(&current)), (plan_at, first_at), "in place");
+
+        let held = current.clone(); // a submission holding the plan
+        assert_eq!(patch_plan(&[patchy(0)], &old, &mut current), Patch::Patched);
+        assert_eq!(
+            (kernels(&current), kernels(&held)),
+            (vec!["a".to_string(), "b".into()], vec!["c".into(), "d".into()])
+        );
+
+        let mut unordered = (*nodes(["e", "f"], [&b0, &b1])).clone();
+        unordered[1].preds.clear();
+        let why = patch_plan(&[patchy(0)], &Arc::new(unordered), &mut current);
+        assert_eq!(why, Patch::Mismatch("node 1 depends on [0], in the update on []".into()));
+        assert_eq!(kernels(&current), ["a", "b"]);
+    }
+}
