@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bevy_ecs::component::Component;
 use bevy_ecs::resource::Resource;
-use gantry_driver::fusion::FusionWarning;
+use gantry_driver::fusion::{FusionWarning, Promotion};
 use gantry_driver::sync::Mutex;
 use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostFn, HostStorage};
 use smallvec::SmallVec;
@@ -63,6 +63,51 @@ pub enum NodeWork {
     Empty,
 }
 
+/// One buffer range a graph node uses: what a [`Requirement`] says before resolution
+/// places it. A node is resolved anew at each submission, so it carries none of the
+/// resolution state: half a requirement's size, which counts when an update reads
+/// every node of two graphs.
+#[derive(Clone, Debug)]
+pub struct NodeUse {
+    /// The buffer.
+    pub buffer: Arc<BufferCore>,
+    /// Which bytes.
+    pub range: ByteRange,
+    /// Bytes per element of the accessor.
+    pub elem_size: u32,
+    /// How it is used.
+    pub mode: AccessMode,
+    /// The accessor's promotion hint for fusion.
+    pub promotion: Promotion,
+    /// Ordering only (see [`Requirement::internal`]).
+    pub internal: bool,
+}
+
+// Half a requirement (see `Requirement`'s own size check).
+const _: () = assert!(std::mem::size_of::<NodeUse>() <= 32);
+
+impl NodeUse {
+    /// What `r` says of its use (not where resolution placed it).
+    pub fn of(r: &Requirement) -> Self {
+        let Requirement { buffer, range, elem_size, mode, promotion, internal, .. } = r;
+        Self {
+            buffer: buffer.clone(),
+            range: *range,
+            elem_size: *elem_size,
+            mode: *mode,
+            promotion: *promotion,
+            internal: *internal,
+        }
+    }
+
+    /// A requirement for this use, not yet placed.
+    pub fn requirement(&self) -> Requirement {
+        let mut r = Requirement::new(self.buffer.clone(), self.mode, self.range);
+        (r.elem_size, r.promotion, r.internal) = (self.elem_size, self.promotion, self.internal);
+        r
+    }
+}
+
 /// One node of a command graph.
 #[derive(Clone)]
 pub struct GraphNode {
@@ -74,7 +119,7 @@ pub struct GraphNode {
     /// The device that runs it (host tasks: the host).
     pub device: DeviceId,
     /// The buffer ranges it uses, in argument order.
-    pub requirements: SmallVec<[Requirement; 4]>,
+    pub uses: SmallVec<[NodeUse; 4]>,
     /// Argument slots bound to dynamic parameters: (slot, parameter index).
     pub params: SmallVec<[(u32, u32); 1]>,
     /// What it does.

@@ -44,7 +44,7 @@ use bytemuck::Pod;
 use gantry_components::{BufferCore, Entry, EntrySource};
 use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
-    GraphProps, Message, NodeId, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
+    GraphProps, Message, NodeId, NodeUse, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
 };
 use gantry_driver::sync::Mutex;
 use gantry_driver::AccessMode;
@@ -177,7 +177,7 @@ impl Runtime {
 impl GraphState {
     /// Edges from the buffer accesses of `reqs` to earlier conflicting ones, recorded
     /// as accesses of `node`.
-    fn access_edges(&mut self, node: NodeId, reqs: &[Requirement], preds: &mut SmallVec<[NodeId; 4]>) {
+    fn access_edges(&mut self, node: NodeId, reqs: &[NodeUse], preds: &mut SmallVec<[NodeId; 4]>) {
         for r in reqs {
             let acc = self.accesses.entry(r.buffer.id).or_default();
             let writes = r.mode.writes();
@@ -199,7 +199,7 @@ impl GraphState {
         }
     }
 
-    fn mark_recorded(&mut self, reqs: &[Requirement]) {
+    fn mark_recorded(&mut self, reqs: &[NodeUse]) {
         for r in reqs {
             if !self.marked.iter().any(|b| Arc::ptr_eq(b, &r.buffer)) {
                 r.buffer.recorded.fetch_add(1, Ordering::AcqRel);
@@ -314,9 +314,10 @@ impl CommandGraph {
             }
         }
         let index = st.nodes.len() as NodeId;
-        st.access_edges(index, &built.requirements, &mut preds);
+        let uses: SmallVec<[NodeUse; 4]> = built.requirements.iter().map(NodeUse::of).collect();
+        st.access_edges(index, &uses, &mut preds);
         if recording {
-            st.mark_recorded(&built.requirements);
+            st.mark_recorded(&uses);
         }
         let work = match std::mem::replace(&mut built.work, Work::Marker) {
             Work::HostTask { run, tag, cost_ns } => {
@@ -337,7 +338,7 @@ impl CommandGraph {
             kind: built.kind,
             name: built.name,
             device,
-            requirements: built.requirements,
+            uses,
             params: SmallVec::new(),
             work,
             preds,
@@ -405,7 +406,7 @@ impl CommandGraph {
             kind: CommandKind::Marker,
             name: name.into(),
             device: self.inner.device,
-            requirements: SmallVec::new(),
+            uses: SmallVec::new(),
             params: SmallVec::new(),
             work: NodeWork::Empty,
             preds,
@@ -418,14 +419,13 @@ impl CommandGraph {
             .map(|n| {
                 let mut n = n.clone();
                 for &(slot, p) in &n.params {
-                    n.requirements[slot as usize].buffer = params[p as usize].0.clone();
+                    n.uses[slot as usize].buffer = params[p as usize].0.clone();
                 }
                 n.params.clear();
                 n
             })
             .collect();
-        let all_reqs: Vec<Requirement> =
-            sub_nodes.iter().flat_map(|n| n.requirements.iter().cloned()).collect();
+        let all_reqs: Vec<NodeUse> = sub_nodes.iter().flat_map(|n| n.uses.iter().cloned()).collect();
         let exit = entry + 1 + sub_nodes.len() as NodeId;
         st.access_edges(exit, &all_reqs, &mut entry_preds);
         if recording {
@@ -590,7 +590,7 @@ impl CommandGraph {
         if n.kind != CommandKind::Kernel {
             return Err(mismatch(format!("node {} is a {}, not a kernel", node.index, n.kind.name())));
         }
-        let Some(req) = n.requirements.get(slot as usize) else {
+        let Some(req) = n.uses.get(slot as usize) else {
             return Err(mismatch(format!("node {} has no argument slot {slot}", node.index)));
         };
         if req.buffer.bytes != bytes || req.elem_size as usize != elem {
@@ -600,7 +600,7 @@ impl CommandGraph {
             )));
         }
         let n = &mut Arc::make_mut(&mut st.nodes)[node.index as usize];
-        n.requirements[slot as usize].buffer = buffer;
+        n.uses[slot as usize].buffer = buffer;
         n.params.retain(|(s, _)| *s != slot);
         n.params.push((slot, param.index));
         Ok(())
@@ -918,7 +918,7 @@ impl ExecutableGraph {
                         unreachable!("host-task partitions hold host tasks")
                     };
                     // (Only kernels take dynamic parameters: the requirements are fixed.)
-                    let reqs = n.requirements.clone();
+                    let reqs = n.uses.iter().map(NodeUse::requirement).collect();
                     let run = run.clone();
                     let replay: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
                     CommandDesc {

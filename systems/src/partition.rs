@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bevy_ecs::world::World;
 use gantry_components::{
     warn_fusion, BufferCore, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob,
-    Finalizing, FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeWork,
+    Finalizing, FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeUse, NodeWork,
     PartitionBody, PartitionPlan, Requirement, SchedulerConfig, WorkLists,
 };
 use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
@@ -367,8 +367,8 @@ fn is_single_path(nodes: &[NodeId], preds: &Adjacency, part_of: &[u32]) -> bool 
 struct Step<'a> {
     /// The nodes it stands for (one, or a fused chain).
     nodes: SmallVec<[NodeId; 1]>,
-    /// Its requirements in argument order (internal ones last, not bound).
-    requirements: Cow<'a, [Requirement]>,
+    /// Its buffer uses in argument order (internal ones last, not bound).
+    uses: Cow<'a, [NodeUse]>,
     /// Slots bound to dynamic parameters.
     params: &'a [(u32, u32)],
     /// What it runs.
@@ -539,17 +539,17 @@ fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch>
         if !same_node_topology(i, a, b)? {
             return Ok(None); // another device: other partitions
         }
-        let slots = slot_buffers.by_ref().take(a.requirements.len());
+        let slots = slot_buffers.by_ref().take(a.uses.len());
         if b.kind == CommandKind::HostTask {
             // Its own partition, which runs the node the plan holds at submission.
             slots.for_each(drop);
             node_patch.push(OpPatch::Keep);
             continue;
         }
-        if a.requirements.len() != b.requirements.len() || a.params != b.params {
+        if a.uses.len() != b.uses.len() || a.params != b.params {
             return Ok(None);
         }
-        for ((ra, rb), &k) in a.requirements.iter().zip(&b.requirements).zip(slots) {
+        for ((ra, rb), &k) in a.uses.iter().zip(&b.uses).zip(slots) {
             let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
                 == (rb.mode, rb.range, rb.internal, rb.elem_size);
             if !same_use {
@@ -699,7 +699,7 @@ impl Finalize<'_> {
         let mut slots = 0;
         for node in nodes.iter() {
             slot_start.push(slots);
-            slots += node.requirements.len() as u32;
+            slots += node.uses.len() as u32;
         }
         plan.slot_buffers = vec![u32::MAX; slots as usize];
         let mut scratch = Scratch {
@@ -741,7 +741,7 @@ impl Finalize<'_> {
             let node = &nodes[n as usize];
             Step {
                 nodes: smallvec::smallvec![n],
-                requirements: Cow::Borrowed(&node.requirements[..]),
+                uses: Cow::Borrowed(&node.uses[..]),
                 params: &node.params,
                 op: StepOp::Node(&node.work),
                 deps: SmallVec::new(),
@@ -886,17 +886,22 @@ impl Finalize<'_> {
             let NodeWork::Kernel { kernel, geometry } = &node.work else {
                 return Err(format!("`{}` is not a kernel", node.name));
             };
-            let args = node.requirements.iter().map(fusion_arg).collect();
+            let args = node.uses.iter().map(|u| fusion_arg(&u.requirement())).collect();
             request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args });
         }
         let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
-        let reqs: Vec<&[Requirement]> = chain.iter().map(|&n| &nodes[n as usize].requirements[..]).collect();
-        let requirements = fused_requirements(&fused, &reqs);
+        // (Placed nowhere: resolution state stays empty.)
+        let reqs: Vec<Vec<Requirement>> = chain
+            .iter()
+            .map(|&n| nodes[n as usize].uses.iter().map(NodeUse::requirement).collect())
+            .collect();
+        let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
+        let uses = fused_requirements(&fused, &reqs).iter().map(NodeUse::of).collect();
         let info =
             FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
         let step = Step {
             nodes: chain.iter().copied().collect(),
-            requirements: Cow::Owned(requirements.into_vec()),
+            uses: Cow::Owned(uses),
             params: &[],
             op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry },
             deps: SmallVec::new(),
@@ -921,7 +926,7 @@ impl Finalize<'_> {
         let mut internal: Vec<Entry> = Vec::new();
         let Scratch { buffer_index, entry_of, slot_start, .. } = scratch;
         entry_of.clear();
-        let mut source = |r: &Requirement, param: Option<u32>| match param {
+        let mut source = |r: &NodeUse, param: Option<u32>| match param {
             Some(p) => EntrySource::Param(p),
             None => {
                 let next = buffers.len() as u32;
@@ -941,7 +946,7 @@ impl Finalize<'_> {
                 StepOp::Node(_) => Some(slot_start[step.nodes[0] as usize] as usize),
                 StepOp::Fused { .. } => None,
             };
-            for (slot, r) in step.requirements.iter().enumerate() {
+            for (slot, r) in step.uses.iter().enumerate() {
                 let param = step.params.iter().find(|(s, _)| *s as usize == slot).map(|&(_, p)| p);
                 let src = source(r, param);
                 let at = node_slots.and_then(|start| slot_buffers.get_mut(start + slot));
@@ -1177,11 +1182,11 @@ mod patch_tests {
             kind: CommandKind::Kernel,
             name: names[i].into(),
             device: 0,
-            requirements: smallvec::smallvec![Requirement::new(
+            uses: smallvec::smallvec![NodeUse::of(&Requirement::new(
                 buffers[i].clone(),
                 AccessMode::ReadWrite,
                 gantry_components::ByteRange { start: 0, end: buffers[i].bytes },
-            )],
+            ))],
             params: SmallVec::new(),
             work: NodeWork::Kernel {
                 kernel: kernel(names[i]),
@@ -1198,7 +1203,7 @@ mod patch_tests {
             let desc = CommandBufferDesc { entries: 1, in_order: true, ops: 1 };
             let mut b = PlanBuilder::new(desc, "patchy".into(), |_| true, |plan| Arc::new(plan));
             let NodeWork::Kernel { kernel, geometry } = &nodes[i as usize].work else { unreachable!() };
-            let bytes = nodes[i as usize].requirements[0].buffer.bytes;
+            let bytes = nodes[i as usize].uses[0].buffer.bytes;
             let args = smallvec::smallvec![RecordedArg {
                 entry: 0,
                 offset: 0,
@@ -1223,7 +1228,7 @@ mod patch_tests {
         };
         Arc::new(ExecPlan {
             nodes: nodes.clone(),
-            buffers: nodes.iter().map(|n| n.requirements[0].buffer.clone()).collect(),
+            buffers: nodes.iter().map(|n| n.uses[0].buffer.clone()).collect(),
             slot_buffers: vec![0, 1],
             aliased: false,
             order: vec![0, 1],
