@@ -831,19 +831,19 @@ impl ExecutableGraph {
         self.check_updatable()?;
         let Taken { nodes, keep, params } = graph.take()?;
         let mut st = self.inner.state.lock();
-        use gantry_systems::partition::{check_topology, patch_plan, Patch};
+        use gantry_systems::partition::{check_topology, patch_plan, PatchOutcome};
         if self.inner.props.fusion.is_none() {
             // Buffers one to one: patch the command buffers here (in place unless a
             // submission holds them), no scheduler round trip.
             let drivers: Option<Vec<_>> =
                 self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
             match patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, &mut st.plan) {
-                Patch::Patched => {
+                PatchOutcome::Patched => {
                     st.set_graph(keep, params);
                     return Ok(());
                 }
-                Patch::Mismatch(why) => return Err(Error::TopologyMismatch(why)),
-                Patch::Record => {}
+                PatchOutcome::Mismatch(why) => return Err(Error::TopologyMismatch(why)),
+                PatchOutcome::Record => {}
             }
         }
         let same_devices = check_topology(&st.plan.nodes, &nodes).map_err(Error::TopologyMismatch)?;

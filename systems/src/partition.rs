@@ -449,7 +449,7 @@ fn same_node_topology(i: usize, x: &GraphNode, y: &GraphNode) -> Result<bool, St
 
 /// What [`patch_plan`] did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Patch {
+pub enum PatchOutcome {
     /// The plan runs the new nodes.
     Patched,
     /// The new nodes do not have the plan's topology ([`check_topology`]'s reason).
@@ -478,17 +478,17 @@ pub fn patch_plan(
     drivers: &[Arc<dyn Driver>],
     nodes: &Arc<Vec<GraphNode>>,
     plan: &mut Arc<ExecPlan>,
-) -> Patch {
+) -> PatchOutcome {
     let PlanPatch { buffers, mut patches } = match plan_patches(nodes, plan) {
         Ok(Some(patch)) => patch,
-        Ok(None) => return Patch::Record,
-        Err(why) => return Patch::Mismatch(why),
+        Ok(None) => return PatchOutcome::Record,
+        Err(why) => return PatchOutcome::Mismatch(why),
     };
     let mut driver_of = Vec::with_capacity(plan.partitions.len());
     for part in &plan.partitions {
         match drivers.get(part.device as usize) {
             Some(driver) => driver_of.push(driver),
-            None => return Patch::Record,
+            None => return PatchOutcome::Record,
         }
     }
     let plan = Arc::make_mut(plan);
@@ -501,7 +501,7 @@ pub fn patch_plan(
             for (buffer, driver, patch) in done {
                 let _ = driver.patch_command_buffer(buffer, patch);
             }
-            return Patch::Record;
+            return PatchOutcome::Record;
         }
         done.push((buffer, driver, patch));
     }
@@ -509,7 +509,7 @@ pub fn patch_plan(
     let mut distinct: rustc_hash::FxHashSet<*const BufferCore> = Default::default();
     plan.aliased = !buffers.iter().all(|b| distinct.insert(Arc::as_ptr(b)));
     plan.buffers = buffers;
-    Patch::Patched
+    PatchOutcome::Patched
 }
 
 /// What [`patch_plan`] changes.
@@ -1267,7 +1267,7 @@ mod patch_tests {
         let ids = |plan: &ExecPlan| plan.buffers.iter().map(|b| b.id).collect::<Vec<_>>();
 
         let mut current = plan(&old);
-        assert_eq!(patch_plan(&[patchy(2)], &new, &mut current), Patch::Record);
+        assert_eq!(patch_plan(&[patchy(2)], &new, &mut current), PatchOutcome::Record);
         assert_eq!(kernels(&current), ["a", "b"], "the first partition's patch is undone");
         assert_eq!((ids(&current), Arc::ptr_eq(&current.nodes, &old)), (vec![1, 2], true));
 
@@ -1276,13 +1276,13 @@ mod patch_tests {
             PartitionBody::HostTask { .. } => unreachable!(),
         };
         let (plan_at, first_at) = (Arc::as_ptr(&current), buffer_at(&current));
-        assert_eq!(patch_plan(&[patchy(0)], &new, &mut current), Patch::Patched);
+        assert_eq!(patch_plan(&[patchy(0)], &new, &mut current), PatchOutcome::Patched);
         assert_eq!(kernels(&current), ["c", "d"]);
         assert_eq!((ids(&current), Arc::ptr_eq(&current.nodes, &new)), (vec![3, 4], true));
         assert_eq!((Arc::as_ptr(&current), buffer_at(&current)), (plan_at, first_at), "in place");
 
         let held = current.clone(); // a submission holding the plan
-        assert_eq!(patch_plan(&[patchy(0)], &old, &mut current), Patch::Patched);
+        assert_eq!(patch_plan(&[patchy(0)], &old, &mut current), PatchOutcome::Patched);
         assert_eq!(
             (kernels(&current), kernels(&held)),
             (vec!["a".to_string(), "b".into()], vec!["c".into(), "d".into()])
@@ -1291,7 +1291,7 @@ mod patch_tests {
         let mut unordered = (*nodes(["e", "f"], [&b0, &b1])).clone();
         unordered[1].preds.clear();
         let why = patch_plan(&[patchy(0)], &Arc::new(unordered), &mut current);
-        assert_eq!(why, Patch::Mismatch("node 1 depends on [0], in the update on []".into()));
+        assert_eq!(why, PatchOutcome::Mismatch("node 1 depends on [0], in the update on []".into()));
         assert_eq!(kernels(&current), ["a", "b"]);
     }
 }
