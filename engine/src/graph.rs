@@ -1,40 +1,5 @@
-//! Command graphs (seed 003): record a frame once, replay it every frame.
-//!
-//! A [`CommandGraph`] is built with explicit [`CommandGraph::add`] calls or by
-//! recording queues ([`CommandGraph::begin_recording`]). Edges come from the
-//! dependencies given, from events of recorded commands, from in-order queues and
-//! barriers, and — like eager submissions — from the buffer ranges the nodes access.
-//! [`CommandGraph::finalize`] turns it into an [`ExecutableGraph`] in the scheduler's
-//! partition stage: one driver command buffer per partition. Each
-//! [`Queue::submit_graph`](crate::Queue::submit_graph) resolves the partitions' buffer
-//! ranges against the memory records like any command, so eager work and graph work
-//! on the same buffer are ordered both ways.
-//!
-//! ```
-//! use gantry::{GraphProps, Runtime};
-//! let rt = Runtime::new();
-//! let q = rt.in_order_queue();
-//! let buf = rt.buffer(&[0u32; 64]);
-//! let graph = rt.graph();
-//! graph.begin_recording(&q)?;
-//! q.submit(|cg| {
-//!     let b = cg.elements_mut(&buf);
-//!     cg.parallel_for(64, move |it| *b.elem(it) += 1);
-//! })?;
-//! q.submit(|cg| {
-//!     let b = cg.elements_mut(&buf);
-//!     cg.parallel_for(64, move |it| *b.elem(it) *= 2);
-//! })?;
-//! graph.end_recording(&q)?;
-//! assert_eq!(buf.to_vec()?, vec![0; 64], "recording runs nothing");
-//! let exec = graph.finalize(GraphProps::default())?;
-//! for _ in 0..3 {
-//!     q.submit_graph(&exec)?;
-//! }
-//! q.wait()?;
-//! assert_eq!(buf.to_vec()?, vec![14; 64]); // ((0+1)*2+1)*2+1)*2
-//! # Ok::<(), gantry::Error>(())
-//! ```
+//! Command graphs (seed 003): record a frame once, replay it every frame. See
+//! [`CommandGraph`].
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -124,7 +89,44 @@ pub(crate) struct GraphShared {
     state: Mutex<GraphState>,
 }
 
-/// A modifiable command graph. Clones share the graph. See the [module docs](self).
+/// A modifiable command graph (seed 003): record a frame once, replay it every frame.
+/// Clones share the graph.
+///
+/// A [`CommandGraph`] is built with explicit [`CommandGraph::add`] calls or by
+/// recording queues ([`CommandGraph::begin_recording`]). Edges come from the
+/// dependencies given, from events of recorded commands, from in-order queues and
+/// barriers, and — like eager submissions — from the buffer ranges the nodes access.
+/// [`CommandGraph::finalize`] turns it into an [`ExecutableGraph`] in the scheduler's
+/// partition stage: one driver command buffer per partition. Each
+/// [`Queue::submit_graph`](crate::Queue::submit_graph) resolves the partitions' buffer
+/// ranges against the memory records like any command, so eager work and graph work
+/// on the same buffer are ordered both ways.
+///
+/// ```
+/// use gantry::{GraphProps, Runtime};
+/// let rt = Runtime::new();
+/// let q = rt.in_order_queue();
+/// let buf = rt.buffer(&[0u32; 64]);
+/// let graph = rt.graph();
+/// graph.begin_recording(&q)?;
+/// q.submit(|cg| {
+///     let b = cg.elements_mut(&buf);
+///     cg.parallel_for(64, move |it| *b.elem(it) += 1);
+/// })?;
+/// q.submit(|cg| {
+///     let b = cg.elements_mut(&buf);
+///     cg.parallel_for(64, move |it| *b.elem(it) *= 2);
+/// })?;
+/// graph.end_recording(&q)?;
+/// assert_eq!(buf.to_vec()?, vec![0; 64], "recording runs nothing");
+/// let exec = graph.finalize(GraphProps::default())?;
+/// for _ in 0..3 {
+///     q.submit_graph(&exec)?;
+/// }
+/// q.wait()?;
+/// assert_eq!(buf.to_vec()?, vec![14; 64]); // ((0+1)*2+1)*2+1)*2
+/// # Ok::<(), gantry::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct CommandGraph {
     pub(crate) inner: Arc<GraphShared>,

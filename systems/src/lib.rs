@@ -1,7 +1,7 @@
 //! # gantry-systems
 //!
 //! The systems of Gantry's scheduler, one module per stage of the flush schedule
-//! ([`Stage`](gantry_components::Stage)):
+//! ([`Stage`]):
 //!
 //! | stage | module |
 //! | --- | --- |
