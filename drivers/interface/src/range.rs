@@ -134,37 +134,36 @@ impl NdRange {
                 local: self.local.dims(),
             });
         }
-        let mut groups = [1; 3];
-        for (d, group) in groups.iter_mut().enumerate() {
+        for d in 0..3 {
             let (g, l) = (self.global.get(d), self.local.get(d));
             if g % l != 0 {
                 return Err(RangeError::LocalDoesNotDivide { dim: d, global: g, local: l });
             }
-            *group = g / l;
         }
         Ok(Geometry {
             dims: self.global.dims,
             global: self.global.extent,
             local: self.local.extent,
-            groups,
             offset: self.offset,
             nd: true,
         })
     }
 }
 
-/// The validated iteration space of one launch: global extent, work-group extent, group
-/// count and offset. Plain ranges get a driver-chosen local extent and may have a
-/// partial last group (`nd == false`); ND-ranges always divide evenly.
+/// The validated iteration space of one launch: global extent, work-group extent and
+/// offset (the group count follows). Plain ranges get a driver-chosen local extent and
+/// may have a partial last group (`nd == false`); ND-ranges always divide evenly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
     dims: u8,
     global: [usize; 3],
     local: [usize; 3],
-    groups: [usize; 3],
     offset: [usize; 3],
     nd: bool,
 }
+
+// Recorded operations, graph nodes and patches each hold one.
+const _: () = assert!(std::mem::size_of::<Geometry>() <= 80);
 
 impl Geometry {
     /// The geometry of a plain range kernel: groups of up to [`RANGE_CHUNK`] items along
@@ -180,11 +179,7 @@ impl Geometry {
         let mut local = [1; 3];
         let last = dims - 1;
         local[last] = global.get(last).min(RANGE_CHUNK);
-        let mut groups = [1; 3];
-        for d in 0..3 {
-            groups[d] = global.get(d).div_ceil(local[d]);
-        }
-        Ok(Self { dims: global.dims, global: global.extent, local, groups, offset, nd: false })
+        Ok(Self { dims: global.dims, global: global.extent, local, offset, nd: false })
     }
 
     /// Number of dimensions.
@@ -199,9 +194,11 @@ impl Geometry {
     pub fn local_range(&self) -> [usize; 3] {
         self.local
     }
-    /// Number of work-groups per dimension.
+    /// Number of work-groups per dimension (the last one partial for a plain range
+    /// that the local extent does not divide).
     pub fn group_range(&self) -> [usize; 3] {
-        self.groups
+        let (g, l) = (self.global, self.local);
+        [g[0].div_ceil(l[0]), g[1].div_ceil(l[1]), g[2].div_ceil(l[2])]
     }
     /// Global offset.
     pub fn offset(&self) -> [usize; 3] {
@@ -221,11 +218,17 @@ impl Geometry {
     }
     /// Total number of work-groups.
     pub fn group_count(&self) -> usize {
-        self.groups[0] * self.groups[1] * self.groups[2]
+        let n = self.group_range();
+        n[0] * n[1] * n[2]
     }
     /// The 3-D group id of linear group `g`.
     pub fn group_id(&self, g: usize) -> [usize; 3] {
-        delinearize(g, self.groups)
+        if self.dims == 1 {
+            return [g, 0, 0]; // every plain 1-D launch: once per group, no division
+        }
+        // `delinearize` reads the extents of dimensions 1 and 2 only.
+        let groups = |d: usize| self.global[d].div_ceil(self.local[d]);
+        delinearize(g, [0, groups(1), groups(2)])
     }
 }
 
@@ -280,5 +283,32 @@ mod tests {
         assert_eq!(g.local_range(), [1, 5, 1]);
         assert_eq!(g.group_count(), 7);
         assert!(!g.is_nd());
+    }
+
+    /// Group ids (computed, not stored) enumerate the group grid in linear order for
+    /// plain and ND-ranges of 1 to 3 dimensions, partial last groups included.
+    #[test]
+    fn group_ids_walk_the_group_grid() {
+        let geometries = [
+            Geometry::for_range(Range::d1(2500)).unwrap(),
+            Geometry::for_range(Range::d2(3, 2100)).unwrap(),
+            Geometry::for_range(Range::d3(2, 3, 1500)).unwrap(),
+            NdRange::new([8, 6], [2, 3]).geometry().unwrap(),
+            NdRange::new([4, 6, 8], [2, 3, 4]).geometry().unwrap(),
+        ];
+        for g in geometries {
+            let n = g.group_range();
+            let mut expected = Vec::new();
+            for a in 0..n[0] {
+                for b in 0..n[1] {
+                    for c in 0..n[2] {
+                        expected.push([a, b, c]);
+                    }
+                }
+            }
+            let ids: Vec<_> = (0..g.group_count()).map(|i| g.group_id(i)).collect();
+            assert_eq!(ids, expected, "{g:?}");
+        }
+        assert_eq!(Geometry::for_range(Range::d3(2, 3, 1500)).unwrap().group_range(), [2, 3, 2]);
     }
 }
