@@ -495,7 +495,7 @@ impl Inner {
                     let ops = plan
                         .ops
                         .iter()
-                        .map(|o| o.op.args().iter().map(|a| self.bind_recorded(&entries, a)).collect())
+                        .map(|o| o.op.args().map(|a| self.bind_recorded(&entries, a)).collect())
                         .collect();
                     let b = Arc::new(BoundPlan { entries: entries.clone(), ops });
                     *slot = Some(b.clone());

@@ -135,27 +135,17 @@ impl RecordedOp {
         }
     }
 
-    /// Its buffer arguments, in order, as up to two slices (no copy).
-    fn arg_slices(&self) -> [&[RecordedArg]; 2] {
+    /// Its buffer arguments, in order (no copy).
+    pub fn args(&self) -> impl Iterator<Item = &RecordedArg> {
         use std::slice::from_ref;
-        match self {
+        let slices: [&[RecordedArg]; 2] = match self {
             RecordedOp::Kernel { args, .. } => [args, &[]],
             RecordedOp::Copy { src, dst } => [from_ref(src), from_ref(dst)],
             RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => [from_ref(dst), &[]],
             RecordedOp::Read { src, .. } => [from_ref(src), &[]],
             RecordedOp::Marker => [&[], &[]],
-        }
-    }
-
-    /// Its buffer arguments.
-    pub fn args(&self) -> SmallVec<[RecordedArg; 4]> {
-        match self {
-            RecordedOp::Kernel { args, .. } => args.clone(),
-            RecordedOp::Copy { src, dst } => smallvec::smallvec![*src, *dst],
-            RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => smallvec::smallvec![*dst],
-            RecordedOp::Read { src, .. } => smallvec::smallvec![*src],
-            RecordedOp::Marker => SmallVec::new(),
-        }
+        };
+        slices.into_iter().flatten()
     }
 }
 
@@ -392,7 +382,7 @@ impl CommandBufferBuilder for PlanBuilder {
         if let Some(d) = deps.iter().find(|d| d.0 >= index) {
             return Err(self.invalid(format!("sync point {} names no earlier command", d.0)));
         }
-        for a in op.arg_slices().into_iter().flatten() {
+        for a in op.args() {
             if a.entry as usize >= self.plan.entries {
                 return Err(self.invalid(format!(
                     "argument entry {} outside a table of {}",
@@ -506,7 +496,8 @@ mod tests {
         ];
         plan.swap_payloads(&mut patch).unwrap();
         assert_eq!(kernel_name(&plan), ("b", 16));
-        let args = |p: &Plan| p.ops.iter().map(|o| o.op.args()).collect::<Vec<_>>();
+        let args =
+            |p: &Plan| p.ops.iter().map(|o| o.op.args().copied().collect::<Vec<_>>()).collect::<Vec<_>>();
         assert_eq!(args(&plan), args(original), "arguments kept");
         assert!(matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [7; 4]));
         assert!(matches!(plan.ops[2].op, RecordedOp::Copy { .. }));
