@@ -229,7 +229,7 @@ impl<'a> Item<'a> {
     /// Number of work-groups in dimension `d`.
     #[inline]
     pub fn group_range(&self, d: usize) -> usize {
-        self.geometry.global_range()[d].div_ceil(self.geometry.local_range()[d])
+        self.geometry.groups(d)
     }
 
     /// The binding of accessor slot `slot`, checking that the accessor belongs to this

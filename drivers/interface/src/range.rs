@@ -194,11 +194,15 @@ impl Geometry {
     pub fn local_range(&self) -> [usize; 3] {
         self.local
     }
-    /// Number of work-groups per dimension (the last one partial for a plain range
+    /// Number of work-groups in dimension `d` (the last one partial for a plain range
     /// that the local extent does not divide).
+    #[inline]
+    pub fn groups(&self, d: usize) -> usize {
+        self.global[d].div_ceil(self.local[d])
+    }
+    /// Number of work-groups per dimension.
     pub fn group_range(&self) -> [usize; 3] {
-        let (g, l) = (self.global, self.local);
-        [g[0].div_ceil(l[0]), g[1].div_ceil(l[1]), g[2].div_ceil(l[2])]
+        [self.groups(0), self.groups(1), self.groups(2)]
     }
     /// Global offset.
     pub fn offset(&self) -> [usize; 3] {
@@ -226,9 +230,7 @@ impl Geometry {
         if self.dims == 1 {
             return [g, 0, 0]; // every plain 1-D launch: once per group, no division
         }
-        // `delinearize` reads the extents of dimensions 1 and 2 only.
-        let groups = |d: usize| self.global[d].div_ceil(self.local[d]);
-        delinearize(g, [0, groups(1), groups(2)])
+        delinearize(g, self.group_range())
     }
 }
 
