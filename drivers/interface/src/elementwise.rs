@@ -162,11 +162,41 @@ mod tests {
 
     /// Private memory of one element per work-item is read and written as the group's
     /// contiguous array; a wider private region falls back to per-item `i % n`
-    /// addressing. Both give the per-item results.
+    /// addressing. Both give the per-item results. Local memory of a group's size is
+    /// contiguous too; a smaller one wraps, and the per-item path gives what per-item
+    /// accesses give: the last work-item to write an element wins.
     #[test]
     fn internalized_slots_map_like_per_item_accesses() {
         let n = 512;
         let input: Vec<u32> = (0..n as u32).map(|x| x * 7).collect();
+        for (internal, elems) in [(Internal::Local, 128usize), (Internal::Local, 64)] {
+            let a = Accessor::<u32, Read>::new(0, 3, n);
+            let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
+            let back = Accessor::<u32, crate::access::Write>::new(0, 3, n);
+            let phases = [
+                map_phase(a, o, |x: u32| x + 5),
+                crate::kernel::phase(move |it| {
+                    let v = *o.elem(it);
+                    back.set(it, it.global_linear_id(), v);
+                }),
+            ];
+            let geometry = NdRange::new(n, 128).geometry().unwrap();
+            let mut data = input.clone();
+            let mut scratch = vec![0u32; elems];
+            for g in 0..geometry.group_count() {
+                let local = Binding { ptr: scratch.as_mut_ptr().cast(), len: 0, internal, wrap: 4 * elems };
+                let globals = [Binding::new(data.as_mut_ptr().cast(), n * 4), local];
+                let ctx = GroupCtx::new(&geometry, geometry.group_id(g), &globals, &[], 3);
+                for phase in &phases {
+                    (phase.group)(&ctx);
+                }
+            }
+            // Work-item `i` reads element `i % elems`, last written by the group's
+            // last work-item with that remainder.
+            let last_writer = |i: usize| i - i % 128 + 128 - elems + i % elems;
+            let want: Vec<u32> = (0..n).map(|i| input[last_writer(i)] + 5).collect();
+            assert_eq!(data, want, "local region of {elems} elements");
+        }
         for wrap_elems in [1usize, 2] {
             // Phase 1 maps slot 0 into slot 1, private with `wrap_elems` elements per
             // work-item; phase 2 copies each work-item's private value back into slot 0
