@@ -610,6 +610,67 @@ fn graph_fusion_fuses_a_chain_with_an_internalized_buffer() {
     assert_eq!(tmp.to_vec().unwrap(), vec![4; n]);
 }
 
+/// Two fused chains of one partition internalize the same temporary: the partition's
+/// command orders against it once (one ordering-only requirement), and both chains
+/// give their results without writing it back.
+#[test]
+fn two_chains_internalizing_one_buffer_order_against_it_once() {
+    use gantry::components::{Command, CommandKind, Requirements};
+    let rt = manual();
+    let n = 128;
+    let (x, tmp) = (rt.buffer(&vec![3u32; n]), rt.buffer_zeroed::<u32>(n));
+    let (o1, y, o2) = (rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n));
+    let graph = rt.graph();
+    // src -> tmp (private) -> dst * 10, a chain of two kernels.
+    let chain = |src: &Buffer<u32>, dst: &Buffer<u32>, deps: &[gantry::Node]| {
+        let k = graph
+            .add(
+                |cg| {
+                    let (s, t) = (cg.read(src), cg.elements_out(&tmp));
+                    cg.promote(&t, Promotion::Private);
+                    cg.parallel_for_nd(NdRange::new(n, 32), move |it| {
+                        *t.elem(it) = s.get(it, it.global_linear_id()) + 1
+                    });
+                },
+                deps,
+            )
+            .unwrap();
+        graph
+            .add(
+                |cg| {
+                    let (t, o) = (cg.read(&tmp), cg.elements_out(dst));
+                    cg.promote(&t, Promotion::Private);
+                    cg.parallel_for_nd(NdRange::new(n, 32), move |it| {
+                        *o.elem(it) = t.get(it, it.global_linear_id()) * 10
+                    });
+                },
+                &[k],
+            )
+            .unwrap()
+    };
+    let first = chain(&x, &o1, &[]);
+    let copy = graph.add(|cg| cg.copy(&o1, &y), &[first]).unwrap();
+    chain(&y, &o2, &[copy]);
+    let exec = graph.finalize(GraphProps::default().fused()).unwrap();
+    assert_eq!((exec.fused_chains().len(), exec.partitions().len()), (2, 1));
+
+    // Held back by a host access, the submission stays in the world to look at.
+    let guard = x.write().unwrap();
+    let done = rt.queue().submit_graph(&exec).unwrap();
+    rt.flush();
+    let internal_on_tmp = rt.with_world(|w| {
+        let mut q = w.query::<(&Command, &Requirements)>();
+        let (_, reqs) = q.iter(w).find(|(c, _)| c.kind == CommandKind::CommandBuffer).expect("the partition");
+        reqs.0.iter().filter(|r| r.internal && r.buffer.id == tmp.id()).count()
+    });
+    assert_eq!(internal_on_tmp, 1);
+    drop(guard);
+    done.wait().unwrap();
+    assert_eq!(o1.to_vec().unwrap(), vec![40; n]);
+    assert_eq!(o2.to_vec().unwrap(), vec![410; n]);
+    assert_eq!(tmp.to_vec().unwrap(), vec![0; n], "internalized: never written back");
+}
+
 #[test]
 fn graph_fusion_does_not_fuse_across_a_copy_between_kernels() {
     let rt = manual();

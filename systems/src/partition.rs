@@ -954,7 +954,12 @@ impl Finalize<'_> {
                     *at = i;
                 }
                 if r.internal {
-                    internal.push(Entry { source: src, mode: AccessMode::Read, range: r.range });
+                    // One per source, like `entries` (two fused chains may internalize
+                    // one buffer): submission relies on distinct sources.
+                    match internal.iter_mut().find(|i| i.source == src) {
+                        Some(i) => i.range = i.range.hull(&r.range),
+                        None => internal.push(Entry { source: src, mode: AccessMode::Read, range: r.range }),
+                    }
                     continue;
                 }
                 let next = entries.len() as u32;
