@@ -388,7 +388,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         (l.shared.event.runtime, world.resource::<SchedulerConfig>().now_ns())
     };
     let event = Arc::new(EventShared::new(name.clone(), runtime, now));
-    let not_before_ns = world.resource::<Devices>().virtual_now_ns()[device as usize];
+    let not_before_ns = world.resource::<Devices>().0[device as usize].virtual_now_ns();
     let e = world
         .spawn((
             Command { kind: CommandKind::Kernel, name, queue: queue.clone(), device, seq },
