@@ -86,20 +86,15 @@ pub struct NodeUse {
 // Half a requirement (see `Requirement`'s own size check).
 const _: () = assert!(std::mem::size_of::<NodeUse>() <= 32);
 
-impl NodeUse {
+impl From<Requirement> for NodeUse {
     /// What `r` says of its use (not where resolution placed it).
-    pub fn of(r: &Requirement) -> Self {
+    fn from(r: Requirement) -> Self {
         let Requirement { buffer, range, elem_size, mode, promotion, internal, .. } = r;
-        Self {
-            buffer: buffer.clone(),
-            range: *range,
-            elem_size: *elem_size,
-            mode: *mode,
-            promotion: *promotion,
-            internal: *internal,
-        }
+        Self { buffer, range, elem_size, mode, promotion, internal }
     }
+}
 
+impl NodeUse {
     /// A requirement for this use, not yet placed.
     pub fn requirement(&self) -> Requirement {
         let mut r = Requirement::new(self.buffer.clone(), self.mode, self.range);

@@ -316,7 +316,8 @@ impl CommandGraph {
             }
         }
         let index = st.nodes.len() as NodeId;
-        let uses: SmallVec<[NodeUse; 4]> = built.requirements.iter().map(NodeUse::of).collect();
+        let uses: SmallVec<[NodeUse; 4]> =
+            std::mem::take(&mut built.requirements).into_iter().map(NodeUse::from).collect();
         st.access_edges(index, &uses, &mut preds);
         if recording {
             st.mark_recorded(&uses);

@@ -715,7 +715,7 @@ impl Finalize<'_> {
                 PartitionBody::HostTask { node: members[0] }
             } else {
                 let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of);
-                self.record(p as u32, device, in_order, &steps, nodes, &mut plan, &mut scratch)?
+                self.record(p as u32, device, in_order, &steps, &mut plan, &mut scratch)?
             };
             plan.partitions.push(PartitionPlan { name, device, nodes: members, preds, in_order, body });
         }
@@ -880,23 +880,23 @@ impl Finalize<'_> {
         nodes: &[GraphNode],
         barriers: bool,
     ) -> Result<(Step<'static>, FusedChain), String> {
-        let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
-        for &n in chain {
-            let node = &nodes[n as usize];
-            let NodeWork::Kernel { kernel, geometry } = &node.work else {
-                return Err(format!("`{}` is not a kernel", node.name));
-            };
-            let args = node.uses.iter().map(|u| fusion_arg(&u.requirement())).collect();
-            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args });
-        }
-        let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
-        // (Placed nowhere: resolution state stays empty.)
+        // The fusion rules read requirements (placed nowhere: no resolution state).
         let reqs: Vec<Vec<Requirement>> = chain
             .iter()
             .map(|&n| nodes[n as usize].uses.iter().map(NodeUse::requirement).collect())
             .collect();
+        let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
+        for (&n, reqs) in chain.iter().zip(&reqs) {
+            let node = &nodes[n as usize];
+            let NodeWork::Kernel { kernel, geometry } = &node.work else {
+                return Err(format!("`{}` is not a kernel", node.name));
+            };
+            let args = reqs.iter().map(fusion_arg).collect();
+            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args });
+        }
+        let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
-        let uses = fused_requirements(&fused, &reqs).iter().map(NodeUse::of).collect();
+        let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
         let info =
             FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
         let step = Step {
@@ -910,18 +910,17 @@ impl Finalize<'_> {
     }
 
     /// Records a partition's steps into a command buffer of its device.
-    #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
         partition: u32,
         device: u32,
         in_order: bool,
         steps: &[Step],
-        nodes: &[GraphNode],
         plan: &mut ExecPlan,
         scratch: &mut Scratch,
     ) -> Result<PartitionBody, FinalizeError> {
-        let ExecPlan { buffers, slot_buffers, .. } = plan;
+        let ExecPlan { nodes, buffers, slot_buffers, .. } = plan;
+        let nodes: &[GraphNode] = nodes;
         let mut entries: Vec<Entry> = Vec::new();
         let mut internal: Vec<Entry> = Vec::new();
         let Scratch { buffer_index, entry_of, slot_start, .. } = scratch;
@@ -1187,7 +1186,7 @@ mod patch_tests {
             kind: CommandKind::Kernel,
             name: names[i].into(),
             device: 0,
-            uses: smallvec::smallvec![NodeUse::of(&Requirement::new(
+            uses: smallvec::smallvec![NodeUse::from(Requirement::new(
                 buffers[i].clone(),
                 AccessMode::ReadWrite,
                 gantry_components::ByteRange { start: 0, end: buffers[i].bytes },
