@@ -9,6 +9,14 @@ use gantry::{
     NdRange, Promotion, Runtime, SimConfig,
 };
 
+/// Messages a manual runtime's scheduler has taken in, after a flush: a whole-graph
+/// update that patches on the caller's thread sends none; one that records sends its
+/// finalize request.
+fn messages(rt: &Runtime) -> u64 {
+    rt.flush();
+    rt.stats().messages
+}
+
 fn manual() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).build()
 }
@@ -936,14 +944,19 @@ fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
         // One to one: other buffers, kernels and fill value.
         let (b1, b2, b3, b4) = (buf(3), buf(4), buf(0), buf(0));
         let g = build(&b1, &b2, &b3, &b4, 100, 5);
+        let sent = messages(&rt);
         exec.update(&g).unwrap();
+        assert_eq!(messages(&rt), sent, "patched, not recorded (device {device})");
         q.submit_graph(&exec).unwrap().wait().unwrap();
         assert_eq!(b3.to_vec().unwrap(), vec![100 + 3 * 5 + 1; 16], "device {device}");
         assert_eq!(b4.to_vec().unwrap(), vec![4 * 5 + 2; 16], "device {device}");
         assert_eq!(exec.partitions(), g.finalize(GraphProps::default()).unwrap().partitions());
         // Merged: both kernels read one buffer where the plan has two.
         let (c1, c3, c4) = (buf(6), buf(0), buf(0));
-        exec.update(&build(&c1, &c1, &c3, &c4, 1000, 7)).unwrap();
+        let merged = build(&c1, &c1, &c3, &c4, 1000, 7);
+        let sent = messages(&rt);
+        exec.update(&merged).unwrap();
+        assert_eq!(messages(&rt), sent, "patched, not recorded (device {device})");
         q.submit_graph(&exec).unwrap().wait().unwrap();
         assert_eq!(c3.to_vec().unwrap(), vec![1000 + 6 * 7 + 1; 16], "device {device}");
         assert_eq!(c4.to_vec().unwrap(), vec![6 * 7 + 2; 16], "device {device}");
@@ -1069,7 +1082,9 @@ fn an_update_over_other_ranges_records_anew() {
         q.submit_graph(&exec).unwrap().wait().unwrap();
         assert_eq!(out.to_vec().unwrap(), (0..8).map(|i| i * 2 + 1).collect::<Vec<u32>>());
         let g = build(8);
+        let sent = messages(&rt);
         exec.update(&g).unwrap();
+        assert!(messages(&rt) > sent, "recorded by the scheduler (device {device})");
         assert_eq!(exec.partitions(), g.finalize(GraphProps::default()).unwrap().partitions());
         q.submit_graph(&exec).unwrap().wait().unwrap();
         assert_eq!(
