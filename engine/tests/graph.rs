@@ -941,23 +941,22 @@ fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
         let (a1, a2, a3, a4) = (buf(1), buf(2), buf(0), buf(0));
         let exec = build(&a1, &a2, &a3, &a4, 10, 2).finalize(GraphProps::default().updatable()).unwrap();
         let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
+        let patch_and_run = |g: &CommandGraph| {
+            let sent = messages(&rt);
+            exec.update(g).unwrap();
+            assert_eq!(messages(&rt), sent, "patched, not recorded (device {device})");
+            q.submit_graph(&exec).unwrap().wait().unwrap();
+        };
         // One to one: other buffers, kernels and fill value.
         let (b1, b2, b3, b4) = (buf(3), buf(4), buf(0), buf(0));
         let g = build(&b1, &b2, &b3, &b4, 100, 5);
-        let sent = messages(&rt);
-        exec.update(&g).unwrap();
-        assert_eq!(messages(&rt), sent, "patched, not recorded (device {device})");
-        q.submit_graph(&exec).unwrap().wait().unwrap();
+        patch_and_run(&g);
         assert_eq!(b3.to_vec().unwrap(), vec![100 + 3 * 5 + 1; 16], "device {device}");
         assert_eq!(b4.to_vec().unwrap(), vec![4 * 5 + 2; 16], "device {device}");
         assert_eq!(exec.partitions(), g.finalize(GraphProps::default()).unwrap().partitions());
         // Merged: both kernels read one buffer where the plan has two.
         let (c1, c3, c4) = (buf(6), buf(0), buf(0));
-        let merged = build(&c1, &c1, &c3, &c4, 1000, 7);
-        let sent = messages(&rt);
-        exec.update(&merged).unwrap();
-        assert_eq!(messages(&rt), sent, "patched, not recorded (device {device})");
-        q.submit_graph(&exec).unwrap().wait().unwrap();
+        patch_and_run(&build(&c1, &c1, &c3, &c4, 1000, 7));
         assert_eq!(c3.to_vec().unwrap(), vec![1000 + 6 * 7 + 1; 16], "device {device}");
         assert_eq!(c4.to_vec().unwrap(), vec![6 * 7 + 2; 16], "device {device}");
         assert_eq!(a3.to_vec().unwrap(), vec![0; 16], "the first graph's buffers are left alone");

@@ -169,7 +169,11 @@ mod tests {
     fn internalized_slots_map_like_per_item_accesses() {
         let n = 512;
         let input: Vec<u32> = (0..n as u32).map(|x| x * 7).collect();
-        for (internal, elems) in [(Internal::Local, 128usize), (Internal::Local, 64)] {
+        // Phase 1 maps slot 0 into slot 1, internalized in a region of `scratch`
+        // elements with `wrap` bytes per group (local) or work-item (private); phase 2
+        // copies each work-item's value back into slot 0 through per-item accessors,
+        // to observe what the map wrote where. Groups of 128.
+        let run = |internal: Internal, scratch: usize, wrap: usize| -> Vec<u32> {
             let a = Accessor::<u32, Read>::new(0, 3, n);
             let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
             let back = Accessor::<u32, crate::access::Write>::new(0, 3, n);
@@ -182,15 +186,19 @@ mod tests {
             ];
             let geometry = NdRange::new(n, 128).geometry().unwrap();
             let mut data = input.clone();
-            let mut scratch = vec![0u32; elems];
+            let mut scratch = vec![0u32; scratch];
             for g in 0..geometry.group_count() {
-                let local = Binding { ptr: scratch.as_mut_ptr().cast(), len: 0, internal, wrap: 4 * elems };
-                let globals = [Binding::new(data.as_mut_ptr().cast(), n * 4), local];
+                let region = Binding { ptr: scratch.as_mut_ptr().cast(), len: 0, internal, wrap };
+                let globals = [Binding::new(data.as_mut_ptr().cast(), n * 4), region];
                 let ctx = GroupCtx::new(&geometry, geometry.group_id(g), &globals, &[], 3);
                 for phase in &phases {
                     (phase.group)(&ctx);
                 }
             }
+            data
+        };
+        for elems in [128usize, 64] {
+            let data = run(Internal::Local, elems, 4 * elems);
             // Work-item `i` reads element `i % elems`, last written by the group's
             // last work-item with that remainder.
             let last_writer = |i: usize| i - i % 128 + 128 - elems + i % elems;
@@ -198,35 +206,7 @@ mod tests {
             assert_eq!(data, want, "local region of {elems} elements");
         }
         for wrap_elems in [1usize, 2] {
-            // Phase 1 maps slot 0 into slot 1, private with `wrap_elems` elements per
-            // work-item; phase 2 copies each work-item's private value back into slot 0
-            // through per-item accessors, to observe what the map wrote where.
-            let a = Accessor::<u32, Read>::new(0, 3, n);
-            let o = ElemAccessor::<u32, DiscardWrite>::new(1, 3, n);
-            let back = Accessor::<u32, crate::access::Write>::new(0, 3, n);
-            let phases = [
-                map_phase(a, o, |x: u32| x + 5),
-                crate::kernel::phase(move |it| {
-                    let v = *o.elem(it);
-                    back.set(it, it.global_linear_id(), v);
-                }),
-            ];
-            let geometry = NdRange::new(n, 128).geometry().unwrap();
-            let mut data = input.clone();
-            let mut scratch = vec![0u32; 128 * wrap_elems];
-            for g in 0..geometry.group_count() {
-                let private = Binding {
-                    ptr: scratch.as_mut_ptr().cast(),
-                    len: 0,
-                    internal: Internal::Private,
-                    wrap: 4 * wrap_elems,
-                };
-                let globals = [Binding::new(data.as_mut_ptr().cast(), n * 4), private];
-                let ctx = GroupCtx::new(&geometry, geometry.group_id(g), &globals, &[], 3);
-                for phase in &phases {
-                    (phase.group)(&ctx);
-                }
-            }
+            let data = run(Internal::Private, 128 * wrap_elems, 4 * wrap_elems);
             let want: Vec<u32> = input.iter().map(|x| x + 5).collect();
             assert_eq!(data, want, "private region of {wrap_elems} element(s) per work-item");
         }
