@@ -333,14 +333,14 @@ impl Handler {
     /// Work-group local memory of `len` elements (ND-range kernels only).
     pub fn local<T: Pod>(&mut self, len: usize) -> LocalAccessor<T> {
         let slot = self.scratch.len() as u32;
-        self.scratch.push(Scratch { kind: ScratchKind::Local, bytes: len * std::mem::size_of::<T>() });
+        self.scratch.push(Scratch::new(ScratchKind::Local, len * std::mem::size_of::<T>()));
         LocalAccessor::new(slot, self.tag, len)
     }
 
     /// Private memory of `len` elements per work-item, kept across phases.
     pub fn private<T: Pod>(&mut self, len: usize) -> PrivateAccessor<T> {
         let slot = self.scratch.len() as u32;
-        self.scratch.push(Scratch { kind: ScratchKind::Private, bytes: len * std::mem::size_of::<T>() });
+        self.scratch.push(Scratch::new(ScratchKind::Private, len * std::mem::size_of::<T>()));
         PrivateAccessor::new(slot, self.tag, len)
     }
 

@@ -4,6 +4,9 @@
 //! internalized (a private slot of one element per work-item is a contiguous array
 //! over the group).
 //!
+//! A phase declares what it touches ([`Elementwise`]), so fusion knows that a
+//! private intermediate it writes first needs no clearing for every work-group.
+//!
 //! Where the group's elements are not one contiguous run (a kernel fused into a grid
 //! of another shape, fusion without barriers running one work-item at a time, or an
 //! internalized region of another shape) the same closure runs per work-item through
@@ -19,7 +22,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::item::{GroupCtx, Item};
-use crate::kernel::Phase;
+use crate::kernel::{Elementwise, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -57,6 +60,8 @@ where
     MO: Writable,
     F: Fn(T) -> U + Send + Sync + 'static,
 {
+    let elementwise =
+        Elementwise::new(input.slot_and_tag().0, size_of::<T>(), output.slot_and_tag().0, size_of::<U>());
     let body = move |ctx: &GroupCtx<'_>| {
         let runs = group_run(ctx).and_then(|(first, count)| {
             let src = contiguous::<T>(ctx, &input, first, count)?;
@@ -72,10 +77,7 @@ where
             // group touches only its own work-items' elements of an elementwise chain.
             Some((src, dst, count)) => unsafe {
                 let src = std::slice::from_raw_parts(src.cast_const(), count);
-                let dst = std::slice::from_raw_parts_mut(dst, count);
-                for (o, &x) in dst.iter_mut().zip(src) {
-                    *o = f(x);
-                }
+                map_slice(&f, src, std::slice::from_raw_parts_mut(dst, count));
             },
             None => ctx.for_each_item(&|it: &mut Item<'_>| {
                 let x = input.get(it, it.global_linear_id());
@@ -83,7 +85,17 @@ where
             }),
         }
     };
-    Phase { group: Arc::new(body), per_item: true, code: TypeId::of::<MapCode<T, U, F>>() }
+    Phase { group: Arc::new(body), per_item: true, code: TypeId::of::<MapCode<T, U, F>>(), elementwise }
+}
+
+/// `dst[i] = f(src[i])`. A call of its own, so the slices are arguments the compiler
+/// knows do not overlap, and the loop vectorizes without run-time overlap checks
+/// (inlined into the phase it stayed scalar).
+#[inline(never)]
+fn map_slice<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = f(x);
+    }
 }
 
 /// The group's work-items as one run of global linear ids `first..first + count`

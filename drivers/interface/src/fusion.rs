@@ -62,7 +62,7 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::item::GroupCtx;
-use crate::kernel::{ClosureKernel, ItemCost, Phase, Scratch, ScratchKind};
+use crate::kernel::{BindingTable, ClosureKernel, Elementwise, ItemCost, Phase, Scratch, ScratchKind};
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
 
@@ -319,8 +319,13 @@ struct Plan {
     args: Vec<(usize, usize, usize, Uses)>,
     /// Per internal buffer: (canonical buffer, kind, bytes, uses).
     internal: Vec<(usize, Promotion, usize, Uses)>,
-    /// Per kernel, per slot.
-    slots: Vec<Vec<SlotSource>>,
+    /// Per kernel, per slot, in one table: kernel `k`'s slots are
+    /// `slots[slot_start[k]..slot_start[k + 1]]`.
+    slots: Vec<SlotSource>,
+    slot_start: Vec<usize>,
+    /// Per internal buffer (the first scratch slots): how the fused kernel addresses
+    /// it, and its bytes per work-group (local) or per work-item (private).
+    internal_binding: Vec<(Internal, usize)>,
     /// Per kernel: index of its first own scratch slot in the fused kernel's scratch.
     scratch_base: Vec<usize>,
     scratch: Vec<Scratch>,
@@ -334,8 +339,12 @@ type Uses = SmallVec<[(u32, u32); 2]>;
 
 /// A kernel in a cache key: its phases' code, geometry, scratch, and per slot the
 /// canonical buffer, byte range, element size and promotion.
-type KeyKernel =
-    (SmallVec<[TypeId; 2]>, Geometry, Vec<Scratch>, Vec<(usize, usize, usize, usize, Promotion)>);
+type KeyKernel = (
+    SmallVec<[(TypeId, Option<Elementwise>); 2]>,
+    Geometry,
+    Vec<Scratch>,
+    Vec<(usize, usize, usize, usize, Promotion)>,
+);
 
 /// The cache key: per kernel, its code, geometry, scratch and argument layout with
 /// buffers numbered in order of first appearance.
@@ -365,7 +374,7 @@ fn key_of(request: &FusionRequest, buffers: &[u64]) -> PlanKey {
             .iter()
             .map(|k| {
                 (
-                    k.kernel.phases.iter().map(|p| p.code).collect(),
+                    k.kernel.phases.iter().map(|p| (p.code, p.elementwise)).collect(),
                     k.geometry,
                     k.kernel.scratch.clone(),
                     k.args
@@ -551,7 +560,7 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
                 }
                 let scratch_kind =
                     if kind == Promotion::Local { ScratchKind::Local } else { ScratchKind::Private };
-                scratch.push(Scratch { kind: scratch_kind, bytes });
+                scratch.push(Scratch::new(scratch_kind, bytes));
                 internal.push((canon, kind, bytes, uses));
                 continue;
             }
@@ -579,107 +588,147 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         cost.ns += k.kernel.cost.ns * share;
         cost.default_items += k.kernel.cost.default_items * share;
     }
-    Ok(Plan { geometry, remap, args, internal, slots, scratch_base, scratch, cost, warnings })
+    for (index, region) in scratch.iter_mut().take(internal.len()).enumerate() {
+        region.zeroed = !written_first(kernels, &remap, &slots, index as u32, region);
+    }
+    let mut slot_start = vec![0];
+    slot_start.extend(slots.iter().scan(0, |end, s| {
+        *end += s.len();
+        Some(*end)
+    }));
+    let internal_binding = internal
+        .iter()
+        .map(|&(_, kind, bytes, _)| {
+            (if kind == Promotion::Local { Internal::Local } else { Internal::Private }, bytes)
+        })
+        .collect();
+    Ok(Plan {
+        geometry,
+        remap,
+        args,
+        internal,
+        slots: slots.concat(),
+        slot_start,
+        internal_binding,
+        scratch_base,
+        scratch,
+        cost,
+        warnings,
+    })
+}
+
+/// The single elementwise phase of a kernel that has one.
+fn elementwise(kernel: &FusionKernel) -> Option<Elementwise> {
+    match kernel.kernel.phases.as_slice() {
+        [phase] => phase.elementwise,
+        _ => None,
+    }
+}
+
+/// Whether internal buffer `index` (private, in `region`) is written whole before
+/// anything reads it: the first kernel that binds it is an elementwise kernel over
+/// the whole grid whose output fills each work-item's region and whose input is
+/// another buffer. Then the region need not be cleared for every group.
+fn written_first(
+    kernels: &[FusionKernel],
+    remap: &[bool],
+    slots: &[Vec<SlotSource>],
+    index: u32,
+    region: &Scratch,
+) -> bool {
+    let internal = SlotSource::Internal { index };
+    let Some(k) = slots.iter().position(|s| s.contains(&internal)) else { return false };
+    let Some(e) = elementwise(&kernels[k]) else { return false };
+    region.kind == ScratchKind::Private
+        && !remap[k]
+        && usize::from(e.output_bytes) == region.bytes
+        && slots[k].get(e.output as usize) == Some(&internal)
+        && slots[k].get(e.input as usize) != Some(&internal)
+}
+
+impl SlotSource {
+    /// The slot's binding for one group, from the fused kernel's arguments and
+    /// scratch and the internal buffers' addressing.
+    #[inline]
+    fn bind(self, globals: &[Binding], scratch: &[Binding], internal: &[(Internal, usize)]) -> Binding {
+        match self {
+            SlotSource::Arg { index, offset, len } => {
+                let b = globals[index as usize];
+                // SAFETY: the fused argument is the hull of this slot's range.
+                Binding::new(unsafe { b.ptr.add(offset) }, len)
+            }
+            SlotSource::Internal { index } => {
+                // `len` 0: every access takes the mapped (`i % n`) path.
+                let (kind, wrap) = internal[index as usize];
+                Binding { ptr: scratch[index as usize].ptr, len: 0, internal: kind, wrap }
+            }
+        }
+    }
 }
 
 /// One kernel inside a fused kernel.
 struct Part {
     kernel: Arc<ClosureKernel>,
+    /// The ids and ranges its work-items see.
     geometry: Geometry,
-    remap: bool,
-    slots: Vec<SlotSource>,
-    scratch_base: usize,
 }
 
-impl Part {
-    /// The kernel's bindings for one group, from the fused kernel's.
-    fn bindings(
-        &self,
-        globals: &[Binding],
-        scratch: &[Binding],
-        internal: &[(Internal, usize)],
-    ) -> SmallVec<[Binding; 8]> {
-        self.slots
-            .iter()
-            .map(|s| match *s {
-                SlotSource::Arg { index, offset, len } => {
-                    let b = globals[index as usize];
-                    // SAFETY: the fused argument is the hull of this slot's range.
-                    Binding::new(unsafe { b.ptr.add(offset) }, len)
-                }
-                SlotSource::Internal { index } => {
-                    // `len` 0: every access takes the mapped (`i % n`) path.
-                    let (kind, wrap) = internal[index as usize];
-                    Binding { ptr: scratch[index as usize].ptr, len: 0, internal: kind, wrap }
-                }
-            })
-            .collect()
-    }
-
-    fn ctx<'a>(&'a self, grid: &'a GroupCtx<'a>, bindings: &'a [Binding]) -> GroupCtx<'a> {
-        let n = self.kernel.scratch.len();
-        GroupCtx {
-            geometry: &self.geometry,
-            remap: self.remap.then_some(grid.geometry),
-            group: grid.group,
-            bindings,
-            scratch: &grid.scratch[self.scratch_base..self.scratch_base + n],
-            tag: self.kernel.tag,
-            only: None,
-        }
-    }
-}
-
-/// The body of a fused closure kernel.
+/// The body of a fused closure kernel: the kernels and the (cached) plan that says
+/// where their slots point.
 struct FusedBody {
     parts: Vec<Part>,
+    plan: Arc<Plan>,
     barriers: bool,
-    /// Per internal buffer (the first scratch slots): how it is addressed, and its
-    /// bytes per work-group (local) or per work-item (private).
-    internal: Vec<(Internal, usize)>,
 }
 
 impl FusedBody {
     fn run_group(&self, grid: &GroupCtx<'_>) {
-        let mut i = 0;
-        while i < self.parts.len() {
-            let interleave =
-                |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].per_item;
-            if interleave(&self.parts[i]) {
-                let end = i + self.parts[i..].iter().take_while(|p| interleave(p)).count();
-                if end - i > 1 {
-                    self.run_interleaved(grid, &self.parts[i..end]);
-                    i = end;
-                    continue;
-                }
-            }
-            let part = &self.parts[i];
-            let bindings = part.bindings(grid.bindings, grid.scratch, &self.internal);
-            let sub = part.ctx(grid, &bindings);
-            for phase in &part.kernel.phases {
-                (phase.group)(&sub);
-            }
-            i += 1;
+        let plan = &*self.plan;
+        // Every kernel's bindings, in one table built once per group.
+        let mut table = BindingTable::new(plan.slots.len());
+        for (binding, s) in table.iter_mut().zip(&plan.slots) {
+            *binding = s.bind(grid.bindings, grid.scratch, &plan.internal_binding);
         }
-    }
-
-    /// Without barriers: each work-item runs the single-phase kernels' bodies back to
-    /// back.
-    fn run_interleaved(&self, grid: &GroupCtx<'_>, parts: &[Part]) {
-        let bindings: SmallVec<[SmallVec<[Binding; 8]>; 4]> =
-            parts.iter().map(|p| p.bindings(grid.bindings, grid.scratch, &self.internal)).collect();
-        let subs: SmallVec<[GroupCtx<'_>; 4]> =
-            parts.iter().zip(&bindings).map(|(p, b)| p.ctx(grid, b)).collect();
-        let ext = grid.extent();
-        for i0 in 0..ext[0] {
-            for i1 in 0..ext[1] {
-                for i2 in 0..ext[2] {
-                    for (sub, part) in subs.iter().zip(parts) {
-                        let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
-                        (part.kernel.phases[0].group)(&one);
+        let ctx = |k: usize| {
+            let (part, base) = (&self.parts[k], plan.scratch_base[k]);
+            GroupCtx {
+                geometry: &part.geometry,
+                remap: plan.remap[k].then_some(grid.geometry),
+                group: grid.group,
+                bindings: &table[plan.slot_start[k]..plan.slot_start[k + 1]],
+                scratch: &grid.scratch[base..base + part.kernel.scratch.len()],
+                tag: part.kernel.tag,
+                only: None,
+            }
+        };
+        let interleave =
+            |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].per_item;
+        let mut k = 0;
+        while k < self.parts.len() {
+            let run = self.parts[k..].iter().take_while(|p| interleave(p)).count();
+            if run > 1 {
+                // Without barriers: each work-item runs the single-phase kernels' bodies
+                // back to back.
+                let subs: SmallVec<[GroupCtx<'_>; 4]> = (k..k + run).map(ctx).collect();
+                let ext = grid.extent();
+                for i0 in 0..ext[0] {
+                    for i1 in 0..ext[1] {
+                        for i2 in 0..ext[2] {
+                            for (sub, part) in subs.iter().zip(&self.parts[k..]) {
+                                let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
+                                (part.kernel.phases[0].group)(&one);
+                            }
+                        }
                     }
                 }
+                k += run;
+                continue;
             }
+            let sub = ctx(k);
+            for phase in &self.parts[k].kernel.phases {
+                (phase.group)(&sub);
+            }
+            k += 1;
         }
     }
 }
@@ -737,26 +786,9 @@ impl FusionCompiler for ClosureFusion {
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
         let buffers = canonical_buffers(request);
         let (plan, cached) = self.plan_for(request, &buffers)?;
-        let parts = request
-            .kernels
-            .iter()
-            .enumerate()
-            .map(|(i, k)| Part {
-                kernel: k.kernel.clone(),
-                geometry: k.geometry,
-                remap: plan.remap[i],
-                slots: plan.slots[i].clone(),
-                scratch_base: plan.scratch_base[i],
-            })
-            .collect();
-        let internal = plan
-            .internal
-            .iter()
-            .map(|&(_, kind, bytes, _)| {
-                (if kind == Promotion::Local { Internal::Local } else { Internal::Private }, bytes)
-            })
-            .collect();
-        let body = Arc::new(FusedBody { parts, barriers: request.barriers, internal });
+        let parts =
+            request.kernels.iter().map(|k| Part { kernel: k.kernel.clone(), geometry: k.geometry }).collect();
+        let body = Arc::new(FusedBody { parts, plan: plan.clone(), barriers: request.barriers });
         let mut name = String::from("fused(");
         for (i, k) in request.kernels.iter().enumerate() {
             if i > 0 {
@@ -772,6 +804,7 @@ impl FusionCompiler for ClosureFusion {
                 group: Arc::new(move |ctx: &GroupCtx<'_>| body.run_group(ctx)),
                 per_item: false,
                 code: TypeId::of::<FusedBody>(),
+                elementwise: None,
             }],
             global_slots: plan.args.len(),
             scratch: plan.scratch.clone(),
@@ -819,7 +852,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::access::{Accessor, Read, ReadWrite, Write};
+    use crate::access::{Accessor, DiscardWrite, ElemAccessor, LocalAccessor, Read, ReadWrite, Write};
+    use crate::elementwise::map_phase;
     use crate::item::Item;
     use crate::kernel::{phase, Arena};
 
@@ -851,6 +885,11 @@ mod tests {
 
     /// Runs a fused kernel over host vectors, one per buffer id.
     fn run(fused: &Fused, buffers: &mut HashMap<u64, Vec<u32>>) {
+        run_with(fused, buffers, &mut Arena::default())
+    }
+
+    /// [`run`] on a thread's arena that earlier kernels used.
+    fn run_with(fused: &Fused, buffers: &mut HashMap<u64, Vec<u32>>, arena: &mut Arena) {
         let globals: Vec<Binding> = fused
             .args
             .iter()
@@ -860,9 +899,8 @@ mod tests {
                 Binding::new(unsafe { v.as_mut_ptr().cast::<u8>().add(a.start) }, a.end - a.start)
             })
             .collect();
-        let mut arena = Arena::default();
         for g in 0..fused.geometry.group_count() {
-            fused.kernel.run_group(&fused.geometry, g, &globals, &mut arena);
+            fused.kernel.run_group(&fused.geometry, g, &globals, arena);
         }
     }
 
@@ -1002,6 +1040,81 @@ mod tests {
         run(&fused, &mut bufs);
         assert_eq!(bufs[&12], (0..n as u32).map(|v| v * 2 + 1).collect::<Vec<_>>());
         assert_eq!(bufs[&11], vec![7; n], "not written back");
+    }
+
+    /// A private intermediate that an elementwise kernel writes whole before anything
+    /// reads it is not cleared for every group; one that a kernel may read first is,
+    /// so what that kernel reads is zero, not what earlier kernels left in the
+    /// thread's arena.
+    #[test]
+    fn only_private_buffers_written_first_skip_clearing() {
+        let n = 2048;
+        let map = |name: &str, tag: u64, f: fn(u32) -> u32| {
+            let (input, output) =
+                (Accessor::<u32, Read>::new(0, tag, n), ElemAccessor::<u32, DiscardWrite>::new(1, tag, n));
+            Arc::new(ClosureKernel {
+                name: name.into(),
+                tag,
+                phases: smallvec::smallvec![map_phase(input, output, f)],
+                global_slots: 2,
+                scratch: vec![],
+                cost: ItemCost::default(),
+            })
+        };
+        let (peek_in, peek_out) = (Accessor::<u32, Read>::new(0, 3, n), Accessor::<u32, Write>::new(1, 3, n));
+        let peek = kernel("peek", 3, 2, move |it| {
+            let i = it.global_linear_id();
+            peek_out.set(it, i, peek_in.get(it, i))
+        });
+        let private = |b: u64| whole(b, n).promoted(Promotion::Private);
+        // x -> 11 -> 12 through maps; `peek` copies 13 to 14 before a map writes 13.
+        let kernels = vec![
+            FusionKernel {
+                kernel: map("double", 1, |v| v * 2),
+                geometry: range(n),
+                args: vec![whole(10, n), private(11)],
+            },
+            FusionKernel {
+                kernel: map("inc", 2, |v| v + 1),
+                geometry: range(n),
+                args: vec![private(11), whole(12, n)],
+            },
+            FusionKernel { kernel: peek, geometry: range(n), args: vec![private(13), whole(14, n)] },
+            FusionKernel {
+                kernel: map("triple", 4, |v| v * 3),
+                geometry: range(n),
+                args: vec![whole(10, n), private(13)],
+            },
+        ];
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        assert_eq!(fused.internal.iter().map(|i| i.buffer).collect::<Vec<_>>(), vec![11, 13]);
+        let zeroed: Vec<bool> = fused.kernel.scratch.iter().map(|s| s.zeroed).collect();
+        assert_eq!(zeroed, vec![false, true]);
+
+        // An arena that a kernel with a large local region filled with ones.
+        let mut arena = Arena::default();
+        let tile = LocalAccessor::<u32>::new(0, 5, 1 << 14);
+        let dirty = ClosureKernel {
+            name: "dirty".into(),
+            tag: 5,
+            phases: smallvec::smallvec![phase(move |it| (0..tile.len()).for_each(|j| tile.set(it, j, !0)))],
+            global_slots: 0,
+            scratch: vec![Scratch::new(ScratchKind::Local, 4 << 14)],
+            cost: ItemCost::default(),
+        };
+        dirty.run_group(&range(1), 0, &[], &mut arena);
+
+        let mut bufs = HashMap::from([
+            (10, (0..n as u32).collect()),
+            (11, vec![7; n]),
+            (12, vec![0; n]),
+            (13, vec![9; n]),
+            (14, vec![5; n]),
+        ]);
+        run_with(&fused, &mut bufs, &mut arena);
+        assert_eq!(bufs[&12], (0..n as u32).map(|v| v * 2 + 1).collect::<Vec<_>>());
+        assert_eq!(bufs[&14], vec![0; n], "read before written: cleared");
+        assert_eq!((&bufs[&11], &bufs[&13]), (&vec![7; n], &vec![9; n]), "not written back");
     }
 
     /// Local internalization of an ND-range chain: each group's slice lives in local

@@ -26,7 +26,40 @@ pub struct Phase {
     /// The closure's type: equal for every submission of the same code, so fusion can
     /// cache by it.
     pub code: TypeId,
+    /// Set for an elementwise kernel's phase: what it touches, so fusion knows which
+    /// internalized buffers it writes whole before anything reads them.
+    pub elementwise: Option<Elementwise>,
 }
+
+/// What an elementwise phase touches: work-item `i` (its global linear id) reads
+/// element `i` of slot `input` and writes element `i` of slot `output`, and nothing
+/// else. Sixteen bits each keep a [`Phase`] small (command groups carry them by
+/// value); a phase whose numbers do not fit declares nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Elementwise {
+    /// The slot read.
+    pub input: u16,
+    /// Bytes of an input element.
+    pub input_bytes: u16,
+    /// The slot written.
+    pub output: u16,
+    /// Bytes of an output element.
+    pub output_bytes: u16,
+}
+
+impl Elementwise {
+    /// The declaration, if every number fits.
+    pub fn new(input: u32, input_bytes: usize, output: u32, output_bytes: usize) -> Option<Self> {
+        Some(Self {
+            input: input.try_into().ok()?,
+            input_bytes: input_bytes.try_into().ok()?,
+            output: output.try_into().ok()?,
+            output_bytes: output_bytes.try_into().ok()?,
+        })
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Phase>() <= 48);
 
 /// Wraps a per-work-item closure as a phase.
 pub fn phase<F>(f: F) -> Phase
@@ -37,6 +70,7 @@ where
         group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&f)),
         per_item: true,
         code: TypeId::of::<F>(),
+        elementwise: None,
     }
 }
 
@@ -88,6 +122,25 @@ pub struct Scratch {
     pub kind: ScratchKind,
     /// Bytes per group (local) or per work-item (private).
     pub bytes: usize,
+    /// Whether the region is cleared for every group, so that what a kernel reads
+    /// before writing does not depend on which groups ran on the thread before. Only
+    /// a region the kernel provably writes whole before reading skips it.
+    pub zeroed: bool,
+}
+
+impl Scratch {
+    /// A region cleared for every group.
+    pub fn new(kind: ScratchKind, bytes: usize) -> Self {
+        Self { kind, bytes, zeroed: true }
+    }
+
+    /// Bytes of the slot's region for one work-group of `local_size` work-items.
+    fn group_bytes(&self, local_size: usize) -> usize {
+        match self.kind {
+            ScratchKind::Local => self.bytes,
+            ScratchKind::Private => self.bytes * local_size,
+        }
+    }
 }
 
 /// A kernel whose image is Rust code: its phases run in order for a whole work-group,
@@ -153,16 +206,6 @@ impl Arena {
     }
 }
 
-impl Scratch {
-    /// Bytes of the slot's region for one work-group of `local_size` work-items.
-    fn group_bytes(&self, local_size: usize) -> usize {
-        match self.kind {
-            ScratchKind::Local => self.bytes,
-            ScratchKind::Private => self.bytes * local_size,
-        }
-    }
-}
-
 impl ClosureKernel {
     /// Bytes of scratch one work-group of `local_size` work-items needs.
     pub fn scratch_bytes(&self, local_size: usize) -> usize {
@@ -172,23 +215,67 @@ impl ClosureKernel {
     /// Runs every phase of work-group `group` (linear id), one phase for all its
     /// work-items before the next. `globals` holds one binding per global slot.
     pub fn run_group(&self, geometry: &Geometry, group: usize, globals: &[Binding], arena: &mut Arena) {
-        let mut scratch: SmallVec<[Binding; 4]> = SmallVec::new();
+        let mut table = BindingTable::new(self.scratch.len());
         if !self.scratch.is_empty() {
             let local_size = geometry.local_size();
             let mut p = arena.reserve(self.scratch_bytes(local_size));
-            for s in &self.scratch {
+            for (binding, s) in table.iter_mut().zip(&self.scratch) {
                 let len = s.group_bytes(local_size);
                 // SAFETY (both): the arena holds the sum of all regions and their gaps.
-                // Each region is cleared for every group, so what a kernel reads before
-                // writing does not depend on which groups ran on this thread before.
-                unsafe { std::ptr::write_bytes(p, 0, len) };
-                scratch.push(Binding::new(p, len));
+                if s.zeroed {
+                    unsafe { std::ptr::write_bytes(p, 0, len) };
+                }
+                *binding = Binding::new(p, len);
                 p = unsafe { p.add(region_stride(len)) };
             }
         }
-        let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, &scratch, self.tag);
+        let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, &table, self.tag);
         for phase in &self.phases {
             (phase.group)(&ctx);
+        }
+    }
+}
+
+/// A binding table built for every work-group: on the stack up to
+/// [`BindingTable::INLINE`] entries (no allocation, nothing to move), on the heap
+/// past that.
+pub(crate) struct BindingTable {
+    inline: [Binding; Self::INLINE],
+    heap: Vec<Binding>,
+    len: usize,
+}
+
+impl BindingTable {
+    /// Entries held without allocating.
+    const INLINE: usize = 16;
+
+    /// A table of `len` empty bindings.
+    #[inline]
+    pub(crate) fn new(len: usize) -> Self {
+        let heap = if len > Self::INLINE { vec![Binding::EMPTY; len] } else { Vec::new() };
+        Self { inline: [Binding::EMPTY; Self::INLINE], heap, len }
+    }
+}
+
+impl std::ops::Deref for BindingTable {
+    type Target = [Binding];
+    #[inline]
+    fn deref(&self) -> &[Binding] {
+        if self.len > Self::INLINE {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
+    }
+}
+
+impl std::ops::DerefMut for BindingTable {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [Binding] {
+        if self.len > Self::INLINE {
+            &mut self.heap
+        } else {
+            &mut self.inline[..self.len]
         }
     }
 }
@@ -218,7 +305,7 @@ mod tests {
                 }),
             ],
             global_slots: 1,
-            scratch: vec![Scratch { kind: ScratchKind::Local, bytes: 16 }],
+            scratch: vec![Scratch::new(ScratchKind::Local, 16)],
             cost: ItemCost::default(),
         };
         let geometry = NdRange::new(16, 4).geometry().unwrap();

@@ -1785,7 +1785,7 @@ mod tests {
                 tag: 1,
                 phases: launch.kernel.phases.clone(),
                 global_slots: 1,
-                scratch: vec![Scratch { kind: ScratchKind::Local, bytes }],
+                scratch: vec![Scratch::new(ScratchKind::Local, bytes)],
                 cost: gantry_driver::ItemCost::default(),
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
