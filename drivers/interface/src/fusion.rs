@@ -54,8 +54,9 @@
 //! assert_eq!(data, [4; 8]);
 //! ```
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHasher};
 use std::any::TypeId;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -337,21 +338,64 @@ struct Plan {
 /// Which slots an argument stands for: (kernel index, slot).
 type Uses = SmallVec<[(u32, u32); 2]>;
 
-/// A kernel in a cache key: its phases' code, geometry, scratch, and per slot the
-/// canonical buffer, byte range, element size and promotion.
-type KeyKernel = (
-    SmallVec<[(TypeId, Option<Elementwise>); 2]>,
-    Geometry,
-    Vec<Scratch>,
-    Vec<(usize, usize, usize, usize, Promotion)>,
-);
+/// One item of a plan's cache key. A request's key is the sequence [`key_parts`]
+/// yields: the barrier flag, then per kernel its shape, its phases' code (with what
+/// an elementwise phase touches), its geometry, its scratch, and per slot the
+/// canonical buffer, byte range, element size and promotion. A lookup hashes and
+/// collects that sequence on the stack, so a cache hit allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum KeyPart {
+    Barriers(bool),
+    Kernel { phases: usize, scratch: usize, slots: usize },
+    Phase(TypeId, Option<Elementwise>),
+    Geometry(Geometry),
+    Scratch(Scratch),
+    Slot { buffer: usize, start: usize, end: usize, elem_size: usize, promotion: Promotion },
+}
 
-/// The cache key: per kernel, its code, geometry, scratch and argument layout with
-/// buffers numbered in order of first appearance.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
-    barriers: bool,
-    kernels: Vec<KeyKernel>,
+/// The request's cache key, buffers numbered by `buffers` (see [`KeyPart`]).
+fn key_parts<'a>(request: &'a FusionRequest, buffers: &'a [u64]) -> impl Iterator<Item = KeyPart> + 'a {
+    let canon = move |b: u64| buffers.iter().position(|&x| x == b).expect("buffer numbered");
+    std::iter::once(KeyPart::Barriers(request.barriers)).chain(request.kernels.iter().flat_map(move |k| {
+        let kernel = &k.kernel;
+        std::iter::once(KeyPart::Kernel {
+            phases: kernel.phases.len(),
+            scratch: kernel.scratch.len(),
+            slots: k.args.len(),
+        })
+        .chain(kernel.phases.iter().map(|p| KeyPart::Phase(p.code, p.elementwise)))
+        .chain(std::iter::once(KeyPart::Geometry(k.geometry)))
+        .chain(kernel.scratch.iter().map(|&s| KeyPart::Scratch(s)))
+        .chain(k.args.iter().map(move |a| KeyPart::Slot {
+            buffer: canon(a.buffer),
+            start: a.start,
+            end: a.end,
+            elem_size: a.elem_size,
+            promotion: a.promotion,
+        }))
+    }))
+}
+
+/// A cached plan, with the fused kernel's name for the kernel names it was last
+/// asked for (names are not part of the key: the same code may run under others).
+struct Cached {
+    key: Box<[KeyPart]>,
+    plan: Arc<Plan>,
+    names: Vec<Arc<str>>,
+    name: Arc<str>,
+}
+
+/// `fused(a+b+…)` for the request's kernels.
+fn fused_name(request: &FusionRequest) -> Arc<str> {
+    let mut name = String::from("fused(");
+    for (i, k) in request.kernels.iter().enumerate() {
+        if i > 0 {
+            name.push('+');
+        }
+        name.push_str(&k.kernel.name);
+    }
+    name.push(')');
+    name.into()
 }
 
 /// Numbers the request's buffers in order of first appearance.
@@ -363,28 +407,6 @@ fn canonical_buffers(request: &FusionRequest) -> Vec<u64> {
         }
     }
     order
-}
-
-fn key_of(request: &FusionRequest, buffers: &[u64]) -> PlanKey {
-    let canon = |b: u64| buffers.iter().position(|&x| x == b).expect("buffer numbered");
-    PlanKey {
-        barriers: request.barriers,
-        kernels: request
-            .kernels
-            .iter()
-            .map(|k| {
-                (
-                    k.kernel.phases.iter().map(|p| (p.code, p.elementwise)).collect(),
-                    k.geometry,
-                    k.kernel.scratch.clone(),
-                    k.args
-                        .iter()
-                        .map(|a| (canon(a.buffer), a.start, a.end, a.elem_size, a.promotion))
-                        .collect(),
-                )
-            })
-            .collect(),
-    }
 }
 
 fn range_of(dims: usize, e: [usize; 3]) -> Range {
@@ -745,9 +767,9 @@ pub struct CacheStats {
 /// The fusion compiler for closure kernels, with a plan cache.
 #[derive(Default)]
 pub struct ClosureFusion {
-    /// Keys are hashed on every fusion, cache hit or not: Fx, not SipHash (no
-    /// untrusted keys here).
-    cache: Mutex<FxHashMap<PlanKey, Arc<Plan>>>,
+    /// Plans by the Fx hash of their key (hashed on every fusion, hit or not; no
+    /// untrusted keys here), equal hashes compared part by part.
+    cache: Mutex<FxHashMap<u64, SmallVec<[Cached; 1]>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -769,36 +791,60 @@ impl ClosureFusion {
         CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
     }
 
-    fn plan_for(&self, request: &FusionRequest, buffers: &[u64]) -> Result<(Arc<Plan>, bool), FusionError> {
-        let key = key_of(request, buffers);
-        if let Some(p) = self.cache.lock().expect("fusion cache").get(&key) {
+    /// The request's plan and fused kernel name, and whether the plan was cached.
+    fn plan_for(
+        &self,
+        request: &FusionRequest,
+        buffers: &[u64],
+    ) -> Result<(Arc<Plan>, Arc<str>, bool), FusionError> {
+        let key: SmallVec<[KeyPart; 16]> = key_parts(request, buffers).collect();
+        let hash = {
+            let mut h = FxHasher::default();
+            key.hash(&mut h);
+            h.finish()
+        };
+        let same_names =
+            |names: &[Arc<str>]| names.iter().zip(&request.kernels).all(|(n, k)| *n == k.kernel.name);
+        let mut cache = self.cache.lock().expect("fusion cache");
+        if let Some(hit) =
+            cache.get_mut(&hash).and_then(|entries| entries.iter_mut().find(|c| c.key[..] == key[..]))
+        {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((p.clone(), true));
+            if !same_names(&hit.names) {
+                hit.names = request.kernels.iter().map(|k| k.kernel.name.clone()).collect();
+                hit.name = fused_name(request);
+            }
+            return Ok((hit.plan.clone(), hit.name.clone(), true));
         }
-        let p = Arc::new(plan(request, buffers)?);
+        drop(cache);
+        let plan = Arc::new(plan(request, buffers)?);
         self.misses.fetch_add(1, Ordering::Relaxed);
-        self.cache.lock().expect("fusion cache").insert(key, p.clone());
-        Ok((p, false))
+        let name = fused_name(request);
+        let cached = Cached {
+            key: key.into_iter().collect(),
+            plan: plan.clone(),
+            names: request.kernels.iter().map(|k| k.kernel.name.clone()).collect(),
+            name: name.clone(),
+        };
+        let mut cache = self.cache.lock().expect("fusion cache");
+        let entries = cache.entry(hash).or_default();
+        // (Another thread may have planned the same chain meanwhile.)
+        if !entries.iter().any(|c| c.key == cached.key) {
+            entries.push(cached);
+        }
+        Ok((plan, name, false))
     }
 }
 
 impl FusionCompiler for ClosureFusion {
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
         let buffers = canonical_buffers(request);
-        let (plan, cached) = self.plan_for(request, &buffers)?;
+        let (plan, name, cached) = self.plan_for(request, &buffers)?;
         let parts =
             request.kernels.iter().map(|k| Part { kernel: k.kernel.clone(), geometry: k.geometry }).collect();
         let body = Arc::new(FusedBody { parts, plan: plan.clone(), barriers: request.barriers });
-        let mut name = String::from("fused(");
-        for (i, k) in request.kernels.iter().enumerate() {
-            if i > 0 {
-                name.push('+');
-            }
-            name.push_str(&k.kernel.name);
-        }
-        name.push(')');
         let kernel = ClosureKernel {
-            name: name.into(),
+            name,
             tag: 0,
             phases: smallvec::smallvec![Phase {
                 group: Arc::new(move |ctx: &GroupCtx<'_>| body.run_group(ctx)),
@@ -1260,5 +1306,41 @@ mod tests {
             args: vec![whole(1, 16)],
         }]);
         assert!(!fusion.fuse(&other_range).unwrap().cached);
+    }
+
+    /// Everything in a plan's key tells plans apart; kernel names are not in it, and
+    /// a hit names the fused kernel after the request's kernels.
+    #[test]
+    fn cache_keys_cover_the_layout_and_names_follow_the_request() {
+        let fusion = ClosureFusion::new();
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, 8);
+        let inc = move |it: &mut Item<'_>| {
+            acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1)
+        };
+        let chain =
+            |names: [&str; 2], buffers: [u64; 2], promotion: Promotion, barriers: bool| FusionRequest {
+                kernels: names
+                    .iter()
+                    .zip(buffers)
+                    .map(|(name, b)| FusionKernel {
+                        kernel: kernel(name, 1, 1, inc),
+                        geometry: range(8),
+                        args: vec![whole(b, 8).promoted(promotion)],
+                    })
+                    .collect(),
+                barriers,
+            };
+        let fuse = |r: &FusionRequest| {
+            let f = fusion.fuse(r).unwrap();
+            (f.cached, f.kernel.name.to_string())
+        };
+        let none = Promotion::None;
+        assert_eq!(fuse(&chain(["a", "b"], [1, 1], none, true)), (false, "fused(a+b)".into()));
+        assert_eq!(fuse(&chain(["a", "b"], [5, 5], none, true)), (true, "fused(a+b)".into()));
+        assert_eq!(fuse(&chain(["c", "d"], [5, 5], none, true)), (true, "fused(c+d)".into()));
+        assert!(!fuse(&chain(["a", "b"], [1, 2], none, true)).0, "two buffers, not one");
+        assert!(!fuse(&chain(["a", "b"], [1, 1], Promotion::Private, true)).0, "promoted");
+        assert!(!fuse(&chain(["a", "b"], [1, 1], none, false)).0, "without barriers");
+        assert_eq!(fusion.stats(), CacheStats { hits: 2, misses: 4 });
     }
 }

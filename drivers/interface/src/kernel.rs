@@ -215,21 +215,27 @@ impl ClosureKernel {
     /// Runs every phase of work-group `group` (linear id), one phase for all its
     /// work-items before the next. `globals` holds one binding per global slot.
     pub fn run_group(&self, geometry: &Geometry, group: usize, globals: &[Binding], arena: &mut Arena) {
-        let mut table = BindingTable::new(self.scratch.len());
-        if !self.scratch.is_empty() {
-            let local_size = geometry.local_size();
-            let mut p = arena.reserve(self.scratch_bytes(local_size));
-            for (binding, s) in table.iter_mut().zip(&self.scratch) {
-                let len = s.group_bytes(local_size);
-                // SAFETY (both): the arena holds the sum of all regions and their gaps.
-                if s.zeroed {
-                    unsafe { std::ptr::write_bytes(p, 0, len) };
-                }
-                *binding = Binding::new(p, len);
-                p = unsafe { p.add(region_stride(len)) };
-            }
+        if self.scratch.is_empty() {
+            return self.run_phases(geometry, group, globals, &[]);
         }
-        let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, &table, self.tag);
+        let mut table = BindingTable::new(self.scratch.len());
+        let local_size = geometry.local_size();
+        let mut p = arena.reserve(self.scratch_bytes(local_size));
+        for (binding, s) in table.iter_mut().zip(&self.scratch) {
+            let len = s.group_bytes(local_size);
+            // SAFETY (both): the arena holds the sum of all regions and their gaps.
+            if s.zeroed {
+                unsafe { std::ptr::write_bytes(p, 0, len) };
+            }
+            *binding = Binding::new(p, len);
+            p = unsafe { p.add(region_stride(len)) };
+        }
+        self.run_phases(geometry, group, globals, &table)
+    }
+
+    #[inline]
+    fn run_phases(&self, geometry: &Geometry, group: usize, globals: &[Binding], scratch: &[Binding]) {
+        let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, scratch, self.tag);
         for phase in &self.phases {
             (phase.group)(&ctx);
         }
