@@ -60,8 +60,7 @@ where
     MO: Writable,
     F: Fn(T) -> U + Send + Sync + 'static,
 {
-    let elementwise =
-        Elementwise::new(input.slot_and_tag().0, size_of::<T>(), output.slot_and_tag().0, size_of::<U>());
+    let elementwise = Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<U>());
     let body = move |ctx: &GroupCtx<'_>| {
         let runs = group_run(ctx).and_then(|(first, count)| {
             let src = contiguous::<T>(ctx, &input, first, count)?;

@@ -63,7 +63,7 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::item::GroupCtx;
-use crate::kernel::{BindingTable, ClosureKernel, Elementwise, ItemCost, Phase, Scratch, ScratchKind};
+use crate::kernel::{ClosureKernel, Elementwise, ItemCost, Phase, Scratch, ScratchKind};
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
 
@@ -324,9 +324,6 @@ struct Plan {
     /// `slots[slot_start[k]..slot_start[k + 1]]`.
     slots: Vec<SlotSource>,
     slot_start: Vec<usize>,
-    /// Per internal buffer (the first scratch slots): how the fused kernel addresses
-    /// it, and its bytes per work-group (local) or per work-item (private).
-    internal_binding: Vec<(Internal, usize)>,
     /// Per kernel: index of its first own scratch slot in the fused kernel's scratch.
     scratch_base: Vec<usize>,
     scratch: Vec<Scratch>,
@@ -618,12 +615,6 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         *end += s.len();
         Some(*end)
     }));
-    let internal_binding = internal
-        .iter()
-        .map(|&(_, kind, bytes, _)| {
-            (if kind == Promotion::Local { Internal::Local } else { Internal::Private }, bytes)
-        })
-        .collect();
     Ok(Plan {
         geometry,
         remap,
@@ -631,7 +622,6 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         internal,
         slots: slots.concat(),
         slot_start,
-        internal_binding,
         scratch_base,
         scratch,
         cost,
@@ -670,9 +660,14 @@ fn written_first(
 
 impl SlotSource {
     /// The slot's binding for one group, from the fused kernel's arguments and
-    /// scratch and the internal buffers' addressing.
+    /// scratch and the plan's internal buffers.
     #[inline]
-    fn bind(self, globals: &[Binding], scratch: &[Binding], internal: &[(Internal, usize)]) -> Binding {
+    fn bind(
+        self,
+        globals: &[Binding],
+        scratch: &[Binding],
+        internal: &[(usize, Promotion, usize, Uses)],
+    ) -> Binding {
         match self {
             SlotSource::Arg { index, offset, len } => {
                 let b = globals[index as usize];
@@ -681,8 +676,9 @@ impl SlotSource {
             }
             SlotSource::Internal { index } => {
                 // `len` 0: every access takes the mapped (`i % n`) path.
-                let (kind, wrap) = internal[index as usize];
-                Binding { ptr: scratch[index as usize].ptr, len: 0, internal: kind, wrap }
+                let (_, kind, wrap, _) = internal[index as usize];
+                let internal = if kind == Promotion::Local { Internal::Local } else { Internal::Private };
+                Binding { ptr: scratch[index as usize].ptr, len: 0, internal, wrap }
             }
         }
     }
@@ -707,9 +703,9 @@ impl FusedBody {
     fn run_group(&self, grid: &GroupCtx<'_>) {
         let plan = &*self.plan;
         // Every kernel's bindings, in one table built once per group.
-        let mut table = BindingTable::new(plan.slots.len());
+        let mut table: SmallVec<[Binding; 16]> = SmallVec::from_elem(Binding::EMPTY, plan.slots.len());
         for (binding, s) in table.iter_mut().zip(&plan.slots) {
-            *binding = s.bind(grid.bindings, grid.scratch, &plan.internal_binding);
+            *binding = s.bind(grid.bindings, grid.scratch, &plan.internal);
         }
         let ctx = |k: usize| {
             let (part, base) = (&self.parts[k], plan.scratch_base[k]);

@@ -32,15 +32,13 @@ pub struct Phase {
 }
 
 /// What an elementwise phase touches: work-item `i` (its global linear id) reads
-/// element `i` of slot `input` and writes element `i` of slot `output`, and nothing
-/// else. Sixteen bits each keep a [`Phase`] small (command groups carry them by
-/// value); a phase whose numbers do not fit declares nothing.
+/// element `i` of slot `input` and writes element `i` (`output_bytes` bytes) of slot
+/// `output`, and nothing else. Sixteen bits each keep a [`Phase`] small (command
+/// groups carry them by value); a phase whose numbers do not fit declares nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Elementwise {
     /// The slot read.
     pub input: u16,
-    /// Bytes of an input element.
-    pub input_bytes: u16,
     /// The slot written.
     pub output: u16,
     /// Bytes of an output element.
@@ -49,10 +47,9 @@ pub struct Elementwise {
 
 impl Elementwise {
     /// The declaration, if every number fits.
-    pub fn new(input: u32, input_bytes: usize, output: u32, output_bytes: usize) -> Option<Self> {
+    pub fn new(input: u32, output: u32, output_bytes: usize) -> Option<Self> {
         Some(Self {
             input: input.try_into().ok()?,
-            input_bytes: input_bytes.try_into().ok()?,
             output: output.try_into().ok()?,
             output_bytes: output_bytes.try_into().ok()?,
         })
@@ -218,7 +215,7 @@ impl ClosureKernel {
         if self.scratch.is_empty() {
             return self.run_phases(geometry, group, globals, &[]);
         }
-        let mut table = BindingTable::new(self.scratch.len());
+        let mut table: SmallVec<[Binding; 16]> = SmallVec::from_elem(Binding::EMPTY, self.scratch.len());
         let local_size = geometry.local_size();
         let mut p = arena.reserve(self.scratch_bytes(local_size));
         for (binding, s) in table.iter_mut().zip(&self.scratch) {
@@ -238,50 +235,6 @@ impl ClosureKernel {
         let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, scratch, self.tag);
         for phase in &self.phases {
             (phase.group)(&ctx);
-        }
-    }
-}
-
-/// A binding table built for every work-group: on the stack up to
-/// [`BindingTable::INLINE`] entries (no allocation, nothing to move), on the heap
-/// past that.
-pub(crate) struct BindingTable {
-    inline: [Binding; Self::INLINE],
-    heap: Vec<Binding>,
-    len: usize,
-}
-
-impl BindingTable {
-    /// Entries held without allocating.
-    const INLINE: usize = 16;
-
-    /// A table of `len` empty bindings.
-    #[inline]
-    pub(crate) fn new(len: usize) -> Self {
-        let heap = if len > Self::INLINE { vec![Binding::EMPTY; len] } else { Vec::new() };
-        Self { inline: [Binding::EMPTY; Self::INLINE], heap, len }
-    }
-}
-
-impl std::ops::Deref for BindingTable {
-    type Target = [Binding];
-    #[inline]
-    fn deref(&self) -> &[Binding] {
-        if self.len > Self::INLINE {
-            &self.heap
-        } else {
-            &self.inline[..self.len]
-        }
-    }
-}
-
-impl std::ops::DerefMut for BindingTable {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut [Binding] {
-        if self.len > Self::INLINE {
-            &mut self.heap
-        } else {
-            &mut self.inline[..self.len]
         }
     }
 }
