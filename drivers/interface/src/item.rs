@@ -224,7 +224,8 @@ impl<'a> Item<'a> {
     /// Linear work-group id.
     #[inline]
     pub fn group_linear_id(&self) -> usize {
-        linearize(self.group, self.geometry.group_range())
+        // (`linearize` does not read the slowest dimension's extent: no division for it.)
+        linearize(self.group, [1, self.geometry.groups(1), self.geometry.groups(2)])
     }
     /// Number of work-groups in dimension `d`.
     #[inline]
