@@ -119,7 +119,7 @@ impl RecordedOp {
     }
 
     /// Its name in errors: the kernel's, or what kind of operation it is.
-    pub fn name(&self) -> Arc<str> {
+    fn name(&self) -> Arc<str> {
         match self {
             RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
             op => op.label().into(),
@@ -218,6 +218,7 @@ impl Plan {
     /// (empty when none failed). An operation whose dependency failed, directly or
     /// not, is not run: it fails with a dependency error naming the failed one, and
     /// independent operations still run. Both drivers' replays go through here.
+    /// Dependencies must point to earlier operations, as [`PlanBuilder`] makes them.
     pub fn replay(
         &self,
         mut run: impl FnMut(usize, &RecordedOp) -> Result<(), ExecError>,
@@ -257,8 +258,9 @@ impl Plan {
         if patch.len() != self.ops.len() {
             return Err(format!("{} patches for {} operations", patch.len(), self.ops.len()));
         }
-        // One pass (a plan of thousands of operations does not stay in cache for a
-        // second); a refusal swaps the ones before it back.
+        // One pass over the operations (a plan of thousands of them does not stay in
+        // cache for a second); a refusal swaps the ones before it back. (A patch of a
+        // shared plan first copies it: see `patch_buffer`.)
         let mut work_items = 0;
         for i in 0..patch.len() {
             let op = &mut self.ops[i].op;

@@ -317,7 +317,9 @@ impl SnapshotPool {
 }
 
 /// Whether a fill of `len` bytes is a whole, non-zero number of `pattern`s: the one
-/// rule recorders and drivers check fills against.
+/// rule recorders and drivers check fills against. An empty pattern never fits, even
+/// for an empty range (the sim driver once let that case through; the CPU driver
+/// never did).
 pub fn fill_fits(len: usize, pattern: &[u8]) -> bool {
     !pattern.is_empty() && len.is_multiple_of(pattern.len())
 }

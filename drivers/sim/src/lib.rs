@@ -2334,12 +2334,21 @@ mod tests {
             Arc::new(ClosureKernel { cost: gantry_driver::ItemCost::of(Some(2.0)), ..(*kernel).clone() });
         // `original` is still held here: the patch makes a copy.
         let mut patched = original.clone();
-        d.patch_command_buffer(&mut patched, &mut [OpPatch::Kernel { kernel, geometry }]).unwrap();
+        let mut patches = [OpPatch::Kernel { kernel, geometry }];
+        d.patch_command_buffer(&mut patched, &mut patches).unwrap();
         assert!(!Arc::ptr_eq(&patched, &original));
         assert_eq!(run(&patched), 108);
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
         assert_eq!(run(&original), 104, "the original is unchanged");
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10 + 1; CB_N]);
+        // Held by nothing else, `patched` is patched in place: swapping the original
+        // kernel back (the patch now holds it) must also drop the binding that holds
+        // the dearer kernel's cost.
+        drop(original);
+        let before = Arc::as_ptr(&patched);
+        d.patch_command_buffer(&mut patched, &mut patches).unwrap();
+        assert!(std::ptr::eq(Arc::as_ptr(&patched), before), "in place");
+        assert_eq!(run(&patched), 104);
     }
 
     /// A command buffer bound on one device is rebound on another, even over the
