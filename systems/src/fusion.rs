@@ -329,7 +329,7 @@ fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: 
     } else {
         AccessMode::Write
     };
-    let valid_before = reqs.iter().filter_map(|r| r.valid_before.clone()).min_by_key(|v| v.0);
+    let valid_before = reqs.iter().filter_map(|r| r.valid_before.as_ref()).min_by_key(|v| v.0).cloned();
     Requirement {
         buffer: first.buffer.clone(),
         mode,

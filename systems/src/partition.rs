@@ -422,14 +422,20 @@ impl Layout {
 /// the device of its counterpart (what, with the same topology, decides the
 /// partitions).
 pub fn check_topology(a: &[GraphNode], b: &[GraphNode]) -> Result<bool, String> {
-    if a.len() != b.len() {
-        return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
-    }
+    same_node_count(a, b)?;
     let mut same_devices = true;
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         same_devices &= same_node_topology(i, x, y)?;
     }
     Ok(same_devices)
+}
+
+/// [`check_topology`]'s first rule: as many nodes.
+fn same_node_count(a: &[GraphNode], b: &[GraphNode]) -> Result<(), String> {
+    match a.len() == b.len() {
+        true => Ok(()),
+        false => Err(format!("{} nodes, the update has {}", a.len(), b.len())),
+    }
 }
 
 /// [`check_topology`] for node `i`.
@@ -484,26 +490,22 @@ pub fn patch_plan(
         Ok(None) => return PatchOutcome::Record,
         Err(why) => return PatchOutcome::Mismatch(why),
     };
-    let mut driver_of = Vec::with_capacity(plan.partitions.len());
-    for part in &plan.partitions {
-        match drivers.get(part.device as usize) {
-            Some(driver) => driver_of.push(driver),
-            None => return PatchOutcome::Record,
-        }
-    }
     let plan = Arc::make_mut(plan);
-    let bodies = plan.partitions.iter_mut().map(|p| &mut p.body).zip(driver_of).zip(&mut patches);
     let mut done: Vec<(&mut CommandBuffer, &Arc<dyn Driver>, &mut Vec<OpPatch>)> = Vec::new();
-    for ((body, driver), patch) in bodies {
-        let PartitionBody::Commands { buffer, .. } = body else { continue };
-        if driver.patch_command_buffer(buffer, patch).is_err() {
-            // Undo: each patch now holds what it replaced, which fits by construction.
-            for (buffer, driver, patch) in done {
-                let _ = driver.patch_command_buffer(buffer, patch);
+    for (part, patch) in plan.partitions.iter_mut().zip(&mut patches) {
+        let PartitionBody::Commands { buffer, .. } = &mut part.body else { continue };
+        match drivers.get(part.device as usize) {
+            Some(driver) if driver.patch_command_buffer(buffer, patch).is_ok() => {
+                done.push((buffer, driver, patch))
             }
-            return PatchOutcome::Record;
+            _ => {
+                // Undo: each patch now holds what it replaced, which fits by construction.
+                for (buffer, driver, patch) in done {
+                    let _ = driver.patch_command_buffer(buffer, patch);
+                }
+                return PatchOutcome::Record;
+            }
         }
-        done.push((buffer, driver, patch));
     }
     plan.nodes = nodes.clone();
     let mut distinct: rustc_hash::FxHashSet<*const BufferCore> = Default::default();
@@ -524,9 +526,7 @@ struct PlanPatch {
 /// the plan that way, the reason when a node's topology differs. Every node is
 /// checked before any driver is asked to patch.
 fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch>, String> {
-    if nodes.len() != old.nodes.len() {
-        return Err(format!("{} nodes, the update has {}", old.nodes.len(), nodes.len()));
-    }
+    same_node_count(&old.nodes, nodes)?;
     if !old.fused.is_empty() {
         return Ok(None);
     }
@@ -572,7 +572,7 @@ fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch>
             NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
             NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
             NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
-            NodeWork::HostTask { .. } => return Ok(None),
+            NodeWork::HostTask { .. } => unreachable!("host-task nodes are skipped above"),
         });
     }
     let Some(buffers) = buffers.into_iter().map(|b| b.cloned()).collect() else {
@@ -633,7 +633,10 @@ impl Finalize<'_> {
         let layout = match &job.reuse {
             // The update that sent it checked the topology, devices and properties,
             // and tried `patch_plan` first.
-            Some(plan) => Layout::of(plan),
+            Some(plan) => {
+                debug_assert_eq!(plan.nodes.len(), job.nodes.len(), "a reused layout has the job's nodes");
+                Layout::of(plan)
+            }
             _ => self.layout(job)?,
         };
         self.record_all(job, layout)
