@@ -21,6 +21,11 @@ fn manual() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).build()
 }
 
+/// [`manual`] with a simulated device (device 1).
+fn manual_sim() -> Runtime {
+    Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build()
+}
+
 /// Adds a node `buf[i] = buf[i] * mul + add`.
 fn affine(
     graph: &CommandGraph,
@@ -431,11 +436,12 @@ fn branches(
 }
 
 /// An update from a graph of the same topology over other buffers (the partitions
-/// are kept, the command buffers patched) runs as that graph freshly finalized does, host-task partitions included, on the CPU and the simulated
-/// device; the first graph's buffers are left alone.
+/// are kept, the command buffers patched: no message to the scheduler) runs as that
+/// graph freshly finalized does, host-task partitions included, on the CPU and the
+/// simulated device; the first graph's buffers are left alone.
 #[test]
 fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
-    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let sim = manual_sim();
     for (rt, device) in [(manual(), 0), (sim, 1)] {
         let sets: Vec<[Buffer<u32>; 2]> =
             (0..2).map(|_| [rt.buffer(&[1u32; 64]), rt.buffer(&[2u32; 64])]).collect();
@@ -444,7 +450,9 @@ fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
             sets.iter().map(|[x, y]| branches(&rt, device, x, y, &runs)).collect();
         let exec = graphs[0].finalize(GraphProps::default().updatable()).unwrap();
         assert_eq!(exec.partitions().len(), 6);
+        let sent = messages(&rt);
         exec.update(&graphs[1]).unwrap();
+        assert_eq!(messages(&rt), sent, "patched, not recorded anew");
         let fresh = graphs[1].finalize(GraphProps::default()).unwrap();
         assert_eq!(exec.partitions(), fresh.partitions());
         assert_eq!(exec.partition_of(), fresh.partition_of());
@@ -468,7 +476,7 @@ fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
 /// partitions anew: it gets the partitions of that graph freshly finalized.
 #[test]
 fn an_update_with_nodes_on_other_devices_partitions_anew() {
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let rt = manual_sim();
     let buf = rt.buffer(&[1u32; 64]);
     let record = |device: u32| {
         let q = rt.queue_with(gantry::QueueOptions { device, in_order: true }).unwrap();
@@ -707,7 +715,7 @@ fn graph_fusion_does_not_fuse_across_a_copy_between_kernels() {
 
 #[test]
 fn graphs_replay_on_the_simulated_device() {
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let rt = manual_sim();
     let q = rt.queue_with(gantry::QueueOptions { device: 1, in_order: true }).unwrap();
     let buf = rt.buffer(&[1u32; 64]);
     let graph = rt.graph_on(1);
@@ -895,7 +903,7 @@ fn a_node_the_driver_cannot_record_fails_finalize_as_unsupported() {
         other => panic!("expected an unsupported-feature error, got {:?}", other.err()),
     }
     // The simulated device cannot record host-to-buffer writes either.
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let rt = manual_sim();
     let buf = rt.buffer(&[0u32; 4]);
     let graph = rt.graph_on(1);
     graph.add(|cg| cg.copy_from_host(&[1u32, 2, 3, 4], &buf, 0), &[]).unwrap();
@@ -912,7 +920,7 @@ fn a_node_the_driver_cannot_record_fails_finalize_as_unsupported() {
 /// current graph's buffers alone.
 #[test]
 fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
-    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let sim = manual_sim();
     for (rt, device) in [(manual(), 0), (sim, 1)] {
         // out1 = fill(f) then in1 * m + 1; out2 = in2 * m + 2 (the two reads are
         // independent, so in1 == in2 keeps the topology).
@@ -970,7 +978,7 @@ fn updates_with_one_to_one_and_merged_buffers_run_the_new_graph() {
 /// the simulated device, replay after replay.
 #[test]
 fn an_update_that_merges_a_written_and_a_read_buffer_orders_them() {
-    let sim = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let sim = manual_sim();
     for (rt, device) in [(manual(), 0), (sim, 1)] {
         // produce: dst = 7 * k; consume: out += src (after produce).
         let build = |dst: &Buffer<u32>, src: &Buffer<u32>, out: &Buffer<u32>, k: u32| {
@@ -1001,7 +1009,10 @@ fn an_update_that_merges_a_written_and_a_read_buffer_orders_them() {
         let (a, b, out1) = (buf(0), buf(1), buf(0));
         let exec = build(&a, &b, &out1, 1).finalize(GraphProps::default().updatable()).unwrap();
         let (c, out2) = (buf(0), buf(0));
-        exec.update(&build(&c, &c, &out2, 3)).unwrap();
+        let update = build(&c, &c, &out2, 3);
+        let sent = messages(&rt);
+        exec.update(&update).unwrap();
+        assert_eq!(messages(&rt), sent, "patched, not recorded anew");
         let q = rt.queue_with(gantry::QueueOptions { device, in_order: false }).unwrap();
         for round in 1..=3 {
             q.submit_graph(&exec).unwrap().wait().unwrap();
@@ -1017,7 +1028,7 @@ fn an_update_that_merges_a_written_and_a_read_buffer_orders_them() {
 /// accumulator keeps its value on the simulated device from replay to replay.
 #[test]
 fn an_update_keeps_the_new_buffers_alive() {
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build();
+    let rt = manual_sim();
     let out = rt.buffer_zeroed::<u32>(8);
     // acc += 1 on the device; out = acc.
     let build = |acc: &Buffer<u32>| {
@@ -1054,10 +1065,7 @@ fn an_update_keeps_the_new_buffers_alive() {
 /// runs as the update graph freshly finalized does.
 #[test]
 fn an_update_over_other_ranges_records_anew() {
-    for (rt, device) in [
-        (manual(), 0),
-        (Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build(), 1),
-    ] {
+    for (rt, device) in [(manual(), 0), (manual_sim(), 1)] {
         let src = rt.buffer(&(0..16u32).collect::<Vec<_>>());
         let out = rt.buffer_zeroed::<u32>(8);
         // out[i] = src[from + i] * 2, then + 1.
