@@ -876,13 +876,12 @@ fn typed_errors_for_misuse() {
     assert_eq!(mismatch(&rewired), "node 1 depends on [0], in the update on []");
     // Node 0 over another range (no patch), node 2 of another kind: still found.
     let late = rt.graph();
-    let (longer_buf, other_buf) = (rt.buffer(&[0u32; 8]), rt.buffer(&[0u32; 4]));
-    let first = affine(&late, &longer_buf, 1, 1, &[]);
+    let longer = rt.buffer(&[0u32; 8]);
+    let first = affine(&late, &longer, 1, 1, &[]);
     affine(&late, &other_buf, 1, 1, &[first]);
     late.add_empty(&[]).unwrap();
     assert_eq!(mismatch(&late), "node 2 is of kind fill, in the update of kind empty");
     let p = graph.dynamic_buffer(&buf);
-    let longer = rt.buffer(&[0u32; 8]);
     assert!(matches!(updatable.update_param(&p, &longer), Err(Error::ParamMismatch { .. })));
     assert!(matches!(graph.set_arg(a, 3, &p), Err(Error::ParamMismatch { .. })));
     let q2 = other.dynamic_buffer(&longer);
