@@ -211,10 +211,25 @@ impl ClosureKernel {
 
     /// Runs every phase of work-group `group` (linear id), one phase for all its
     /// work-items before the next. `globals` holds one binding per global slot.
+    #[inline]
     pub fn run_group(&self, geometry: &Geometry, group: usize, globals: &[Binding], arena: &mut Arena) {
         if self.scratch.is_empty() {
-            return self.run_phases(geometry, group, globals, &[]);
+            // Inlined into the driver's group loop: a tiny kernel (a graph node of one
+            // work-item) pays for its body, not for layers of calls around it.
+            self.run_phases(geometry, group, globals, &[])
+        } else {
+            self.run_group_with_scratch(geometry, group, globals, arena)
         }
+    }
+
+    #[inline(never)]
+    fn run_group_with_scratch(
+        &self,
+        geometry: &Geometry,
+        group: usize,
+        globals: &[Binding],
+        arena: &mut Arena,
+    ) {
         let mut table: SmallVec<[Binding; 16]> = SmallVec::from_elem(Binding::EMPTY, self.scratch.len());
         let local_size = geometry.local_size();
         let mut p = arena.reserve(self.scratch_bytes(local_size));
@@ -230,7 +245,7 @@ impl ClosureKernel {
         self.run_phases(geometry, group, globals, &table)
     }
 
-    #[inline]
+    #[inline(always)]
     fn run_phases(&self, geometry: &Geometry, group: usize, globals: &[Binding], scratch: &[Binding]) {
         let ctx = GroupCtx::new(geometry, geometry.group_id(group), globals, scratch, self.tag);
         for phase in &self.phases {

@@ -198,9 +198,16 @@ impl Geometry {
     /// that the local extent does not divide).
     #[inline]
     pub fn groups(&self, d: usize) -> usize {
-        self.global[d].div_ceil(self.local[d])
+        match self.local[d] {
+            // Most launches have extent 1 in most dimensions (a single task in all
+            // three): no division there, which costs more than the rest of a tiny
+            // kernel's group loop.
+            1 => self.global[d],
+            l => self.global[d].div_ceil(l),
+        }
     }
     /// Number of work-groups per dimension.
+    #[inline]
     pub fn group_range(&self) -> [usize; 3] {
         [self.groups(0), self.groups(1), self.groups(2)]
     }
@@ -221,11 +228,13 @@ impl Geometry {
         self.local[0] * self.local[1] * self.local[2]
     }
     /// Total number of work-groups.
+    #[inline]
     pub fn group_count(&self) -> usize {
         let n = self.group_range();
         n[0] * n[1] * n[2]
     }
     /// The 3-D group id of linear group `g`.
+    #[inline]
     pub fn group_id(&self, g: usize) -> [usize; 3] {
         if self.dims == 1 {
             return [g, 0, 0]; // every 1-D launch: once per group, no division
