@@ -148,7 +148,7 @@ impl EventShared {
 
     /// Blocks until the status is at least `at_least`.
     pub fn block_until(&self, at_least: EventStatus) {
-        if self.status() >= at_least {
+        if gantry_driver::sync::spin_until(|| self.status() >= at_least) {
             return;
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);

@@ -18,7 +18,7 @@ use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
 use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
 use gantry_driver::sync::thread::{self, JoinHandle};
-use gantry_driver::sync::{self, safety_net, Condvar, Mutex};
+use gantry_driver::sync::{self, safety_net, spin_until, Condvar, Mutex};
 use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
 
 use crate::buffer::Buffer;
@@ -542,8 +542,13 @@ impl Shared {
             // Everything that lets a flush make progress arrives on one of these
             // channels (user messages, driver completions, the shutdown wake-up), and
             // the select returns at once for input sent before it started: the
-            // timeout is only a safety net.
-            self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
+            // timeout is only a safety net. Input that comes within a short spin
+            // (the completion of the work just enqueued, the next submission of a
+            // frame) is taken without a sleep and a wake-up.
+            let input = || !(self.msg_rx.is_empty() && self.done_rx.is_empty() && wake.is_empty());
+            if !spin_until(input) {
+                self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
+            }
             while wake.try_recv().is_ok() {}
         }
     }

@@ -40,6 +40,43 @@ pub const fn safety_net(timeout: Duration) -> Option<Duration> {
     }
 }
 
+/// How long a thread about to block spins first (see [`spin_until`]).
+pub const SPIN_WINDOW: Duration = Duration::from_micros(20);
+
+/// Spins for up to [`SPIN_WINDOW`] until `ready()` holds; returns whether it did.
+///
+/// A thread that is about to sleep on a condition variable or a channel calls this
+/// first, as GPU runtimes spin on a stream before they block: a wake-up through the
+/// kernel costs microseconds on each side (tens in a virtual machine), and the
+/// scheduler's hand-offs (message to scheduler, completion to scheduler, event to
+/// waiter) each pay one, which is most of a short frame's latency. The window is
+/// short enough that an idle thread gives its core back quickly.
+///
+/// Under shuttle it checks once and does not spin: the blocking path behind it is
+/// the one whose interleavings matter.
+#[inline]
+pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    if cfg!(shuttle) {
+        return false;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        // Read the clock once per round of polls: it costs more than one poll.
+        for _ in 0..32 {
+            std::hint::spin_loop();
+            if ready() {
+                return true;
+            }
+        }
+        if start.elapsed() >= SPIN_WINDOW {
+            return false;
+        }
+    }
+}
+
 #[cfg(not(shuttle))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard, WaitTimeoutResult};
 
@@ -450,5 +487,34 @@ mod shuttle_impl {
             shuttle::thread::yield_now();
             self.first_ready().ok_or(ReadyTimeoutError)
         }
+    }
+}
+
+#[cfg(all(test, not(shuttle)))]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn spin_until_sees_a_condition_that_turns_true_while_it_spins() {
+        let polls = Cell::new(0);
+        let ready = || {
+            polls.set(polls.get() + 1);
+            polls.get() == 100
+        };
+        assert!(spin_until(ready));
+        assert_eq!(polls.get(), 100, "it stops polling once ready");
+    }
+
+    #[test]
+    fn spin_until_gives_up_after_its_window() {
+        let polls = Cell::new(0u64);
+        let start = std::time::Instant::now();
+        assert!(!spin_until(|| {
+            polls.set(polls.get() + 1);
+            false
+        }));
+        assert!(start.elapsed() >= SPIN_WINDOW);
+        assert!(polls.get() > 32, "it polled through the window, not once");
     }
 }
