@@ -133,6 +133,9 @@ pub enum Work {
         /// Requirement index and mode of each argument-table entry.
         entries: SmallVec<[(u32, AccessMode); 4]>,
     },
+    /// Replay a graph partition's command buffer: expanded at ingest into
+    /// [`Work::CommandBuffer`] and the command's requirements.
+    GraphPartition(crate::graph::PartitionLaunch),
     /// Nothing to run.
     Marker,
     /// A host access guard.

@@ -220,6 +220,98 @@ pub struct Entry {
     pub range: ByteRange,
 }
 
+/// Keeps a user's buffer handle alive while a graph refers to its buffer.
+pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
+
+/// The buffers an executable graph's dynamic parameters point at, indexed by
+/// [`EntrySource::Param`], each with what keeps it alive.
+pub type ParamTable = Arc<[(Arc<BufferCore>, KeepAlive)]>;
+
+/// One submission of a command-buffer partition, as the submitting thread sends it:
+/// the plan and the parameter table of that moment. Ingest expands it into the
+/// command's requirements and argument table ([`PartitionLaunch::expand`]) on the
+/// scheduler's thread, so submitting a graph costs its caller the same for ten
+/// nodes as for ten thousand, and the buffers' reference counts are touched by one
+/// thread only.
+pub struct PartitionLaunch {
+    /// The executable plan.
+    pub plan: Arc<ExecPlan>,
+    /// The parameters' buffers at submission.
+    pub params: ParamTable,
+    /// Which partition (its body is [`PartitionBody::Commands`]).
+    pub partition: u32,
+}
+
+impl PartitionLaunch {
+    /// The command's requirements (one per distinct buffer of the argument table,
+    /// then the ordering-only ones of internalized buffers) and its work.
+    ///
+    /// # Panics
+    /// If the partition is not a command buffer (submission sends only those).
+    pub fn expand(self) -> (SmallVec<[Requirement; 4]>, crate::command::Work) {
+        let plan = &self.plan;
+        let PartitionBody::Commands { buffer, entries, internal } =
+            &plan.partitions[self.partition as usize].body
+        else {
+            panic!("partition {} is not a command buffer", self.partition)
+        };
+        let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::with_capacity(entries.len() + internal.len());
+        let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
+        let core = |s: EntrySource| match s {
+            EntrySource::Buffer(b) => &plan.buffers[b as usize],
+            EntrySource::Param(p) => &self.params[p as usize].0,
+        };
+        // Entries have distinct sources; two are one buffer only through a parameter
+        // or an update that merged buffers.
+        let is_param = |e: &Entry| matches!(e.source, EntrySource::Param(_));
+        let may_alias = plan.aliased || entries.iter().chain(internal).any(is_param);
+        let mut add = |e: &Entry, internal| {
+            add_requirement(&mut reqs, core(e.source), e.mode, e.range, internal, may_alias)
+        };
+        for e in entries {
+            args.push((add(e, false), e.mode));
+        }
+        for e in internal {
+            add(e, true);
+        }
+        (reqs, crate::command::Work::CommandBuffer { buffer: buffer.clone(), entries: args })
+    }
+}
+
+/// Adds a requirement on `buffer` or widens the one already there (looked for only
+/// when `may_alias`); returns its index. Ordering-only (`internal`) requirements come
+/// after all the others.
+fn add_requirement(
+    reqs: &mut SmallVec<[Requirement; 4]>,
+    buffer: &Arc<BufferCore>,
+    mode: AccessMode,
+    range: ByteRange,
+    internal: bool,
+    may_alias: bool,
+) -> u32 {
+    let found = if may_alias { reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) } else { None };
+    match found {
+        Some(i) => {
+            let r = &mut reqs[i];
+            if !internal && (r.mode != mode || r.range != range) {
+                r.mode = if r.mode == AccessMode::Read && mode == AccessMode::Read {
+                    AccessMode::Read
+                } else {
+                    AccessMode::ReadWrite
+                };
+            }
+            r.range = r.range.hull(&range);
+            i as u32
+        }
+        None => {
+            let mut r = Requirement::new(buffer.clone(), mode, range);
+            r.internal = internal;
+            reqs.push(r);
+            (reqs.len() - 1) as u32
+        }
+    }
+}
+
 /// What a partition runs at each submission.
 #[derive(Clone)]
 pub enum PartitionBody {

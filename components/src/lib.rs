@@ -40,7 +40,8 @@ pub use fusion::{
 };
 pub use graph::{
     Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn, GraphNode,
-    GraphPolicy, GraphProps, Linearizer, NodeId, NodeList, NodeUse, NodeWork, PartitionBody, PartitionPlan,
+    GraphPolicy, GraphProps, KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable,
+    PartitionBody, PartitionLaunch, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};

@@ -6,13 +6,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use gantry_components::{BufferCore, Entry, EntrySource};
+use gantry_components::BufferCore;
 use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
-    GraphProps, Message, NodeId, NodeUse, NodeWork, PartitionBody, QueueCore, Requirement, SyncCell, Work,
+    GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch, QueueCore,
+    SyncCell, Work,
 };
 use gantry_driver::sync::Mutex;
-use gantry_driver::AccessMode;
 use smallvec::SmallVec;
 
 use crate::buffer::Buffer;
@@ -646,7 +646,7 @@ impl CommandGraph {
 struct Taken {
     nodes: Arc<Vec<GraphNode>>,
     keep: Arc<Vec<KeepAlive>>,
-    params: Arc<[(Arc<BufferCore>, KeepAlive)]>,
+    params: ParamTable,
 }
 
 /// Runs a finalize request through the scheduler and waits for it (`reuse`: see
@@ -695,14 +695,14 @@ struct ExecState {
     /// the latest whole-graph update).
     keep: Arc<Vec<KeepAlive>>,
     /// Current buffers of the dynamic parameters.
-    params: Arc<[(Arc<BufferCore>, KeepAlive)]>,
+    params: ParamTable,
     /// The previous submission's completion: the next one starts after it.
     last: Option<Arc<EventShared>>,
 }
 
 impl ExecState {
     /// Takes the buffers of the graph a whole-graph update came from.
-    fn set_graph(&mut self, keep: Arc<Vec<KeepAlive>>, params: Arc<[(Arc<BufferCore>, KeepAlive)]>) {
+    fn set_graph(&mut self, keep: Arc<Vec<KeepAlive>>, params: ParamTable) {
         self.keep = keep;
         if !params.is_empty() {
             self.params = params;
@@ -873,7 +873,7 @@ impl ExecutableGraph {
         let prev = st.last.clone().filter(|e| !e.status().is_final());
         let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
         let now = rt.now_ns();
-        for part in &plan.partitions {
+        for (i, part) in plan.partitions.iter().enumerate() {
             let name = part.name.clone();
             let event = Arc::new(EventShared::new(name.clone(), rt.id, now));
             let mut waits: SmallVec<[Arc<EventShared>; 1]> =
@@ -882,39 +882,21 @@ impl ExecutableGraph {
                 waits.extend(prev.iter().cloned());
             }
             let desc = match &part.body {
-                PartitionBody::Commands { buffer, entries, internal } => {
-                    let mut reqs: SmallVec<[Requirement; 4]> =
-                        SmallVec::with_capacity(entries.len() + internal.len());
-                    let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
-                    let core = |s: EntrySource| match s {
-                        EntrySource::Buffer(b) => &plan.buffers[b as usize],
-                        EntrySource::Param(p) => &params[p as usize].0,
-                    };
-                    // Entries have distinct sources; two are one buffer only through a
-                    // parameter or an update that merged buffers.
-                    let is_param = |e: &Entry| matches!(e.source, EntrySource::Param(_));
-                    let may_alias = plan.aliased || entries.iter().chain(internal).any(is_param);
-                    let mut add = |e: &Entry, internal| {
-                        add_requirement(&mut reqs, core(e.source), e.mode, e.range, internal, may_alias)
-                    };
-                    for e in entries {
-                        args.push((add(e, false), e.mode));
-                    }
-                    for e in internal {
-                        add(e, true);
-                    }
-                    CommandDesc {
-                        kind: CommandKind::CommandBuffer,
-                        name,
-                        queue: queue.clone(),
-                        device: part.device,
-                        requirements: reqs,
-                        waits,
-                        work: Work::CommandBuffer { buffer: buffer.clone(), entries: args },
-                        event: event.clone(),
-                        fusion: None,
-                    }
-                }
+                PartitionBody::Commands { .. } => CommandDesc {
+                    kind: CommandKind::CommandBuffer,
+                    name,
+                    queue: queue.clone(),
+                    device: part.device,
+                    requirements: SmallVec::new(),
+                    waits,
+                    work: Work::GraphPartition(PartitionLaunch {
+                        plan: plan.clone(),
+                        params: params.clone(),
+                        partition: i as u32,
+                    }),
+                    event: event.clone(),
+                    fusion: None,
+                },
                 PartitionBody::HostTask { node } => {
                     let n = &plan.nodes[*node as usize];
                     let NodeWork::HostTask { run, tag, cost_ns } = &n.work else {
@@ -968,39 +950,5 @@ impl ExecutableGraph {
         };
         st.last = Some(done.clone());
         Ok(Event { shared: done, rt: Arc::downgrade(rt), fusion: None, node: None })
-    }
-}
-
-/// Adds a requirement on `buffer` or widens the one already there (looked for only
-/// when `may_alias`); returns its index. Ordering-only (`internal`) requirements come
-/// after all the others.
-fn add_requirement(
-    reqs: &mut SmallVec<[Requirement; 4]>,
-    buffer: &Arc<BufferCore>,
-    mode: AccessMode,
-    range: ByteRange,
-    internal: bool,
-    may_alias: bool,
-) -> u32 {
-    let found = if may_alias { reqs.iter().position(|r| Arc::ptr_eq(&r.buffer, buffer)) } else { None };
-    match found {
-        Some(i) => {
-            let r = &mut reqs[i];
-            if !internal && (r.mode != mode || r.range != range) {
-                r.mode = if r.mode == AccessMode::Read && mode == AccessMode::Read {
-                    AccessMode::Read
-                } else {
-                    AccessMode::ReadWrite
-                };
-            }
-            r.range = r.range.hull(&range);
-            i as u32
-        }
-        None => {
-            let mut r = Requirement::new(buffer.clone(), mode, range);
-            r.internal = internal;
-            reqs.push(r);
-            (reqs.len() - 1) as u32
-        }
     }
 }

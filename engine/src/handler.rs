@@ -28,8 +28,7 @@ macro_rules! static_name {
     }};
 }
 
-/// Keeps a user buffer handle alive while a graph refers to its buffer.
-pub(crate) type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
+pub(crate) use gantry_components::KeepAlive;
 
 /// The action a command group performs.
 enum Action {

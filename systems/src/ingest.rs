@@ -38,6 +38,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     None => SmallVec::new(),
                 };
                 let clocks = clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
+                let (requirements, work) = match desc.work {
+                    Work::GraphPartition(launch) => launch.expand(),
+                    work => (desc.requirements, work),
+                };
                 let bundle = (
                     Command {
                         kind: desc.kind,
@@ -46,11 +50,11 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                         device: desc.device,
                         seq,
                     },
-                    Requirements(desc.requirements),
+                    Requirements(requirements),
                     Edges::default(),
                     Execution {
                         status: Status::New,
-                        work: Some(desc.work),
+                        work: Some(work),
                         handle: None,
                         event: event.clone(),
                         waits: desc.waits,
