@@ -31,6 +31,10 @@ macro_rules! static_name {
 pub(crate) use gantry_components::KeepAlive;
 
 /// The action a command group performs.
+// One per command group, built and consumed by its submission and never stored in
+// bulk: boxing the kernel variant would cost an allocation per submission to save
+// stack space.
+#[allow(clippy::large_enum_variant)]
 enum Action {
     Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[Phase; 2]> },
     HostTask { name: Arc<str>, run: gantry_components::command::HostFn },

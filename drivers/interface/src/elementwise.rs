@@ -22,7 +22,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::item::{GroupCtx, Item};
-use crate::kernel::{Elementwise, Phase};
+use crate::kernel::{Elementwise, MapLoop, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -60,11 +60,23 @@ where
     MO: Writable,
     F: Fn(T) -> U + Send + Sync + 'static,
 {
-    let elementwise = Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<U>());
+    let elementwise =
+        Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<T>(), size_of::<U>());
+    let f = Arc::new(f);
+    let g = f.clone();
+    // SAFETY: `MapLoop::run`'s contract: both runs hold `count` live, aligned
+    // elements of these types, and the output run is the caller's alone.
+    let map = MapLoop(Arc::new(move |src: *const u8, dst: *mut u8, count: usize| unsafe {
+        map_slice(
+            &*g,
+            std::slice::from_raw_parts(src.cast::<T>(), count),
+            std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
+        )
+    }));
     let body = move |ctx: &GroupCtx<'_>| {
-        let runs = group_run(ctx).and_then(|(first, count)| {
-            let src = contiguous::<T>(ctx, &input, first, count)?;
-            let dst = contiguous::<U>(ctx, &output, first, count)?;
+        let runs = group_run(ctx).and_then(|(first, local, count)| {
+            let src = contiguous::<T>(ctx, &input, first, local, count)?;
+            let dst = contiguous::<U>(ctx, &output, first, local, count)?;
             Some((src, dst, count))
         });
         match runs {
@@ -76,7 +88,7 @@ where
             // group touches only its own work-items' elements of an elementwise chain.
             Some((src, dst, count)) => unsafe {
                 let src = std::slice::from_raw_parts(src.cast_const(), count);
-                map_slice(&f, src, std::slice::from_raw_parts_mut(dst, count));
+                map_slice(&*f, src, std::slice::from_raw_parts_mut(dst, count));
             },
             None => ctx.for_each_item(&|it: &mut Item<'_>| {
                 let x = input.get(it, it.global_linear_id());
@@ -84,7 +96,13 @@ where
             }),
         }
     };
-    Phase { group: Arc::new(body), per_item: true, code: TypeId::of::<MapCode<T, U, F>>(), elementwise }
+    Phase {
+        group: Arc::new(body),
+        per_item: true,
+        code: TypeId::of::<MapCode<T, U, F>>(),
+        map: elementwise.map(|_| map),
+        elementwise,
+    }
 }
 
 /// `dst[i] = f(src[i])`. A call of its own, so the slices are arguments the compiler
@@ -97,36 +115,55 @@ fn map_slice<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
     }
 }
 
-/// The group's work-items as one run of global linear ids `first..first + count`
-/// whose local linear ids are `0..count`: a 1-D kernel run on its own grid, all of
-/// the group at once.
-fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize)> {
+/// The group's work-items (or its span's) as one run: global linear ids
+/// `first..first + count` with local linear ids `local..local + count`, for a 1-D
+/// kernel run on its own grid.
+fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize, usize)> {
     let global = ctx.geometry.global_range();
     if ctx.remap.is_some() || ctx.only.is_some() || global[1] != 1 || global[2] != 1 {
         return None;
     }
-    Some((ctx.base()[0], ctx.extent()[0]))
+    let ext = ctx.extent()[0];
+    let (lo, hi) = ctx.span.map_or((0, ext), |(lo, hi)| (lo.min(ext), hi.min(ext)));
+    Some((ctx.base()[0] + lo, lo, hi - lo))
 }
 
-/// Where elements `first..first + count` of `slot` lie, if contiguously: in ordinary
-/// memory at `first`; in private memory of one element per work-item at the group's
-/// region (indexed by local id); in local memory of `n` elements at `first % n` when
-/// the run does not wrap.
-fn contiguous<E>(ctx: &GroupCtx<'_>, slot: &impl BufferSlot, first: usize, count: usize) -> Option<*mut E> {
+/// Where elements `first..first + count` (local ids from `local`) of `slot` lie, if
+/// contiguously: in ordinary memory at `first`; in private memory of one element per
+/// work-item at the group's region, indexed by local id; in local memory of `n`
+/// elements at `first % n` when the run does not wrap.
+fn contiguous<E>(
+    ctx: &GroupCtx<'_>,
+    slot: &impl BufferSlot,
+    first: usize,
+    local: usize,
+    count: usize,
+) -> Option<*mut E> {
     let (slot, tag) = slot.slot_and_tag();
     assert!(tag == ctx.tag, "accessor used in a kernel of a different command group");
-    let b: Binding = ctx.bindings[slot as usize];
-    let size = size_of::<E>().max(1);
+    contiguous_run(ctx.bindings[slot as usize], first, local, count, size_of::<E>()).map(|p| p.cast())
+}
+
+/// [`contiguous`] for a binding and an element size: where elements
+/// `first..first + count` (local ids from `local`) lie, if in one run.
+pub(crate) fn contiguous_run(
+    b: Binding,
+    first: usize,
+    local: usize,
+    count: usize,
+    size: usize,
+) -> Option<*mut u8> {
+    let size = size.max(1);
     let start = match b.internal {
         Internal::No => (first + count <= b.len / size).then_some(first)?,
-        Internal::Private => (b.wrap == size).then_some(0)?,
+        Internal::Private => (b.wrap == size).then_some(local)?,
         Internal::Local => {
             let n = b.wrap / size;
             (n > 0 && first % n + count <= n).then_some(first % n)?
         }
     };
     // SAFETY: `start + count` elements fit the region, checked above.
-    Some(unsafe { b.ptr.cast::<E>().add(start) })
+    Some(unsafe { b.ptr.add(start * size) })
 }
 
 #[cfg(test)]

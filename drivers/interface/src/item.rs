@@ -25,6 +25,11 @@ pub struct GroupCtx<'a> {
     /// Run only the work-item with this local id (in the grid). Fusion without
     /// barriers runs several kernels' bodies item by item this way.
     pub only: Option<[usize; 3]>,
+    /// Run only the work-items with local ids `lo..hi` of a 1-D group (without
+    /// `remap` or `only`). A fused chain of elementwise kernels runs each kernel
+    /// over one such span after the other, so that the chain streams through memory
+    /// (see `FusedBody::run_group`).
+    pub span: Option<(usize, usize)>,
 }
 
 impl<'a> GroupCtx<'a> {
@@ -36,7 +41,7 @@ impl<'a> GroupCtx<'a> {
         scratch: &'a [Binding],
         tag: u64,
     ) -> Self {
-        Self { geometry, remap: None, group, bindings, scratch, tag, only: None }
+        Self { geometry, remap: None, group, bindings, scratch, tag, only: None, span: None }
     }
 
     /// The grid the group's work-items come from.
@@ -67,7 +72,8 @@ impl<'a> GroupCtx<'a> {
     #[inline(always)]
     pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
         if self.remap.is_none() && self.only.is_none() {
-            items(f, self.geometry, self.group, self.bindings, self.scratch, self.tag)
+            let span = self.span.unwrap_or((0, usize::MAX));
+            items(f, self.geometry, self.group, span, self.bindings, self.scratch, self.tag)
         } else {
             // Fused kernels only: through `dyn`, so the body keeps one direct caller
             // (`items`) and stays inlined there.
@@ -86,6 +92,7 @@ fn items<F: Fn(&mut Item<'_>)>(
     f: &F,
     geometry: &Geometry,
     group: [usize; 3],
+    (lo, hi): (usize, usize),
     bindings: &[Binding],
     scratch: &[Binding],
     tag: u64,
@@ -96,13 +103,14 @@ fn items<F: Fn(&mut Item<'_>)>(
     let mut item = Item { rel: base, local: [0; 3], grid: geometry, group, geometry, bindings, scratch, tag };
     if ext[1] == 1 && ext[2] == 1 {
         // A 1-D group (every plain 1-D range): one loop, only dimension 0 changes.
-        for i0 in 0..ext[0] {
+        for i0 in lo..hi.min(ext[0]) {
             item.rel[0] = base[0] + i0;
             item.local[0] = i0;
             f(&mut item);
         }
         return;
     }
+    debug_assert!((lo, hi) == (0, usize::MAX), "a span is for 1-D groups");
     for i0 in 0..ext[0] {
         for i1 in 0..ext[1] {
             for i2 in 0..ext[2] {

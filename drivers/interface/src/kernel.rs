@@ -29,34 +29,60 @@ pub struct Phase {
     /// Set for an elementwise kernel's phase: what it touches, so fusion knows which
     /// internalized buffers it writes whole before anything reads them.
     pub elementwise: Option<Elementwise>,
+    /// Set with `elementwise`: the phase's loop over contiguous runs of elements, so
+    /// a fused chain can run it span by span without going through `group`.
+    pub map: Option<MapLoop>,
+}
+
+/// The elementwise loop of a map phase, with its element types erased: `f` of
+/// `count` input elements at `src` into `count` output elements at `dst`.
+#[derive(Clone)]
+pub struct MapLoop(pub(crate) Arc<dyn Fn(*const u8, *mut u8, usize) + Send + Sync>);
+
+impl MapLoop {
+    /// Maps `count` elements.
+    ///
+    /// # Safety
+    /// `src` must point to `count` live, aligned input elements and `dst` to `count`
+    /// live, aligned output elements that nothing else reads or writes meanwhile
+    /// (the input may be read concurrently), of the phase's element types.
+    #[inline]
+    pub unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize) {
+        (self.0)(src, dst, count)
+    }
 }
 
 /// What an elementwise phase touches: work-item `i` (its global linear id) reads
-/// element `i` of slot `input` and writes element `i` (`output_bytes` bytes) of slot
-/// `output`, and nothing else. Sixteen bits each keep a [`Phase`] small (command
-/// groups carry them by value); a phase whose numbers do not fit declares nothing.
+/// element `i` (`input_bytes` bytes) of slot `input` and writes element `i`
+/// (`output_bytes` bytes) of slot `output`, and nothing else. Sixteen bits each keep
+/// a [`Phase`] small (command groups carry them by value); a phase whose numbers do
+/// not fit declares nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Elementwise {
     /// The slot read.
     pub input: u16,
     /// The slot written.
     pub output: u16,
+    /// Bytes of an input element.
+    pub input_bytes: u16,
     /// Bytes of an output element.
     pub output_bytes: u16,
 }
 
 impl Elementwise {
     /// The declaration, if every number fits.
-    pub fn new(input: u32, output: u32, output_bytes: usize) -> Option<Self> {
+    pub fn new(input: u32, output: u32, input_bytes: usize, output_bytes: usize) -> Option<Self> {
         Some(Self {
             input: input.try_into().ok()?,
             output: output.try_into().ok()?,
+            input_bytes: input_bytes.try_into().ok()?,
             output_bytes: output_bytes.try_into().ok()?,
         })
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Phase>() <= 48);
+// Command groups carry phases by value: one cache line each.
+const _: () = assert!(std::mem::size_of::<Phase>() <= 64);
 
 /// Wraps a per-work-item closure as a phase.
 pub fn phase<F>(f: F) -> Phase
@@ -68,6 +94,7 @@ where
         per_item: true,
         code: TypeId::of::<F>(),
         elementwise: None,
+        map: None,
     }
 }
 
