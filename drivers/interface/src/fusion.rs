@@ -620,8 +620,7 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         *end += s.len();
         Some(*end)
     }));
-    let one_d = geometry.global_range()[1..] == [1, 1];
-    let streams = kernels.iter().zip(&remap).map(|(k, &r)| elementwise(k).filter(|_| one_d && !r)).collect();
+    let streams = streams(kernels, &geometry, &remap, &slots, &internal, args.len());
     Ok(Plan {
         geometry,
         remap,
@@ -635,6 +634,44 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         cost,
         warnings,
     })
+}
+
+/// Which kernels may run span by span ([`FusedBody::stream`]): elementwise ones on
+/// the 1-D fused grid's own ids (a kernel over another range is remapped: it skips
+/// work-items, which only its own phase knows). Span order equals kernel order only
+/// if element `i`
+/// is the same memory for every kernel that touches it, so none streams when two
+/// elementwise slots see one fused argument at different offsets or element sizes
+/// (a kernel reading `x[i + 100]` after one wrote `x[i]` depends on a work-item a
+/// later span runs), or use local memory (shared across the group). Private memory
+/// is each work-item's own.
+fn streams(
+    kernels: &[FusionKernel],
+    grid: &Geometry,
+    remap: &[bool],
+    slots: &[Vec<SlotSource>],
+    internal: &[(usize, Promotion, usize, Uses)],
+    args: usize,
+) -> Vec<Option<Elementwise>> {
+    let one_d = grid.global_range()[1..] == [1, 1];
+    let candidates: Vec<Option<Elementwise>> =
+        kernels.iter().zip(remap).map(|(k, &r)| elementwise(k).filter(|_| one_d && !r)).collect();
+    let mut seen: Vec<Option<(usize, u16)>> = vec![None; args];
+    for (k, e) in candidates.iter().enumerate() {
+        let Some(e) = e else { continue };
+        for (slot, bytes) in [(e.input, e.input_bytes), (e.output, e.output_bytes)] {
+            let consistent = match slots[k][slot as usize] {
+                SlotSource::Arg { index, offset, .. } => {
+                    *seen[index as usize].get_or_insert((offset, bytes)) == (offset, bytes)
+                }
+                SlotSource::Internal { index } => internal[index as usize].1 != Promotion::Local,
+            };
+            if !consistent {
+                return vec![None; kernels.len()];
+            }
+        }
+    }
+    candidates
 }
 
 /// The single elementwise phase of a kernel that has one.
@@ -1382,6 +1419,85 @@ mod tests {
             assert!(bufs[&12] == want12 && bufs[&14] == want14, "{label}: wrong results");
             assert!(bufs[&11] == vec![5; n] && bufs[&13] == vec![6; wide * n], "{label}: written back");
         }
+    }
+
+    /// A kernel that reads a shifted view of what the kernel before it wrote
+    /// (`x[i + 100]` after `x[i]`) depends on other work-items of the group: the
+    /// chain runs kernel after kernel over the group, not span by span, and gives
+    /// the serial result.
+    #[test]
+    fn chains_over_shifted_views_do_not_stream() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (n, shift) = (1024, 100); // one group
+        let calls: Arc<[AtomicUsize; 2]> = Arc::new(Default::default());
+        let started = Arc::new(AtomicUsize::new(usize::MAX));
+        let map = |k: usize, f: fn(u32) -> u32, n: usize| {
+            let (input, output) = (
+                Accessor::<u32, Read>::new(0, k as u64, n),
+                ElemAccessor::<u32, DiscardWrite>::new(1, k as u64, n),
+            );
+            let (calls, started) = (calls.clone(), started.clone());
+            let counted = move |v: u32| {
+                if k == 1 && calls[1].load(Ordering::Relaxed) == 0 {
+                    started.store(calls[0].load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                calls[k].fetch_add(1, Ordering::Relaxed);
+                f(v)
+            };
+            Arc::new(ClosureKernel {
+                name: format!("k{k}").into(),
+                tag: k as u64,
+                phases: smallvec::smallvec![map_phase(input, output, counted)],
+                global_slots: 2,
+                scratch: vec![],
+                cost: ItemCost::default(),
+            })
+        };
+        // 10 -> 11[0..n] -> (11[shift..shift + n]) -> 12
+        let kernels = vec![
+            FusionKernel {
+                kernel: map(0, |v| v * 2, n),
+                geometry: range(n),
+                args: vec![whole(10, n), whole(11, n)],
+            },
+            FusionKernel {
+                kernel: map(1, |v| v + 1, n),
+                geometry: range(n),
+                args: vec![FusionArg::new(11, shift * 4..(shift + n) * 4, 4), whole(12, n)],
+            },
+        ];
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        let mut bufs =
+            HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n + shift]), (12, vec![0; n])]);
+        run(&fused, &mut bufs);
+        assert_eq!(started.load(Ordering::Relaxed), n, "kernel 1 starts after kernel 0's whole group");
+        let x: Vec<u32> = (0..n as u32).map(|v| v * 2).chain([7; 100]).collect();
+        let want: Vec<u32> = (0..n).map(|i| x[i + shift] + 1).collect();
+        assert!(bufs[&12] == want, "the serial result");
+
+        // Nor does a kernel over a smaller range than the grid's (remapped: it skips
+        // work-items).
+        let (n, short) = (2048, 1500);
+        let kernels = vec![
+            FusionKernel {
+                kernel: map(0, |v| v * 2, n),
+                geometry: range(n),
+                args: vec![whole(10, n), whole(11, n)],
+            },
+            FusionKernel {
+                kernel: map(1, |v| v + 1, short),
+                geometry: range(short),
+                args: vec![whole(11, short), whole(12, short)],
+            },
+        ];
+        let mut bufs = HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n]), (12, vec![0; short])]);
+        calls.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+        started.store(usize::MAX, Ordering::Relaxed);
+        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        run(&fused, &mut bufs);
+        assert_eq!(started.load(Ordering::Relaxed), 1024, "a shorter kernel starts after the whole group");
+        assert_eq!(calls[1].load(Ordering::Relaxed), short, "and maps only its range");
+        assert!(bufs[&12] == (0..short as u32).map(|v| v * 2 + 1).collect::<Vec<_>>(), "the serial result");
     }
 
     /// Local internalization of an ND-range chain: each group's slice lives in local
