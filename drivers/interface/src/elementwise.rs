@@ -22,7 +22,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::item::{GroupCtx, Item};
-use crate::kernel::{Elementwise, MapLoop, Phase};
+use crate::kernel::{Elementwise, MapLoop, MapRun, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -62,21 +62,38 @@ where
 {
     let elementwise =
         Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<T>(), size_of::<U>());
-    let f = Arc::new(f);
-    let g = f.clone();
-    // SAFETY: `MapLoop::run`'s contract: both runs hold `count` live, aligned
-    // elements of these types, and the output run is the caller's alone.
-    let map = MapLoop(Arc::new(move |src: *const u8, dst: *mut u8, count: usize| unsafe {
-        map_slice(
-            &*g,
-            std::slice::from_raw_parts(src.cast::<T>(), count),
-            std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
-        )
-    }));
-    let body = move |ctx: &GroupCtx<'_>| {
+    let body = Arc::new(MapBody { input, output, f });
+    let map = elementwise.map(|_| MapLoop(body.clone()));
+    Phase {
+        group: Arc::new(move |ctx: &GroupCtx<'_>| body.group(ctx)),
+        per_item: true,
+        code: TypeId::of::<MapCode<T, U, F>>(),
+        map,
+        elementwise,
+    }
+}
+
+/// A map phase's accessors and function: the phase runs [`MapBody::group`], and its
+/// [`MapLoop`] is the same object.
+struct MapBody<T, U, MI, MO, F> {
+    input: Accessor<T, MI>,
+    output: ElemAccessor<U, MO>,
+    f: F,
+}
+
+impl<T, U, MI, MO, F> MapBody<T, U, MI, MO, F>
+where
+    T: Pod,
+    U: Pod,
+    MI: Readable,
+    MO: Writable,
+    F: Fn(T) -> U,
+{
+    fn group(&self, ctx: &GroupCtx<'_>) {
+        let (input, output, f) = (&self.input, &self.output, &self.f);
         let runs = group_run(ctx).and_then(|(first, local, count)| {
-            let src = contiguous::<T>(ctx, &input, first, local, count)?;
-            let dst = contiguous::<U>(ctx, &output, first, local, count)?;
+            let src = contiguous::<T>(ctx, input, first, local, count)?;
+            let dst = contiguous::<U>(ctx, output, first, local, count)?;
             Some((src, dst, count))
         });
         match runs {
@@ -88,20 +105,31 @@ where
             // group touches only its own work-items' elements of an elementwise chain.
             Some((src, dst, count)) => unsafe {
                 let src = std::slice::from_raw_parts(src.cast_const(), count);
-                map_slice(&*f, src, std::slice::from_raw_parts_mut(dst, count));
+                map_slice(f, src, std::slice::from_raw_parts_mut(dst, count));
             },
             None => ctx.for_each_item(&|it: &mut Item<'_>| {
                 let x = input.get(it, it.global_linear_id());
                 *output.elem(it) = f(x);
             }),
         }
-    };
-    Phase {
-        group: Arc::new(body),
-        per_item: true,
-        code: TypeId::of::<MapCode<T, U, F>>(),
-        map: elementwise.map(|_| map),
-        elementwise,
+    }
+}
+
+impl<T, U, MI, MO, F> MapRun for MapBody<T, U, MI, MO, F>
+where
+    T: Pod,
+    U: Pod,
+    MI: Readable + Send + Sync,
+    MO: Writable + Send + Sync,
+    F: Fn(T) -> U + Send + Sync,
+{
+    unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize) {
+        // SAFETY: `MapLoop::run`'s contract: both runs hold `count` live, aligned
+        // elements of these types, and the output run is the caller's alone.
+        unsafe {
+            let src = std::slice::from_raw_parts(src.cast::<T>(), count);
+            map_slice(&self.f, src, std::slice::from_raw_parts_mut(dst.cast::<U>(), count));
+        }
     }
 }
 

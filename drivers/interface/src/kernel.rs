@@ -35,9 +35,17 @@ pub struct Phase {
 }
 
 /// The elementwise loop of a map phase, with its element types erased: `f` of
-/// `count` input elements at `src` into `count` output elements at `dst`.
+/// `count` input elements at `src` into `count` output elements at `dst`. It shares
+/// the phase's allocation.
 #[derive(Clone)]
-pub struct MapLoop(pub(crate) Arc<dyn Fn(*const u8, *mut u8, usize) + Send + Sync>);
+pub struct MapLoop(pub(crate) Arc<dyn MapRun>);
+
+/// What [`MapLoop`] calls: implemented by the map phase's body.
+pub(crate) trait MapRun: Send + Sync {
+    /// # Safety
+    /// As [`MapLoop::run`].
+    unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize);
+}
 
 impl MapLoop {
     /// Maps `count` elements.
@@ -48,7 +56,8 @@ impl MapLoop {
     /// (the input may be read concurrently), of the phase's element types.
     #[inline]
     pub unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize) {
-        (self.0)(src, dst, count)
+        // SAFETY: the caller's contract.
+        unsafe { self.0.run(src, dst, count) }
     }
 }
 
