@@ -146,9 +146,10 @@ impl EventShared {
         }
     }
 
-    /// Blocks until the status is at least `at_least`.
-    pub fn block_until(&self, at_least: EventStatus) {
-        if gantry_driver::sync::spin_until(|| self.status() >= at_least) {
+    /// Blocks until the status is at least `at_least`, spinning for up to `spin`
+    /// first (see [`gantry_driver::sync::spin_until`]).
+    pub fn block_until(&self, at_least: EventStatus, spin: std::time::Duration) {
+        if gantry_driver::sync::spin_until(spin, || self.status() >= at_least) {
             return;
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -170,7 +171,7 @@ mod tests {
         let ev = Arc::new(EventShared::new("k".into(), 1, 5));
         let ev2 = ev.clone();
         let t = std::thread::spawn(move || {
-            ev2.block_until(EventStatus::Complete);
+            ev2.block_until(EventStatus::Complete, std::time::Duration::ZERO);
             ev2.status()
         });
         std::thread::sleep(std::time::Duration::from_millis(10));

@@ -62,6 +62,7 @@ pub struct RuntimeBuilder {
     fusion_warnings: Option<usize>,
     fusion_compiler: Option<Compiler>,
     linearizer: Option<Policy>,
+    spin: Duration,
 }
 
 /// A graph linearization policy chosen by the user.
@@ -103,6 +104,7 @@ impl Default for RuntimeBuilder {
             fusion_warnings: None,
             fusion_compiler: None,
             linearizer: None,
+            spin: sync::SPIN_WINDOW,
         }
     }
 }
@@ -180,6 +182,23 @@ impl RuntimeBuilder {
     /// command's writable ranges; a failed command then leaves them unspecified.
     pub fn preserve_on_failure(mut self, yes: bool) -> Self {
         self.preserve_on_failure = yes;
+        self
+    }
+    /// How long a thread about to block spins first (default 20 µs): an
+    /// [`Event::wait`](crate::Event::wait) in threaded mode, and the scheduler
+    /// thread when it runs out of work. Spinning, as GPU runtimes do on a stream,
+    /// saves a kernel wake-up on each hand-off of a short frame, at the cost of up to
+    /// this much CPU each time a thread would sleep; `Duration::ZERO` blocks at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = gantry::Runtime::builder().spin_before_blocking(Duration::ZERO).build();
+    /// let q = rt.queue();
+    /// q.submit(|cg| cg.single_task(|_| {}))?.wait()?;
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn spin_before_blocking(mut self, window: Duration) -> Self {
+        self.spin = window;
         self
     }
     /// Records every finished command for [`Runtime::timeline`] and
@@ -285,6 +304,7 @@ impl RuntimeBuilder {
             wake_tx,
             fusion_warnings,
             closure_fusion: self.fusion_compiler.is_none().then_some(closure_fusion),
+            spin: self.spin,
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
         let host_queue =
@@ -336,6 +356,8 @@ pub(crate) struct Shared {
     pub(crate) fusion_warnings: Arc<std::sync::atomic::AtomicUsize>,
     /// The default fusion compiler, for its cache statistics.
     closure_fusion: Option<Arc<ClosureFusion>>,
+    /// How long a thread about to block spins first.
+    spin: Duration,
 }
 
 /// Admits senders until closed, and counts those between admission and the end of
@@ -461,7 +483,7 @@ impl Shared {
     /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
     pub(crate) fn wait_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
         if self.mode == Mode::Threaded {
-            ev.block_until(status);
+            ev.block_until(status, self.spin);
             return Ok(());
         }
         while ev.status() < status {
@@ -546,7 +568,7 @@ impl Shared {
             // (the completion of the work just enqueued, the next submission of a
             // frame) is taken without a sleep and a wake-up.
             let input = || !(self.msg_rx.is_empty() && self.done_rx.is_empty() && wake.is_empty());
-            if !spin_until(input) {
+            if !spin_until(self.spin, input) {
                 self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
             }
             while wake.try_recv().is_ok() {}

@@ -286,7 +286,7 @@ fn event_wait_never_misses_completion() {
             if ev.name.as_ref() == "stop" {
                 return;
             }
-            ev.block_until(EventStatus::Complete);
+            ev.block_until(EventStatus::Complete, std::time::Duration::ZERO);
             w.fetch_add(1, SeqCst);
         }
     });

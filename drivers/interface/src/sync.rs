@@ -40,26 +40,27 @@ pub const fn safety_net(timeout: Duration) -> Option<Duration> {
     }
 }
 
-/// How long a thread about to block spins first (see [`spin_until`]).
+/// How long a thread about to block spins first by default (see [`spin_until`]).
 pub const SPIN_WINDOW: Duration = Duration::from_micros(20);
 
-/// Spins for up to [`SPIN_WINDOW`] until `ready()` holds; returns whether it did.
+/// Spins for up to `window` until `ready()` holds; returns whether it did.
 ///
 /// A thread that is about to sleep on a condition variable or a channel calls this
 /// first, as GPU runtimes spin on a stream before they block: a wake-up through the
 /// kernel costs microseconds on each side (tens in a virtual machine), and the
 /// scheduler's hand-offs (message to scheduler, completion to scheduler, event to
-/// waiter) each pay one, which is most of a short frame's latency. The window is
-/// short enough that an idle thread gives its core back quickly.
+/// waiter) each pay one, which is most of a short frame's latency. The default
+/// window ([`SPIN_WINDOW`]) is short enough that an idle thread gives its core back
+/// quickly; a zero window checks once.
 ///
 /// Under shuttle it checks once and does not spin: the blocking path behind it is
 /// the one whose interleavings matter.
 #[inline]
-pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+pub fn spin_until(window: Duration, mut ready: impl FnMut() -> bool) -> bool {
     if ready() {
         return true;
     }
-    if cfg!(shuttle) {
+    if cfg!(shuttle) || window.is_zero() {
         return false;
     }
     let start = std::time::Instant::now();
@@ -71,7 +72,7 @@ pub fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
                 return true;
             }
         }
-        if start.elapsed() >= SPIN_WINDOW {
+        if start.elapsed() >= window {
             return false;
         }
     }
@@ -504,15 +505,25 @@ mod tests {
             polls.set(polls.get() + 1);
             polls.get() == 20
         };
-        assert!(spin_until(ready));
+        assert!(spin_until(SPIN_WINDOW, ready));
         assert_eq!(polls.get(), 20, "it stops polling once ready");
+    }
+
+    #[test]
+    fn a_zero_window_checks_once() {
+        let polls = Cell::new(0);
+        assert!(!spin_until(Duration::ZERO, || {
+            polls.set(polls.get() + 1);
+            false
+        }));
+        assert_eq!(polls.get(), 1);
     }
 
     #[test]
     fn spin_until_gives_up_after_its_window() {
         let polls = Cell::new(0u64);
         let start = std::time::Instant::now();
-        assert!(!spin_until(|| {
+        assert!(!spin_until(SPIN_WINDOW, || {
             polls.set(polls.get() + 1);
             false
         }));
