@@ -1339,6 +1339,52 @@ mod tests {
         assert_eq!((&bufs[&11], &bufs[&13]), (&vec![7; n], &vec![9; n]), "not written back");
     }
 
+    /// Element counters shared by the kernels of [`counted_map`]: per kernel, how many
+    /// elements it mapped, and how many its predecessor had mapped when it started.
+    #[derive(Default)]
+    struct Counters {
+        calls: [std::sync::atomic::AtomicUsize; 4],
+        started: [std::sync::atomic::AtomicUsize; 4],
+    }
+
+    impl Counters {
+        fn reset(&self) {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.calls.iter().chain(&self.started).for_each(|c| c.store(0, Relaxed));
+        }
+        fn calls(&self) -> Vec<usize> {
+            self.calls.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect()
+        }
+        fn started(&self) -> Vec<usize> {
+            self.started.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect()
+        }
+    }
+
+    /// Map kernel `k` (tag `k`, `n` elements, slots 0 and 1) of `f`, counted in `counters`.
+    fn counted_map(k: usize, n: usize, f: fn(u32) -> u32, counters: &Arc<Counters>) -> Arc<ClosureKernel> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (input, output) = (
+            Accessor::<u32, Read>::new(0, k as u64, n),
+            ElemAccessor::<u32, DiscardWrite>::new(1, k as u64, n),
+        );
+        let c = counters.clone();
+        let counted = move |v: u32| {
+            if k > 0 && c.calls[k].load(Relaxed) == 0 {
+                c.started[k].store(c.calls[k - 1].load(Relaxed), Relaxed);
+            }
+            c.calls[k].fetch_add(1, Relaxed);
+            f(v)
+        };
+        Arc::new(ClosureKernel {
+            name: format!("k{k}").into(),
+            tag: k as u64,
+            phases: smallvec::smallvec![map_phase(input, output, counted)],
+            global_slots: 2,
+            scratch: vec![],
+            cost: ItemCost::default(),
+        })
+    }
+
     /// A chain of elementwise kernels runs span by span (`FusedBody::stream`), with
     /// or without barriers, over global and private intermediates, a partial last
     /// group and a partial last span: each kernel maps each element exactly once and
@@ -1348,34 +1394,8 @@ mod tests {
     /// 3); the same holds.
     #[test]
     fn elementwise_chains_stream_span_by_span() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let n = 2500; // groups of 1,024: the last holds 452, two spans of 256 and 196
-                      // Per kernel: how many elements it mapped, and how many its predecessor had
-                      // mapped when it started.
-        let calls: Arc<[AtomicUsize; 4]> = Arc::new(Default::default());
-        let started: Arc<[AtomicUsize; 4]> = Arc::new(Default::default());
-        let map = |k: usize, f: fn(u32) -> u32| {
-            let (input, output) = (
-                Accessor::<u32, Read>::new(0, k as u64, n),
-                ElemAccessor::<u32, DiscardWrite>::new(1, k as u64, n),
-            );
-            let (calls, started) = (calls.clone(), started.clone());
-            let counted = move |v: u32| {
-                if k > 0 && calls[k].load(Ordering::Relaxed) == 0 {
-                    started[k].store(calls[k - 1].load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-                calls[k].fetch_add(1, Ordering::Relaxed);
-                f(v)
-            };
-            Arc::new(ClosureKernel {
-                name: format!("k{k}").into(),
-                tag: k as u64,
-                phases: smallvec::smallvec![map_phase(input, output, counted)],
-                global_slots: 2,
-                scratch: vec![],
-                cost: ItemCost::default(),
-            })
-        };
+        let counters = Arc::new(Counters::default());
         // `wide`: private buffer 13 holds two elements per work-item.
         let kernels = |wide: usize| {
             let private = |b: u64| {
@@ -1393,14 +1413,18 @@ mod tests {
             fs.into_iter()
                 .zip(args)
                 .enumerate()
-                .map(|(k, (f, args))| FusionKernel { kernel: map(k, f), geometry: range(n), args })
+                .map(|(k, (f, args))| FusionKernel {
+                    kernel: counted_map(k, n, f, &counters),
+                    geometry: range(n),
+                    args,
+                })
                 .collect::<Vec<_>>()
         };
         for (wide, barriers) in [(1, true), (1, false), (2, true)] {
             let fused = ClosureFusion::new().fuse(&FusionRequest { kernels: kernels(wide), barriers });
             let fused = fused.unwrap();
             assert_eq!(fused.internal.iter().map(|i| i.buffer).collect::<Vec<_>>(), vec![11, 13]);
-            calls.iter().for_each(|c| c.store(0, Ordering::Relaxed));
+            counters.reset();
             let mut bufs = HashMap::from([
                 (10, (0..n as u32).collect()),
                 (11, vec![5; n]),
@@ -1410,9 +1434,8 @@ mod tests {
             ]);
             run(&fused, &mut bufs);
             let label = format!("{wide} private element(s) per work-item in 13, barriers {barriers}");
-            let calls: Vec<usize> = calls.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-            assert_eq!(calls, vec![n; 4], "{label}: each kernel maps each element once");
-            let started: Vec<usize> = started.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+            assert_eq!(counters.calls(), vec![n; 4], "{label}: each kernel maps each element once");
+            let started = counters.started();
             assert_eq!(started[1..], [STREAM_SPAN; 3], "{label}: each kernel starts one span after the last");
             let want12: Vec<u32> = (0..n as u32).map(|v| v * 2 + 1).collect();
             let want14: Vec<u32> = want12.iter().map(|v| v * 3 + 7).collect();
@@ -1427,50 +1450,26 @@ mod tests {
     /// the serial result.
     #[test]
     fn chains_over_shifted_views_do_not_stream() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let (n, shift) = (1024, 100); // one group
-        let calls: Arc<[AtomicUsize; 2]> = Arc::new(Default::default());
-        let started = Arc::new(AtomicUsize::new(usize::MAX));
-        let map = |k: usize, f: fn(u32) -> u32, n: usize| {
-            let (input, output) = (
-                Accessor::<u32, Read>::new(0, k as u64, n),
-                ElemAccessor::<u32, DiscardWrite>::new(1, k as u64, n),
-            );
-            let (calls, started) = (calls.clone(), started.clone());
-            let counted = move |v: u32| {
-                if k == 1 && calls[1].load(Ordering::Relaxed) == 0 {
-                    started.store(calls[0].load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-                calls[k].fetch_add(1, Ordering::Relaxed);
-                f(v)
-            };
-            Arc::new(ClosureKernel {
-                name: format!("k{k}").into(),
-                tag: k as u64,
-                phases: smallvec::smallvec![map_phase(input, output, counted)],
-                global_slots: 2,
-                scratch: vec![],
-                cost: ItemCost::default(),
-            })
+        let counters = Arc::new(Counters::default());
+        // 10 -> 11 (doubled, n elements), then `m` elements of 11 from `args` -> 12 (+ 1).
+        let chain = |n: usize, m: usize, args: Vec<FusionArg>| {
+            let kernels = vec![
+                FusionKernel {
+                    kernel: counted_map(0, n, |v| v * 2, &counters),
+                    geometry: range(n),
+                    args: vec![whole(10, n), whole(11, n)],
+                },
+                FusionKernel { kernel: counted_map(1, m, |v| v + 1, &counters), geometry: range(m), args },
+            ];
+            ClosureFusion::new().fuse(&request(kernels)).unwrap()
         };
-        // 10 -> 11[0..n] -> (11[shift..shift + n]) -> 12
-        let kernels = vec![
-            FusionKernel {
-                kernel: map(0, |v| v * 2, n),
-                geometry: range(n),
-                args: vec![whole(10, n), whole(11, n)],
-            },
-            FusionKernel {
-                kernel: map(1, |v| v + 1, n),
-                geometry: range(n),
-                args: vec![FusionArg::new(11, shift * 4..(shift + n) * 4, 4), whole(12, n)],
-            },
-        ];
-        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        // 11[shift..shift + n] -> 12
+        let fused = chain(n, n, vec![FusionArg::new(11, shift * 4..(shift + n) * 4, 4), whole(12, n)]);
         let mut bufs =
             HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n + shift]), (12, vec![0; n])]);
         run(&fused, &mut bufs);
-        assert_eq!(started.load(Ordering::Relaxed), n, "kernel 1 starts after kernel 0's whole group");
+        assert_eq!(counters.started()[1], n, "kernel 1 starts after kernel 0's whole group");
         let x: Vec<u32> = (0..n as u32).map(|v| v * 2).chain([7; 100]).collect();
         let want: Vec<u32> = (0..n).map(|i| x[i + shift] + 1).collect();
         assert!(bufs[&12] == want, "the serial result");
@@ -1478,25 +1477,12 @@ mod tests {
         // Nor does a kernel over a smaller range than the grid's (remapped: it skips
         // work-items).
         let (n, short) = (2048, 1500);
-        let kernels = vec![
-            FusionKernel {
-                kernel: map(0, |v| v * 2, n),
-                geometry: range(n),
-                args: vec![whole(10, n), whole(11, n)],
-            },
-            FusionKernel {
-                kernel: map(1, |v| v + 1, short),
-                geometry: range(short),
-                args: vec![whole(11, short), whole(12, short)],
-            },
-        ];
+        let fused = chain(n, short, vec![whole(11, short), whole(12, short)]);
         let mut bufs = HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n]), (12, vec![0; short])]);
-        calls.iter().for_each(|c| c.store(0, Ordering::Relaxed));
-        started.store(usize::MAX, Ordering::Relaxed);
-        let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+        counters.reset();
         run(&fused, &mut bufs);
-        assert_eq!(started.load(Ordering::Relaxed), 1024, "a shorter kernel starts after the whole group");
-        assert_eq!(calls[1].load(Ordering::Relaxed), short, "and maps only its range");
+        assert_eq!(counters.started()[1], 1024, "a shorter kernel starts after the whole group");
+        assert_eq!(counters.calls()[1], short, "and maps only its range");
         assert!(bufs[&12] == (0..short as u32).map(|v| v * 2 + 1).collect::<Vec<_>>(), "the serial result");
     }
 
