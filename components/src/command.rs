@@ -133,9 +133,6 @@ pub enum Work {
         /// Requirement index and mode of each argument-table entry.
         entries: SmallVec<[(u32, AccessMode); 4]>,
     },
-    /// Replay a graph partition's command buffer: expanded at ingest into
-    /// [`Work::CommandBuffer`] and the command's requirements.
-    GraphPartition(crate::graph::PartitionLaunch),
     /// Nothing to run.
     Marker,
     /// A host access guard.
@@ -264,6 +261,33 @@ pub struct Execution {
     pub not_before_ns: u64,
 }
 
+/// What a submission runs and the memory it uses, as a user thread sends it.
+// Nearly every submission is `Built`: boxing it to match the small `Partition` would
+// cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+pub enum Payload {
+    /// Built on the submitting thread.
+    Built {
+        /// Buffer ranges used, in argument order.
+        requirements: SmallVec<[Requirement; 4]>,
+        /// The work.
+        work: Work,
+    },
+    /// A command-graph partition's command buffer, which ingest expands on the
+    /// scheduler's thread ([`PartitionLaunch::expand`](crate::graph::PartitionLaunch::expand)).
+    Partition(crate::graph::PartitionLaunch),
+}
+
+impl Payload {
+    /// The command's requirements and work.
+    pub fn into_parts(self) -> (SmallVec<[Requirement; 4]>, Work) {
+        match self {
+            Payload::Built { requirements, work } => (requirements, work),
+            Payload::Partition(launch) => launch.expand(),
+        }
+    }
+}
+
 /// Everything a submission carries from a user thread to the ingest stage.
 pub struct CommandDesc {
     /// Kind.
@@ -274,12 +298,10 @@ pub struct CommandDesc {
     pub queue: Arc<QueueCore>,
     /// The executing device.
     pub device: DeviceId,
-    /// Buffer ranges used.
-    pub requirements: SmallVec<[Requirement; 4]>,
+    /// Its requirements and work.
+    pub payload: Payload,
     /// Explicit event dependencies.
     pub waits: SmallVec<[Arc<EventShared>; 1]>,
-    /// The work.
-    pub work: Work,
     /// Its event.
     pub event: Arc<EventShared>,
     /// The fusion list a kernel joins (submitted while its queue was fusing).

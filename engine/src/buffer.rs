@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use gantry_components::{
-    BufferCore, ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, Message, QueueCore,
+    BufferCore, ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, Message, Payload, QueueCore,
     Requirement, Work,
 };
 use gantry_driver::{AccessMode, HostStorage};
@@ -139,9 +139,8 @@ impl<T: Pod> Buffer<T> {
             name,
             queue: self.handle.host_queue.clone(),
             device: 0,
-            requirements: SmallVec::from_iter([req]),
+            payload: Payload::Built { requirements: SmallVec::from_iter([req]), work: Work::HostAccess },
             waits: SmallVec::new(),
-            work: Work::HostAccess,
             event: event.clone(),
             fusion: None,
         }))?;

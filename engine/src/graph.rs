@@ -9,8 +9,8 @@ use bytemuck::Pod;
 use gantry_components::BufferCore;
 use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
-    GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch, QueueCore,
-    SyncCell, Work,
+    GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch, Payload,
+    QueueCore, SyncCell, Work,
 };
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -887,13 +887,12 @@ impl ExecutableGraph {
                     name,
                     queue: queue.clone(),
                     device: part.device,
-                    requirements: SmallVec::new(),
-                    waits,
-                    work: Work::GraphPartition(PartitionLaunch {
+                    payload: Payload::Partition(PartitionLaunch {
                         plan: plan.clone(),
                         params: params.clone(),
                         partition: i as u32,
                     }),
+                    waits,
                     event: event.clone(),
                     fusion: None,
                 },
@@ -911,9 +910,11 @@ impl ExecutableGraph {
                         name: n.name.clone(),
                         queue: queue.clone(),
                         device: n.device,
-                        requirements: reqs,
+                        payload: Payload::Built {
+                            requirements: reqs,
+                            work: Work::HostTask { run: SyncCell::new(replay), tag: *tag, cost_ns: *cost_ns },
+                        },
                         waits,
-                        work: Work::HostTask { run: SyncCell::new(replay), tag: *tag, cost_ns: *cost_ns },
                         event: event.clone(),
                         fusion: None,
                     }
@@ -939,9 +940,8 @@ impl ExecutableGraph {
                     name,
                     queue: queue.clone(),
                     device: self.inner.device,
-                    requirements: SmallVec::new(),
+                    payload: Payload::Built { requirements: SmallVec::new(), work: Work::Marker },
                     waits,
-                    work: Work::Marker,
                     event: event.clone(),
                     fusion: None,
                 })?;

@@ -94,7 +94,6 @@ fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceO
             DeviceOp::CommandBuffer(CommandBufferLaunch { buffer, args })
         }
         Work::Marker | Work::HostAccess => DeviceOp::Marker,
-        Work::GraphPartition(_) => unreachable!("graph partitions are expanded at ingest"),
     }
 }
 

@@ -33,15 +33,12 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 let seq = first_seq + new_commands.len() as u64;
                 let event = desc.event;
                 let list = desc.fusion.and_then(|f| f.list.get());
+                let (requirements, work) = desc.payload.into_parts();
                 let buffers: SmallVec<[u64; 4]> = match list {
-                    Some(_) => desc.requirements.iter().map(|r| r.buffer.id).collect(),
+                    Some(_) => requirements.iter().map(|r| r.buffer.id).collect(),
                     None => SmallVec::new(),
                 };
                 let clocks = clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
-                let (requirements, work) = match desc.work {
-                    Work::GraphPartition(launch) => launch.expand(),
-                    work => (desc.requirements, work),
-                };
                 let bundle = (
                     Command {
                         kind: desc.kind,
