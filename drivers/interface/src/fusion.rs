@@ -317,9 +317,8 @@ struct Plan {
     geometry: Geometry,
     /// Per kernel: whether its ids are remapped from the fused grid.
     remap: Vec<bool>,
-    /// Per kernel: its single phase is elementwise and runs on the 1-D fused grid's
-    /// own ids, so consecutive such kernels may run span by span (see
-    /// [`FusedBody::run_group`]).
+    /// Per kernel: what it touches, if it may run span by span with its neighbours
+    /// (see [`streams`] and [`FusedBody::stream`]).
     streams: Vec<Option<Elementwise>>,
     /// Per fused argument: (canonical buffer, start, end, uses).
     args: Vec<(usize, usize, usize, Uses)>,
@@ -639,12 +638,11 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
 /// Which kernels may run span by span ([`FusedBody::stream`]): elementwise ones on
 /// the 1-D fused grid's own ids (a kernel over another range is remapped: it skips
 /// work-items, which only its own phase knows). Span order equals kernel order only
-/// if element `i`
-/// is the same memory for every kernel that touches it, so none streams when two
-/// elementwise slots see one fused argument at different offsets or element sizes
-/// (a kernel reading `x[i + 100]` after one wrote `x[i]` depends on a work-item a
-/// later span runs), or use local memory (shared across the group). Private memory
-/// is each work-item's own.
+/// if element `i` is the same memory for every kernel that touches it, so none
+/// streams when two elementwise slots see one fused argument at different offsets
+/// or element sizes (a kernel reading `x[i + 100]` after one wrote `x[i]` depends on
+/// a work-item a later span runs), or use local memory (shared across the group).
+/// Private memory is each work-item's own.
 fn streams(
     kernels: &[FusionKernel],
     grid: &Geometry,
@@ -826,8 +824,6 @@ impl FusedBody {
     ) {
         let plan = &*self.plan;
         let (base, ext) = (grid.base()[0], grid.extent()[0]);
-        // Per kernel: its loop, its input and output bindings, and, where both are
-        // one run over the group, where those runs start.
         let mut runs: SmallVec<[StreamRun<'_>; 8]> = SmallVec::new();
         let mut contiguous = true;
         for k in parts.clone() {
@@ -837,12 +833,9 @@ impl FusedBody {
             let map = self.parts[k].kernel.phases[0].map.as_ref();
             let src = contiguous_run(input, base, 0, ext, e.input_bytes.into());
             let dst = contiguous_run(output, base, 0, ext, e.output_bytes.into());
-            let (Some(map), Some(src), Some(dst)) = (map, src, dst) else {
-                contiguous = false;
-                runs.push(StreamRun { map: None, input, output, src: input.ptr, dst: output.ptr, e });
-                continue;
-            };
-            runs.push(StreamRun { map: Some(map), input, output, src, dst, e });
+            let fast = map.zip(src).zip(dst).map(|((map, src), dst)| (map, src, dst));
+            contiguous &= fast.is_some();
+            runs.push(StreamRun { input, output, e, fast });
         }
         for lo in (0..ext).step_by(STREAM_SPAN) {
             let count = STREAM_SPAN.min(ext - lo);
@@ -856,12 +849,13 @@ impl FusedBody {
             }
             if contiguous {
                 for r in &runs {
-                    let (map, i, o) = (r.map.expect("contiguous"), r.e.input_bytes, r.e.output_bytes);
+                    let (map, src, dst) = r.fast.expect("contiguous");
+                    let (i, o) = (usize::from(r.e.input_bytes), usize::from(r.e.output_bytes));
                     // SAFETY: `contiguous_run` found `ext` elements at `src` and `dst`
                     // for the group; this span is `lo..lo + count` of them. The output
                     // run is the group's own elements of the kernel's element accessor,
                     // as in `map_phase`.
-                    unsafe { map.run(r.src.add(lo * usize::from(i)), r.dst.add(lo * usize::from(o)), count) };
+                    unsafe { map.run(src.add(lo * i), dst.add(lo * o), count) };
                 }
             } else {
                 // Some run is not contiguous (an internalized region of another
@@ -877,15 +871,13 @@ impl FusedBody {
 
 /// One kernel of a streamed chain, for one group.
 struct StreamRun<'a> {
-    /// Its loop (`None` if the kernel has none).
-    map: Option<&'a MapLoop>,
-    /// Its input and output bindings.
+    /// Its input and output bindings, and what it touches of them.
     input: Binding,
     output: Binding,
-    /// Where its input and output runs over the group start (when contiguous).
-    src: *mut u8,
-    dst: *mut u8,
     e: Elementwise,
+    /// Its loop and where its input and output runs over the group start, when both
+    /// are one run.
+    fast: Option<(&'a MapLoop, *mut u8, *mut u8)>,
 }
 
 /// Work-items per span of a streamed elementwise chain: 1 KiB of `f32` per stream,

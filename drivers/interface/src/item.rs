@@ -28,7 +28,7 @@ pub struct GroupCtx<'a> {
     /// Run only the work-items with local ids `lo..hi` of a 1-D group (without
     /// `remap` or `only`). A fused chain of elementwise kernels runs each kernel
     /// over one such span after the other, so that the chain streams through memory
-    /// (see `FusedBody::run_group`).
+    /// (see `FusedBody::stream`).
     pub span: Option<(usize, usize)>,
 }
 
