@@ -180,4 +180,32 @@ mod tests {
         assert_eq!(ev.timestamps(), Timestamps { submitted_ns: 5, started_ns: 7, ended_ns: 9 });
         assert_eq!(ev.error(), Some(&ExecError::RuntimeDropped));
     }
+
+    /// A waiter spins for its window before it registers and sleeps: with a long
+    /// window it is not counted among the sleepers while the event is pending; with
+    /// none, it is.
+    #[test]
+    fn waiters_spin_for_their_window_before_sleeping() {
+        use std::time::{Duration, Instant};
+        for (spin, sleeps) in [(Duration::from_secs(30), false), (Duration::ZERO, true)] {
+            let ev = Arc::new(EventShared::new("k".into(), 1, 0));
+            let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (ev2, started2) = (ev.clone(), started.clone());
+            let t = std::thread::spawn(move || {
+                started2.store(true, Ordering::SeqCst);
+                ev2.block_until(EventStatus::Complete, spin);
+            });
+            while !started.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            // A sleeper registers within moments; give a spinner as long.
+            let deadline = Instant::now() + Duration::from_millis(if sleeps { 10_000 } else { 50 });
+            while ev.waiters.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            assert_eq!(ev.waiters.load(Ordering::SeqCst) == 1, sleeps, "window {spin:?}");
+            ev.finish(Ok(()), 1, 2);
+            t.join().unwrap();
+        }
+    }
 }
