@@ -22,7 +22,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::item::{GroupCtx, Item};
-use crate::kernel::{Elementwise, MapLoop, MapRun, Phase};
+use crate::kernel::{Elementwise, ElementwisePhase, MapLoop, MapRun, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -60,15 +60,14 @@ where
     MO: Writable,
     F: Fn(T) -> U + Send + Sync + 'static,
 {
-    let elementwise =
+    let touches =
         Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<T>(), size_of::<U>());
     let body = Arc::new(MapBody { input, output, f });
-    let map = elementwise.map(|_| MapLoop(body.clone()));
+    let elementwise = touches.map(|touches| ElementwisePhase { touches, map: MapLoop(body.clone()) });
     Phase {
         group: Arc::new(move |ctx: &GroupCtx<'_>| body.group(ctx)),
         per_item: true,
         code: TypeId::of::<MapCode<T, U, F>>(),
-        map,
         elementwise,
     }
 }

@@ -64,7 +64,9 @@ use smallvec::SmallVec;
 
 use crate::elementwise::contiguous_run;
 use crate::item::GroupCtx;
-use crate::kernel::{ClosureKernel, Elementwise, ItemCost, MapLoop, Phase, Scratch, ScratchKind};
+use crate::kernel::{
+    ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, Scratch, ScratchKind,
+};
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
 
@@ -317,9 +319,9 @@ struct Plan {
     geometry: Geometry,
     /// Per kernel: whether its ids are remapped from the fused grid.
     remap: Vec<bool>,
-    /// Per kernel: what it touches, if it may run span by span with its neighbours
-    /// (see [`streams`] and [`FusedBody::stream`]).
-    streams: Vec<Option<Elementwise>>,
+    /// Per kernel: whether it may run span by span with its neighbours (see
+    /// [`streams`] and [`FusedBody::stream`]).
+    streams: Vec<bool>,
     /// Per fused argument: (canonical buffer, start, end, uses).
     args: Vec<(usize, usize, usize, Uses)>,
     /// Per internal buffer: (canonical buffer, kind, bytes, uses).
@@ -364,7 +366,9 @@ fn key_parts<'a>(request: &'a FusionRequest, buffers: &'a [u64]) -> impl Iterato
             scratch: kernel.scratch.len(),
             slots: k.args.len(),
         })
-        .chain(kernel.phases.iter().map(|p| KeyPart::Phase(p.code, p.elementwise)))
+        .chain(
+            kernel.phases.iter().map(|p| KeyPart::Phase(p.code, p.elementwise.as_ref().map(|e| e.touches))),
+        )
         .chain(std::iter::once(KeyPart::Geometry(k.geometry)))
         .chain(kernel.scratch.iter().map(|&s| KeyPart::Scratch(s)))
         .chain(k.args.iter().map(move |a| KeyPart::Slot {
@@ -650,7 +654,7 @@ fn streams(
     slots: &[Vec<SlotSource>],
     internal: &[(usize, Promotion, usize, Uses)],
     args: usize,
-) -> Vec<Option<Elementwise>> {
+) -> Vec<bool> {
     let one_d = grid.global_range()[1..] == [1, 1];
     let candidates: Vec<Option<Elementwise>> =
         kernels.iter().zip(remap).map(|(k, &r)| elementwise(k).filter(|_| one_d && !r)).collect();
@@ -665,17 +669,17 @@ fn streams(
                 SlotSource::Internal { index } => internal[index as usize].1 != Promotion::Local,
             };
             if !consistent {
-                return vec![None; kernels.len()];
+                return vec![false; kernels.len()];
             }
         }
     }
-    candidates
+    candidates.iter().map(Option::is_some).collect()
 }
 
 /// The single elementwise phase of a kernel that has one.
 fn elementwise(kernel: &FusionKernel) -> Option<Elementwise> {
     match kernel.kernel.phases.as_slice() {
-        [phase] => phase.elementwise,
+        [phase] => phase.elementwise.as_ref().map(|e| e.touches),
         _ => None,
     }
 }
@@ -763,7 +767,7 @@ impl FusedBody {
                 span: None,
             }
         };
-        let streams = |from: usize| plan.streams[from..].iter().take_while(|s| s.is_some()).count();
+        let streams = |from: usize| plan.streams[from..].iter().take_while(|&&s| s).count();
         let interleave =
             |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].per_item;
         let mut k = 0;
@@ -827,13 +831,14 @@ impl FusedBody {
         let mut runs: SmallVec<[StreamRun<'_>; 8]> = SmallVec::new();
         let mut contiguous = true;
         for k in parts.clone() {
-            let e = plan.streams[k].expect("a streaming kernel is elementwise");
+            let phase = self.parts[k].kernel.phases[0].elementwise.as_ref();
+            let ElementwisePhase { touches: e, map } = phase.expect("a streaming kernel is elementwise");
+            let e = *e;
             let own = &table[plan.slot_start[k]..plan.slot_start[k + 1]];
             let (input, output) = (own[e.input as usize], own[e.output as usize]);
-            let map = self.parts[k].kernel.phases[0].map.as_ref();
             let src = contiguous_run(input, base, 0, ext, e.input_bytes.into());
             let dst = contiguous_run(output, base, 0, ext, e.output_bytes.into());
-            let fast = map.zip(src).zip(dst).map(|((map, src), dst)| (map, src, dst));
+            let fast = src.zip(dst).map(|(src, dst)| (map, src, dst));
             contiguous &= fast.is_some();
             runs.push(StreamRun { input, output, e, fast });
         }
@@ -1018,7 +1023,6 @@ impl FusionCompiler for ClosureFusion {
                 per_item: false,
                 code: TypeId::of::<FusedBody>(),
                 elementwise: None,
-                map: None,
             }],
             global_slots: plan.args.len(),
             scratch: plan.scratch.clone(),

@@ -26,12 +26,20 @@ pub struct Phase {
     /// The closure's type: equal for every submission of the same code, so fusion can
     /// cache by it.
     pub code: TypeId,
-    /// Set for an elementwise kernel's phase: what it touches, so fusion knows which
-    /// internalized buffers it writes whole before anything reads them.
-    pub elementwise: Option<Elementwise>,
-    /// Set with `elementwise`: the phase's loop over contiguous runs of elements, so
-    /// a fused chain can run it span by span without going through `group`.
-    pub map: Option<MapLoop>,
+    /// Set for an elementwise kernel's phase (see [`ElementwisePhase`]).
+    pub elementwise: Option<ElementwisePhase>,
+}
+
+/// What an elementwise phase touches, so fusion knows which internalized buffers it
+/// writes whole before anything reads them, and its loop over contiguous runs of
+/// elements, so a fused chain can run it span by span without going through
+/// [`Phase::group`].
+#[derive(Clone)]
+pub struct ElementwisePhase {
+    /// What it touches.
+    pub touches: Elementwise,
+    /// Its loop.
+    pub map: MapLoop,
 }
 
 /// The elementwise loop of a map phase, with its element types erased: `f` of
@@ -103,7 +111,6 @@ where
         per_item: true,
         code: TypeId::of::<F>(),
         elementwise: None,
-        map: None,
     }
 }
 

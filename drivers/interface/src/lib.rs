@@ -46,7 +46,10 @@ pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use elementwise::map_phase;
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
-pub use kernel::{phase, Arena, ClosureKernel, Elementwise, ItemCost, Phase, Scratch, ScratchKind};
+pub use kernel::{
+    phase, Arena, ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, Scratch,
+    ScratchKind,
+};
 pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
     fill_bytes, fill_fits, Accepted, Completion, DeviceOp, HostFn, HostTask, KernelLaunch, MemArg, OpHandle,
