@@ -27,8 +27,7 @@ use gantry_components::{
 };
 use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
 use gantry_driver::{
-    AccessMode, CommandBuffer, CommandBufferDesc, DeviceInfo, Driver, ExecError, OpPatch, RecordedArg,
-    RecordedOp, SyncPoint,
+    AccessMode, CommandBufferDesc, DeviceInfo, Driver, ExecError, OpPatch, RecordedArg, RecordedOp, SyncPoint,
 };
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -439,18 +438,23 @@ fn same_node_count(a: &[GraphNode], b: &[GraphNode]) -> Result<(), String> {
 }
 
 /// [`check_topology`] for node `i`.
+#[inline]
 fn same_node_topology(i: usize, x: &GraphNode, y: &GraphNode) -> Result<bool, String> {
-    if x.kind != y.kind {
-        return Err(format!(
-            "node {i} is of kind {}, in the update of kind {}",
-            x.kind.name(),
-            y.kind.name()
-        ));
-    }
-    if x.preds != y.preds {
-        return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
+    // (Element by element: a node has a few predecessors, too few for `memcmp`.)
+    let same_preds = |a: &[NodeId], b: &[NodeId]| a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p == q);
+    if x.kind != y.kind || !same_preds(&x.preds, &y.preds) {
+        return Err(topology_difference(i, x, y));
     }
     Ok(x.device == y.device)
+}
+
+/// Why node `i` has another kind or other edges in `y` than in `x`.
+#[cold]
+fn topology_difference(i: usize, x: &GraphNode, y: &GraphNode) -> String {
+    if x.kind != y.kind {
+        return format!("node {i} is of kind {}, in the update of kind {}", x.kind.name(), y.kind.name());
+    }
+    format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds)
 }
 
 /// What [`patch_plan`] did.
@@ -485,26 +489,26 @@ pub fn patch_plan(
     nodes: &Arc<Vec<GraphNode>>,
     plan: &mut Arc<ExecPlan>,
 ) -> PatchOutcome {
-    let PlanPatch { buffers, mut patches } = match plan_patches(nodes, plan) {
+    let PlanPatch { buffers, patches } = match plan_patches(nodes, plan) {
         Ok(Some(patch)) => patch,
         Ok(None) => return PatchOutcome::Record,
         Err(why) => return PatchOutcome::Mismatch(why),
     };
+    // The nodes the command buffers run now: they hold the payloads that undo a
+    // patch (kept alive by this clone while `plan` changes).
+    let old_nodes = plan.nodes.clone();
     let plan = Arc::make_mut(plan);
-    let mut done: Vec<(&mut CommandBuffer, &Arc<dyn Driver>, &mut Vec<OpPatch>)> = Vec::new();
-    for (part, patch) in plan.partitions.iter_mut().zip(&mut patches) {
+    let mut part_patch: Vec<OpPatch<'_>> = Vec::new();
+    for (p, part) in plan.partitions.iter_mut().enumerate() {
         let PartitionBody::Commands { buffer, .. } = &mut part.body else { continue };
-        match drivers.get(part.device as usize) {
-            Some(driver) if driver.patch_command_buffer(buffer, patch).is_ok() => {
-                done.push((buffer, driver, patch))
-            }
-            _ => {
-                // Undo: each patch now holds what it replaced, which fits by construction.
-                for (buffer, driver, patch) in done {
-                    let _ = driver.patch_command_buffer(buffer, patch);
-                }
-                return PatchOutcome::Record;
-            }
+        part_patch.clear();
+        part_patch.extend(part.nodes.iter().map(|&n| patches[n as usize]));
+        let patched = drivers
+            .get(part.device as usize)
+            .is_some_and(|d| d.patch_command_buffer(buffer, &part_patch).is_ok());
+        if !patched {
+            undo_patches(drivers, &old_nodes, &mut plan.partitions[..p]);
+            return PatchOutcome::Record;
         }
     }
     plan.nodes = nodes.clone();
@@ -514,79 +518,84 @@ pub fn patch_plan(
     PatchOutcome::Patched
 }
 
+/// Patches `partitions` back to the payloads of `nodes`, which they were recorded
+/// or last patched with (so each patch fits).
+fn undo_patches(drivers: &[Arc<dyn Driver>], nodes: &[GraphNode], partitions: &mut [PartitionPlan]) {
+    for part in partitions {
+        let PartitionBody::Commands { buffer, .. } = &mut part.body else { continue };
+        let patch: Vec<_> = part.nodes.iter().map(|&n| op_patch(&nodes[n as usize].work)).collect();
+        if let Some(driver) = drivers.get(part.device as usize) {
+            let _ = driver.patch_command_buffer(buffer, &patch);
+        }
+    }
+}
+
+/// The patch that gives an operation recorded for a node the payload of `work`.
+fn op_patch(work: &NodeWork) -> OpPatch<'_> {
+    match work {
+        NodeWork::Kernel { kernel, geometry } => OpPatch::Kernel { kernel, geometry },
+        NodeWork::CopyFromHost(data) => OpPatch::Write(data),
+        NodeWork::CopyToHost(out) => OpPatch::Read(out),
+        NodeWork::Fill(pattern) => OpPatch::Fill(pattern),
+        // (A host task runs from its own partition, the node the plan holds.)
+        NodeWork::Copy | NodeWork::Empty | NodeWork::HostTask { .. } => OpPatch::Keep,
+    }
+}
+
 /// What [`patch_plan`] changes.
-struct PlanPatch {
+struct PlanPatch<'a> {
     /// The plan's new buffer list.
     buffers: Vec<Arc<BufferCore>>,
-    /// One patch per operation of each partition (none for host tasks).
-    patches: Vec<Vec<OpPatch>>,
+    /// Each node's patch, by node index.
+    patches: Vec<OpPatch<'a>>,
 }
 
 /// The [`PlanPatch`] that makes `old` run `nodes`; `None` when the nodes do not fit
 /// the plan that way, the reason when a node's topology differs. Every node is
 /// checked before any driver is asked to patch.
-fn plan_patches(nodes: &[GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch>, String> {
+fn plan_patches<'a>(nodes: &'a [GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch<'a>>, String> {
     same_node_count(&old.nodes, nodes)?;
     if !old.fused.is_empty() {
         return Ok(None);
     }
     let mut buffers: Vec<Option<&Arc<BufferCore>>> = vec![None; old.buffers.len()];
     // Node by node in index order (memory order: partitions list them in execution
-    // order), each node's patch; gathered into operation order after.
-    let mut node_patch: Vec<OpPatch> = Vec::with_capacity(nodes.len());
-    let mut slot_buffers = old.slot_buffers.iter();
+    // order); gathered into each partition's operation order by the caller.
+    let mut patches: Vec<OpPatch<'a>> = Vec::with_capacity(nodes.len());
+    let mut slot_buffers = old.slot_buffers.as_slice();
     for (i, (a, b)) in old.nodes.iter().zip(nodes).enumerate() {
         if !same_node_topology(i, a, b)? {
             return Ok(None); // another device: other partitions
         }
-        let slots = slot_buffers.by_ref().take(a.uses.len());
-        if b.kind == CommandKind::HostTask {
-            // Its own partition, which runs the node the plan holds at submission.
-            slots.for_each(drop);
-            node_patch.push(OpPatch::Keep);
-            continue;
-        }
-        if a.uses.len() != b.uses.len() || a.params != b.params {
-            return Ok(None);
-        }
-        for ((ra, rb), &k) in a.uses.iter().zip(&b.uses).zip(slots) {
-            let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
-                == (rb.mode, rb.range, rb.internal, rb.elem_size);
-            if !same_use {
+        let Some((slots, rest)) = slot_buffers.split_at_checked(a.uses.len()) else {
+            return Ok(None); // (the plan lists every node's slots)
+        };
+        slot_buffers = rest;
+        if b.kind != CommandKind::HostTask {
+            if a.uses.len() != b.uses.len() || a.params != b.params {
                 return Ok(None);
             }
-            // None for `u32::MAX`: a dynamic parameter, bound at submission.
-            if let Some(slot) = buffers.get_mut(k as usize) {
-                match slot {
-                    None => *slot = Some(&rb.buffer),
-                    Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
-                    Some(_) => return Ok(None),
+            for ((ra, rb), &k) in a.uses.iter().zip(&b.uses).zip(slots) {
+                let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
+                    == (rb.mode, rb.range, rb.internal, rb.elem_size);
+                if !same_use {
+                    return Ok(None);
+                }
+                // None for `u32::MAX`: a dynamic parameter, bound at submission.
+                if let Some(slot) = buffers.get_mut(k as usize) {
+                    match slot {
+                        None => *slot = Some(&rb.buffer),
+                        Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
+                        Some(_) => return Ok(None),
+                    }
                 }
             }
         }
-        node_patch.push(match &b.work {
-            NodeWork::Kernel { kernel, geometry } => {
-                OpPatch::Kernel { kernel: kernel.clone(), geometry: *geometry }
-            }
-            NodeWork::CopyFromHost(data) => OpPatch::Write(data.clone()),
-            NodeWork::CopyToHost(out) => OpPatch::Read(out.clone()),
-            NodeWork::Fill(pattern) => OpPatch::Fill(pattern.clone()),
-            NodeWork::Copy | NodeWork::Empty => OpPatch::Keep,
-            NodeWork::HostTask { .. } => unreachable!("host-task nodes are skipped above"),
-        });
+        patches.push(op_patch(&b.work));
     }
     let Some(buffers) = buffers.into_iter().map(|b| b.cloned()).collect() else {
         return Ok(None); // (each of the plan's buffers is some checked slot's)
     };
-    let mut take = |n: &NodeId| std::mem::replace(&mut node_patch[*n as usize], OpPatch::Keep);
-    let patches = old
-        .partitions
-        .iter()
-        .map(|part| match part.body {
-            PartitionBody::Commands { .. } => part.nodes.iter().map(&mut take).collect(),
-            PartitionBody::HostTask { .. } => Vec::new(),
-        })
-        .collect();
     Ok(Some(PlanPatch { buffers, patches }))
 }
 
@@ -1146,13 +1155,13 @@ mod patch_tests {
         }
         fn patch_command_buffer(
             &self,
-            buffer: &mut CommandBuffer,
-            patch: &mut [OpPatch],
+            buffer: &mut gantry_driver::CommandBuffer,
+            patch: &[OpPatch<'_>],
         ) -> Result<(), ExecError> {
             if self.calls.fetch_add(1, Ordering::Relaxed) + 1 == self.refuse {
                 return Err(ExecError::Unsupported { device: self.info.name.clone(), what: "this patch" });
             }
-            let swap = |plan: &mut Plan| plan.swap_payloads(patch);
+            let swap = |plan: &mut Plan| plan.apply_patches(patch);
             let invalid = |message| ExecError::Driver { device: self.info.name.clone(), message };
             patch_buffer(buffer, Plan::clone, swap).expect("a plan").map_err(invalid)
         }
@@ -1261,7 +1270,7 @@ mod patch_tests {
     }
 
     /// A patch lands in place (nothing else holds the plan); a refusal by the driver
-    /// on the second partition swaps the first one back and leaves the plan as it
+    /// on the second partition patches the first one back and leaves the plan as it
     /// was; a topology change is reported, not patched.
     #[test]
     fn patches_land_in_place_or_not_at_all() {

@@ -166,13 +166,13 @@ impl Driver for CpuDriver {
     fn patch_command_buffer(
         &self,
         buffer: &mut CommandBuffer,
-        patch: &mut [OpPatch],
+        patch: &[OpPatch<'_>],
     ) -> Result<(), ExecError> {
         // The bound arguments depend only on the argument table and the operations'
         // arguments, which a patch keeps: the next replay need not bind them again.
         let copy =
             |cpu: &CpuPlan| CpuPlan { plan: cpu.plan.clone(), bound: Mutex::new(cpu.bound.lock().clone()) };
-        let swap = |cpu: &mut CpuPlan| cpu.plan.swap_payloads(patch);
+        let swap = |cpu: &mut CpuPlan| cpu.plan.apply_patches(patch);
         patch_buffer(buffer, copy, swap)
             .ok_or_else(|| self.inner.invalid("a command buffer recorded by another driver".into()))?
             .map_err(|e| self.inner.invalid(e))

@@ -247,60 +247,69 @@ impl Plan {
         failed.into_iter().map(|f| f.map(|(own, _)| own)).collect()
     }
 
-    /// Exchanges each operation's payload with `patch[i]`: operation `i` takes its
-    /// kernel, host data or fill pattern over the same arguments and dependencies,
-    /// and `patch[i]` gets what it replaced, so swapping again with `patch` undoes it
+    /// Gives each operation the payload of `patch[i]`: operation `i` takes its
+    /// kernel, host data or fill pattern over the same arguments and dependencies
     /// (see [`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)).
     /// A patch of another length, one that does not match its operation's kind, or a
     /// kernel with another number of buffer slots is refused with the reason, and
-    /// nothing changes.
-    pub fn swap_payloads(&mut self, patch: &mut [OpPatch]) -> Result<(), String> {
+    /// nothing changes: every operation is checked before any changes.
+    pub fn apply_patches(&mut self, patch: &[OpPatch<'_>]) -> Result<(), String> {
         if patch.len() != self.ops.len() {
             return Err(format!("{} patches for {} operations", patch.len(), self.ops.len()));
         }
-        // One pass over the operations (a plan of thousands of them does not stay in
-        // cache for a second); a refusal swaps the ones before it back. (A patch of a
-        // shared plan first copies it: see `patch_buffer`.)
+        for (i, (planned, change)) in self.ops.iter().zip(patch).enumerate() {
+            patch_fits(&planned.op, change).map_err(|e| format!("operation {i}{e}"))?;
+        }
         let mut work_items = 0;
-        for i in 0..patch.len() {
-            let op = &mut self.ops[i].op;
-            if let Err(e) = swap_payload(op, &mut patch[i]) {
-                for (planned, change) in self.ops[..i].iter_mut().zip(&mut patch[..i]) {
-                    let _ = swap_payload(&mut planned.op, change); // it fitted
-                }
-                return Err(format!("operation {i}{e}"));
-            }
-            work_items += op.work_items();
+        for (planned, change) in self.ops.iter_mut().zip(patch) {
+            apply_patch(&mut planned.op, change);
+            work_items += planned.op.work_items();
         }
         self.work_items = work_items;
         Ok(())
     }
 }
 
-/// Exchanges `op`'s payload with `change`'s, or says why `change` does not fit `op`
-/// (leaving both as they are).
-fn swap_payload(op: &mut RecordedOp, change: &mut OpPatch) -> Result<(), String> {
-    use std::mem::swap;
-    match (op, change) {
-        (_, OpPatch::Keep) => {}
-        (RecordedOp::Kernel { kernel, geometry, args }, OpPatch::Kernel { kernel: k, geometry: g }) => {
-            if k.global_slots != args.len() {
+/// Why `change` does not fit `op`, if it does not.
+fn patch_fits(op: &RecordedOp, change: &OpPatch<'_>) -> Result<(), String> {
+    let fits = match (op, change) {
+        (_, OpPatch::Keep) => true,
+        (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, .. }) => {
+            if kernel.global_slots != args.len() {
                 return Err(format!(
                     ": kernel `{}` has {} buffer slots, the recorded one {}",
-                    k.name,
-                    k.global_slots,
+                    kernel.name,
+                    kernel.global_slots,
                     args.len()
                 ));
             }
-            swap(kernel, k);
-            swap(geometry, g);
+            true
         }
-        (RecordedOp::Write { src, dst }, OpPatch::Write(data)) if data.len() == dst.len => swap(src, data),
-        (RecordedOp::Read { src, dst }, OpPatch::Read(out)) if out.len() == src.len => swap(dst, out),
-        (RecordedOp::Fill { dst, pattern }, OpPatch::Fill(p)) if fill_fits(dst.len, p) => swap(pattern, p),
-        (op, change) => return Err(format!(" is a {}; the patch {change:?} does not fit it", op.label())),
+        (RecordedOp::Write { dst, .. }, OpPatch::Write(data)) => data.len() == dst.len,
+        (RecordedOp::Read { src, .. }, OpPatch::Read(out)) => out.len() == src.len,
+        (RecordedOp::Fill { dst, .. }, OpPatch::Fill(p)) => fill_fits(dst.len, p),
+        _ => false,
+    };
+    match fits {
+        true => Ok(()),
+        false => Err(format!(" is a {}; the patch {change:?} does not fit it", op.label())),
     }
-    Ok(())
+}
+
+/// Gives `op` the payload of `change`, which [`patch_fits`] accepted.
+fn apply_patch(op: &mut RecordedOp, change: &OpPatch<'_>) {
+    match (op, *change) {
+        (RecordedOp::Kernel { kernel, geometry, .. }, OpPatch::Kernel { kernel: k, geometry: g }) => {
+            if !Arc::ptr_eq(kernel, k) {
+                *kernel = k.clone();
+            }
+            *geometry = *g;
+        }
+        (RecordedOp::Write { src, .. }, OpPatch::Write(data)) => *src = data.clone(),
+        (RecordedOp::Read { dst, .. }, OpPatch::Read(out)) => *dst = out.clone(),
+        (RecordedOp::Fill { pattern, .. }, OpPatch::Fill(p)) => *pattern = SmallVec::from_slice(p),
+        _ => {} // `Keep`
+    }
 }
 
 /// Runs `patch` on the driver's command-buffer type `T` behind `buffer`: in place
@@ -322,25 +331,26 @@ pub fn patch_buffer<T: Any + Send + Sync, E>(
 
 /// What patching a command buffer changes in one operation
 /// ([`Driver::patch_command_buffer`](crate::Driver::patch_command_buffer)): its
-/// payload, never its arguments or dependencies. After the patch it holds the
-/// payload it replaced.
-#[derive(Clone, Debug)]
-pub enum OpPatch {
+/// payload, never its arguments or dependencies. It borrows the payload from where
+/// the caller keeps it (a graph's nodes), so building a patch moves no reference
+/// counts; the operation clones what it takes.
+#[derive(Clone, Copy, Debug)]
+pub enum OpPatch<'a> {
     /// Nothing.
     Keep,
     /// Another kernel with as many buffer slots, and its iteration space.
     Kernel {
         /// The kernel.
-        kernel: Arc<ClosureKernel>,
+        kernel: &'a Arc<ClosureKernel>,
         /// Its iteration space.
-        geometry: Geometry,
+        geometry: &'a Geometry,
     },
     /// Other host bytes for a memory buffer write (of the same length).
-    Write(Arc<HostStorage>),
+    Write(&'a Arc<HostStorage>),
     /// Other host memory for a memory buffer read (of the same length).
-    Read(Arc<HostStorage>),
+    Read(&'a Arc<HostStorage>),
     /// Another fill pattern (dividing the destination's length).
-    Fill(SmallVec<[u8; 16]>),
+    Fill(&'a [u8]),
 }
 
 /// Records a [`Plan`], refusing what the backend's `accepts` says it cannot run, and
@@ -482,21 +492,18 @@ mod tests {
         }
     }
 
-    /// A patch swaps payloads and keeps arguments and dependencies; the patch then
-    /// holds the replaced payloads, and swapping again undoes it. A patch that does
-    /// not fit its operation is refused with the operation named, and nothing
-    /// changes.
+    /// A patch replaces payloads and keeps arguments and dependencies; patching with
+    /// the original payloads undoes it. A patch that does not fit its operation is
+    /// refused with the operation named, and nothing changes, also where earlier
+    /// operations fit.
     #[test]
-    fn patches_swap_payloads_only() {
+    fn patches_replace_payloads_only() {
         let buffer = recorded();
         let original = Plan::of(&buffer).unwrap();
         let mut plan = original.clone();
-        let mut patch = [
-            OpPatch::Kernel { kernel: test_kernel("b", 2), geometry: geometry(16) },
-            OpPatch::Fill([7, 7, 7, 7].into_iter().collect()),
-            OpPatch::Keep,
-        ];
-        plan.swap_payloads(&mut patch).unwrap();
+        let (b, g16, fill) = (test_kernel("b", 2), geometry(16), [7u8; 4]);
+        let patch = [OpPatch::Kernel { kernel: &b, geometry: &g16 }, OpPatch::Fill(&fill), OpPatch::Keep];
+        plan.apply_patches(&patch).unwrap();
         assert_eq!(kernel_name(&plan), ("b", 16));
         let args =
             |p: &Plan| p.ops.iter().map(|o| o.op.args().copied().collect::<Vec<_>>()).collect::<Vec<_>>();
@@ -506,49 +513,57 @@ mod tests {
         let deps = |p: &Plan| p.ops.iter().map(|o| o.deps.clone()).collect::<Vec<_>>();
         assert_eq!(deps(&plan), deps(original), "in-order dependencies kept");
         assert_eq!(plan.work_items, 16 + 1 + 1);
-        assert!(matches!(&patch[0], OpPatch::Kernel { kernel, .. } if &*kernel.name == "a"));
-        assert!(matches!(&patch[1], OpPatch::Fill(p) if p.as_slice() == [1, 2]));
 
-        plan.swap_payloads(&mut patch).unwrap();
-        assert_eq!(kernel_name(&plan), ("a", 4), "swapping back undoes it");
+        let RecordedOp::Kernel { kernel: a, geometry: g4, .. } = &original.ops[0].op else { unreachable!() };
+        let back = [OpPatch::Kernel { kernel: a, geometry: g4 }, OpPatch::Fill(&[1, 2]), OpPatch::Keep];
+        plan.apply_patches(&back).unwrap();
+        assert_eq!(kernel_name(&plan), ("a", 4), "the original payloads undo it");
         assert!(matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [1, 2]));
         assert_eq!(plan.work_items, original.work_items);
 
-        let mut refused = |mut patch: Vec<OpPatch>| {
-            let e = plan.swap_payloads(&mut patch).unwrap_err();
+        let mut refused = |patch: &[OpPatch<'_>]| {
+            let e = plan.apply_patches(patch).unwrap_err();
             assert_eq!(kernel_name(&plan), ("a", 4), "unchanged after `{e}`");
+            assert!(
+                matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [1, 2])
+            );
             e
         };
-        assert!(refused(vec![OpPatch::Keep]).contains("1 patches for 3 operations"));
-        let wrong_slots = OpPatch::Kernel { kernel: test_kernel("c", 3), geometry: geometry(4) };
-        assert!(refused(vec![wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
-        let fine = OpPatch::Kernel { kernel: test_kernel("d", 2), geometry: geometry(4) };
-        let fill_of_3 = OpPatch::Fill([1, 2, 3].into_iter().collect());
-        assert!(refused(vec![fine.clone(), fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
-        let write = OpPatch::Write(Arc::new(HostStorage::zeroed(8)));
-        assert!(refused(vec![fine, OpPatch::Keep, write]).contains("operation 2 is a copy"));
+        assert!(refused(&[OpPatch::Keep]).contains("1 patches for 3 operations"));
+        let (c, g4) = (test_kernel("c", 3), geometry(4));
+        let wrong_slots = OpPatch::Kernel { kernel: &c, geometry: &g4 };
+        assert!(refused(&[wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
+        let d = test_kernel("d", 2);
+        let fine = OpPatch::Kernel { kernel: &d, geometry: &g4 };
+        let fill_of_3 = OpPatch::Fill(&[1, 2, 3]);
+        assert!(refused(&[fine, fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
+        let host = Arc::new(HostStorage::zeroed(8));
+        let write = OpPatch::Write(&host);
+        assert!(refused(&[fine, OpPatch::Fill(&fill), write]).contains("operation 2 is a copy"));
     }
 
     /// `patch_buffer` patches a command buffer nothing else holds in place, and a
     /// shared one in a copy that leaves the original to its other holders.
     #[test]
     fn buffers_are_patched_in_place_unless_shared() {
-        let swap = |name: &str| {
-            let mut patch = [
-                OpPatch::Kernel { kernel: test_kernel(name, 2), geometry: geometry(8) },
-                OpPatch::Keep,
-                OpPatch::Keep,
-            ];
-            move |plan: &mut Plan| plan.swap_payloads(&mut patch)
+        let g8 = geometry(8);
+        let swap = |kernel: Arc<ClosureKernel>| {
+            move |plan: &mut Plan| {
+                plan.apply_patches(&[
+                    OpPatch::Kernel { kernel: &kernel, geometry: &g8 },
+                    OpPatch::Keep,
+                    OpPatch::Keep,
+                ])
+            }
         };
         let mut buffer = recorded();
         let at = Arc::as_ptr(&buffer) as *const u8;
-        patch_buffer(&mut buffer, Plan::clone, swap("b")).unwrap().unwrap();
+        patch_buffer(&mut buffer, Plan::clone, swap(test_kernel("b", 2))).unwrap().unwrap();
         assert_eq!(Arc::as_ptr(&buffer) as *const u8, at, "in place");
         assert_eq!(kernel_name(Plan::of(&buffer).unwrap()), ("b", 8));
 
         let held = buffer.clone(); // a submission holding it
-        patch_buffer(&mut buffer, Plan::clone, swap("c")).unwrap().unwrap();
+        patch_buffer(&mut buffer, Plan::clone, swap(test_kernel("c", 2))).unwrap().unwrap();
         assert_ne!(Arc::as_ptr(&buffer) as *const u8, at, "a copy");
         assert_eq!(kernel_name(Plan::of(&buffer).unwrap()), ("c", 8));
         assert_eq!(kernel_name(Plan::of(&held).unwrap()), ("b", 8), "the held one is unchanged");
@@ -558,7 +573,10 @@ mod tests {
         assert_eq!(refused, Some(Err("no")));
         assert!(Arc::ptr_eq(&failing, &held), "a failed patch of a copy leaves the buffer as it was");
         let other: CommandBuffer = Arc::new(0u32);
-        assert!(patch_buffer(&mut other.clone(), Plan::clone, swap("d")).is_none(), "not a plan");
+        assert!(
+            patch_buffer(&mut other.clone(), Plan::clone, swap(test_kernel("d", 2))).is_none(),
+            "not a plan"
+        );
     }
 
     #[test]

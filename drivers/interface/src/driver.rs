@@ -112,8 +112,8 @@ pub trait Driver: Send + Sync {
 
     /// Patches `buffer` (recorded by this driver): operation `i` takes the kernel,
     /// host data or fill pattern of `patch[i]` over the same arguments and
-    /// dependencies, and `patch[i]` gets what it replaced (patching again with it
-    /// undoes the change). On error neither changes. The buffer changes in place
+    /// dependencies (patching with the payloads it had undoes the change). On error
+    /// it does not change. The buffer changes in place
     /// where nothing else holds it, else it becomes a patched copy: submissions
     /// already made run the original. This is the fast path of a whole-graph update
     /// whose nodes changed only those and their buffers; the argument table is bound
@@ -122,7 +122,7 @@ pub trait Driver: Send + Sync {
     fn patch_command_buffer(
         &self,
         buffer: &mut CommandBuffer,
-        patch: &mut [OpPatch],
+        patch: &[OpPatch<'_>],
     ) -> Result<(), ExecError> {
         let _ = (buffer, patch);
         Err(ExecError::Unsupported { device: self.info().name.clone(), what: "patching command buffers" })

@@ -1128,13 +1128,13 @@ impl Driver for SimDriver {
     fn patch_command_buffer(
         &self,
         buffer: &mut CommandBuffer,
-        patch: &mut [OpPatch],
+        patch: &[OpPatch<'_>],
     ) -> Result<(), ExecError> {
         // A fresh binding cache: it holds each step's virtual cost, which depends on
         // the kernels the patch replaces.
         let copy = |sim: &SimPlan| SimPlan { plan: sim.plan.clone(), bound: Mutex::new(None) };
         let swap = |sim: &mut SimPlan| {
-            sim.plan.swap_payloads(patch)?;
+            sim.plan.apply_patches(patch)?;
             *sim.bound.get_mut() = None;
             Ok(())
         };
@@ -2330,23 +2330,23 @@ mod tests {
         let RecordedOp::Kernel { kernel, geometry, .. } = rec_add(CB_N, rarg(0, 0, bytes), 10) else {
             unreachable!()
         };
-        let kernel =
+        let dearer =
             Arc::new(ClosureKernel { cost: gantry_driver::ItemCost::of(Some(2.0)), ..(*kernel).clone() });
         // `original` is still held here: the patch makes a copy.
         let mut patched = original.clone();
-        let mut patches = [OpPatch::Kernel { kernel, geometry }];
-        d.patch_command_buffer(&mut patched, &mut patches).unwrap();
+        d.patch_command_buffer(&mut patched, &[OpPatch::Kernel { kernel: &dearer, geometry: &geometry }])
+            .unwrap();
         assert!(!Arc::ptr_eq(&patched, &original));
         assert_eq!(run(&patched), 108);
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
         assert_eq!(run(&original), 104, "the original is unchanged");
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10 + 1; CB_N]);
-        // Held by nothing else, `patched` is patched in place: swapping the original
-        // kernel back (the patch now holds it) must also drop the binding that holds
-        // the dearer kernel's cost.
+        // Held by nothing else, `patched` is patched in place: patching the original
+        // kernel back must also drop the binding that holds the dearer kernel's cost.
         drop(original);
         let before = Arc::as_ptr(&patched);
-        d.patch_command_buffer(&mut patched, &mut patches).unwrap();
+        d.patch_command_buffer(&mut patched, &[OpPatch::Kernel { kernel: &kernel, geometry: &geometry }])
+            .unwrap();
         assert!(std::ptr::eq(Arc::as_ptr(&patched), before), "in place");
         assert_eq!(run(&patched), 104);
     }
