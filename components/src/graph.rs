@@ -131,6 +131,75 @@ impl GraphNode {
     }
 }
 
+/// A graph's nodes, in index order, and their [`GraphShape`], computed at most once
+/// per version of the list: a list is shared (as `Arc<GraphNodes>`) between a graph
+/// and the plans finalized from it, and any change goes through
+/// [`GraphNodes::edit`], which forgets the shape.
+#[derive(Clone, Default)]
+pub struct GraphNodes {
+    nodes: Vec<GraphNode>,
+    shape: std::sync::OnceLock<GraphShape>,
+}
+
+impl GraphNodes {
+    /// The list, to change: its shape is computed again when next asked for.
+    pub fn edit(&mut self) -> &mut Vec<GraphNode> {
+        self.shape = std::sync::OnceLock::new();
+        &mut self.nodes
+    }
+
+    /// The shape of the nodes as they are.
+    pub fn shape(&self) -> &GraphShape {
+        self.shape.get_or_init(|| GraphShape::of(&self.nodes))
+    }
+}
+
+impl From<Vec<GraphNode>> for GraphNodes {
+    fn from(nodes: Vec<GraphNode>) -> Self {
+        Self { nodes, shape: Default::default() }
+    }
+}
+
+impl std::ops::Deref for GraphNodes {
+    type Target = [GraphNode];
+    fn deref(&self) -> &[GraphNode] {
+        &self.nodes
+    }
+}
+
+/// What a whole-graph update must find unchanged in every node to keep a plan's
+/// partitions, argument tables and recorded arguments: kinds, devices, edges, each
+/// use's range, element size, mode and ordering flag, and the dynamic parameters'
+/// slots. Buffers, kernels and host data are not part of it. Encoded as words, each
+/// variable-length part behind its length, so that equal shapes are equal words and
+/// two graphs of thousands of nodes compare in one slice comparison instead of a
+/// walk over both node lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphShape(Vec<u32>);
+
+impl GraphShape {
+    /// The shape of `nodes`.
+    pub fn of(nodes: &[GraphNode]) -> Self {
+        let mut words = Vec::with_capacity(nodes.len() * 16);
+        let wide = |words: &mut Vec<u32>, x: usize| words.extend([x as u32, (x as u64 >> 32) as u32]);
+        for n in nodes {
+            words.extend([n.kind as u32, n.device, n.preds.len() as u32]);
+            words.extend_from_slice(&n.preds);
+            words.push(n.uses.len() as u32);
+            for u in &n.uses {
+                words.extend([u.mode as u32 | (u32::from(u.internal) << 8), u.elem_size]);
+                wide(&mut words, u.range.start);
+                wide(&mut words, u.range.end);
+            }
+            words.push(n.params.len() as u32);
+            for &(slot, param) in &n.params {
+                words.extend([slot, param]);
+            }
+        }
+        Self(words)
+    }
+}
+
 /// Properties of `finalize`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphProps {
@@ -365,7 +434,7 @@ pub struct FusedChain {
 pub struct ExecPlan {
     /// The graph's nodes (kept for sub-graphs, host tasks and whole-graph updates);
     /// shared with the modifiable graph until it changes.
-    pub nodes: Arc<Vec<GraphNode>>,
+    pub nodes: Arc<GraphNodes>,
     /// The fixed buffers its partitions bind.
     pub buffers: Vec<Arc<BufferCore>>,
     /// Where each node's requirements are in [`ExecPlan::buffers`], node by node,
@@ -406,7 +475,7 @@ impl ExecPlan {
 /// A request to finalize a graph, served by the partition stage.
 pub struct FinalizeJob {
     /// The nodes.
-    pub nodes: Arc<Vec<GraphNode>>,
+    pub nodes: Arc<GraphNodes>,
     /// The device of the graph's non-isolated nodes.
     pub device: DeviceId,
     /// Finalize properties.

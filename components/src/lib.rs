@@ -40,8 +40,8 @@ pub use fusion::{
 };
 pub use graph::{
     Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn, GraphNode,
-    GraphPolicy, GraphProps, KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable,
-    PartitionBody, PartitionLaunch, PartitionPlan,
+    GraphNodes, GraphPolicy, GraphProps, GraphShape, KeepAlive, Linearizer, NodeId, NodeList, NodeUse,
+    NodeWork, ParamTable, PartitionBody, PartitionLaunch, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};

@@ -9,8 +9,8 @@ use bytemuck::Pod;
 use gantry_components::BufferCore;
 use gantry_components::{
     ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
-    GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch, Payload,
-    QueueCore, SyncCell, Work,
+    GraphNodes, GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch,
+    Payload, QueueCore, SyncCell, Work,
 };
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -72,7 +72,7 @@ struct Recorder {
 struct GraphState {
     /// Copy on write: finalize and update share the list with the plans they make,
     /// and the next modification copies it only while a plan still holds it.
-    nodes: Arc<Vec<GraphNode>>,
+    nodes: Arc<GraphNodes>,
     /// Copy on write, shared with the executable graphs like `nodes`.
     keep: Arc<Vec<KeepAlive>>,
     accesses: HashMap<u64, Accesses>,
@@ -337,7 +337,7 @@ impl CommandGraph {
             if built.kind == CommandKind::HostTask { self.inner.rt.host_task_device(device) } else { device };
         preds.sort_unstable();
         Arc::make_mut(&mut st.keep).append(&mut built.keep);
-        Arc::make_mut(&mut st.nodes).push(GraphNode {
+        Arc::make_mut(&mut st.nodes).edit().push(GraphNode {
             kind: built.kind,
             name: built.name,
             device,
@@ -371,7 +371,7 @@ impl CommandGraph {
             return Err(Error::CycleEdge { from: from.index, to: to.index });
         }
         if !st.nodes[to.index as usize].preds.contains(&from.index) {
-            let preds = &mut Arc::make_mut(&mut st.nodes)[to.index as usize].preds;
+            let preds = &mut Arc::make_mut(&mut st.nodes).edit()[to.index as usize].preds;
             preds.push(from.index);
             preds.sort_unstable();
         }
@@ -436,7 +436,7 @@ impl CommandGraph {
         }
         entry_preds.retain(|p| *p != exit);
         entry_preds.sort_unstable();
-        let nodes = Arc::make_mut(&mut st.nodes);
+        let nodes = Arc::make_mut(&mut st.nodes).edit();
         nodes.push(empty("subgraph_entry", entry_preds));
         let mut has_succ = vec![false; sub_nodes.len()];
         for mut n in sub_nodes {
@@ -602,7 +602,7 @@ impl CommandGraph {
                 node.index, req.buffer.bytes, req.elem_size
             )));
         }
-        let n = &mut Arc::make_mut(&mut st.nodes)[node.index as usize];
+        let n = &mut Arc::make_mut(&mut st.nodes).edit()[node.index as usize];
         n.uses[slot as usize].buffer = buffer;
         n.params.retain(|(s, _)| *s != slot);
         n.params.push((slot, param.index));
@@ -644,7 +644,7 @@ impl CommandGraph {
 /// A graph's nodes, the handles that keep its buffers alive, and its dynamic
 /// parameters' current buffers.
 struct Taken {
-    nodes: Arc<Vec<GraphNode>>,
+    nodes: Arc<GraphNodes>,
     keep: Arc<Vec<KeepAlive>>,
     params: ParamTable,
 }
@@ -653,7 +653,7 @@ struct Taken {
 /// [`FinalizeJob::reuse`]).
 fn finalize_nodes(
     rt: &Arc<Shared>,
-    nodes: Arc<Vec<GraphNode>>,
+    nodes: Arc<GraphNodes>,
     device: DeviceId,
     props: GraphProps,
     reuse: Option<Arc<ExecPlan>>,

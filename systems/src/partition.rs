@@ -22,8 +22,8 @@ use std::sync::Arc;
 use bevy_ecs::world::World;
 use gantry_components::{
     warn_fusion, BufferCore, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob,
-    Finalizing, FusedChain, Fusions, GraphNode, GraphPolicy, Linearizer, NodeId, NodeList, NodeUse, NodeWork,
-    PartitionBody, PartitionPlan, Requirement, SchedulerConfig, WorkLists,
+    Finalizing, FusedChain, Fusions, GraphNode, GraphNodes, GraphPolicy, Linearizer, NodeId, NodeList,
+    NodeUse, NodeWork, PartitionBody, PartitionPlan, Requirement, SchedulerConfig, WorkLists,
 };
 use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
 use gantry_driver::{
@@ -477,7 +477,9 @@ pub enum PatchOutcome {
 /// dynamic parameter bound to a buffer the partition also uses.) Then only the
 /// plan's buffer list changes, and each command buffer is patched with the new
 /// kernels, host data and fill patterns instead of recorded anew: in place where no
-/// submission holds it. One walk over the nodes checks all that, topology included.
+/// submission holds it. The two node lists' shapes
+/// ([`GraphShape`](gantry_components::GraphShape)) check all that
+/// but buffers in one comparison, and one walk over the new nodes maps the buffers.
 /// Otherwise, or when a driver cannot patch, `plan` stays as it was and the caller
 /// records (a finalize with [`FinalizeJob::reuse`] when the layout holds).
 ///
@@ -486,7 +488,7 @@ pub enum PatchOutcome {
 /// scheduler.
 pub fn patch_plan(
     drivers: &[Arc<dyn Driver>],
-    nodes: &Arc<Vec<GraphNode>>,
+    nodes: &Arc<GraphNodes>,
     plan: &mut Arc<ExecPlan>,
 ) -> PatchOutcome {
     let PlanPatch { buffers, patches } = match plan_patches(nodes, plan) {
@@ -552,35 +554,42 @@ struct PlanPatch<'a> {
 
 /// The [`PlanPatch`] that makes `old` run `nodes`; `None` when the nodes do not fit
 /// the plan that way, the reason when a node's topology differs. Every node is
-/// checked before any driver is asked to patch.
-fn plan_patches<'a>(nodes: &'a [GraphNode], old: &ExecPlan) -> Result<Option<PlanPatch<'a>>, String> {
+/// checked before any driver is asked to patch: at once when both lists have the
+/// same [`GraphShape`](gantry_components::GraphShape), else node by node (host
+/// tasks, which run the node the plan holds at submission, may then use other
+/// ranges).
+fn plan_patches<'a>(nodes: &'a GraphNodes, old: &ExecPlan) -> Result<Option<PlanPatch<'a>>, String> {
     same_node_count(&old.nodes, nodes)?;
     if !old.fused.is_empty() {
         return Ok(None);
     }
+    let same_shape = old.nodes.shape() == nodes.shape();
     let mut buffers: Vec<Option<&Arc<BufferCore>>> = vec![None; old.buffers.len()];
     // Node by node in index order (memory order: partitions list them in execution
     // order); gathered into each partition's operation order by the caller.
     let mut patches: Vec<OpPatch<'a>> = Vec::with_capacity(nodes.len());
     let mut slot_buffers = old.slot_buffers.as_slice();
-    for (i, (a, b)) in old.nodes.iter().zip(nodes).enumerate() {
-        if !same_node_topology(i, a, b)? {
-            return Ok(None); // another device: other partitions
-        }
-        let Some((slots, rest)) = slot_buffers.split_at_checked(a.uses.len()) else {
+    for (i, b) in nodes.iter().enumerate() {
+        // The slots the plan numbered for the node it holds.
+        let slots = match same_shape {
+            true => b.uses.len(),
+            false => {
+                let a = &old.nodes[i];
+                if !same_node_topology(i, a, b)? {
+                    return Ok(None); // another device: other partitions
+                }
+                if b.kind != CommandKind::HostTask && !same_uses(a, b) {
+                    return Ok(None);
+                }
+                a.uses.len()
+            }
+        };
+        let Some((slots, rest)) = slot_buffers.split_at_checked(slots) else {
             return Ok(None); // (the plan lists every node's slots)
         };
         slot_buffers = rest;
         if b.kind != CommandKind::HostTask {
-            if a.uses.len() != b.uses.len() || a.params != b.params {
-                return Ok(None);
-            }
-            for ((ra, rb), &k) in a.uses.iter().zip(&b.uses).zip(slots) {
-                let same_use = (ra.mode, ra.range, ra.internal, ra.elem_size)
-                    == (rb.mode, rb.range, rb.internal, rb.elem_size);
-                if !same_use {
-                    return Ok(None);
-                }
+            for (rb, &k) in b.uses.iter().zip(slots) {
                 // None for `u32::MAX`: a dynamic parameter, bound at submission.
                 if let Some(slot) = buffers.get_mut(k as usize) {
                     match slot {
@@ -597,6 +606,16 @@ fn plan_patches<'a>(nodes: &'a [GraphNode], old: &ExecPlan) -> Result<Option<Pla
         return Ok(None); // (each of the plan's buffers is some checked slot's)
     };
     Ok(Some(PlanPatch { buffers, patches }))
+}
+
+/// Whether `b` uses the ranges `a` does, in the same way, with the same dynamic
+/// parameters (its buffers aside).
+fn same_uses(a: &GraphNode, b: &GraphNode) -> bool {
+    a.uses.len() == b.uses.len()
+        && a.params == b.params
+        && a.uses.iter().zip(&b.uses).all(|(x, y)| {
+            (x.mode, x.range, x.internal, x.elem_size) == (y.mode, y.range, y.internal, y.elem_size)
+        })
 }
 
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,
@@ -1193,7 +1212,7 @@ mod patch_tests {
     }
 
     /// Node `i` runs kernel `names[i]` over all of `buffers[i]`; node 1 follows node 0.
-    fn nodes(names: [&str; 2], buffers: [&Arc<BufferCore>; 2]) -> Arc<Vec<GraphNode>> {
+    fn nodes(names: [&str; 2], buffers: [&Arc<BufferCore>; 2]) -> Arc<GraphNodes> {
         let node = |i: usize| GraphNode {
             kind: CommandKind::Kernel,
             name: names[i].into(),
@@ -1210,11 +1229,11 @@ mod patch_tests {
             },
             preds: if i == 0 { SmallVec::new() } else { smallvec::smallvec![0] },
         };
-        Arc::new(vec![node(0), node(1)])
+        Arc::new(vec![node(0), node(1)].into())
     }
 
     /// The plan: one partition per node, each a recorded kernel over entry 0.
-    fn plan(nodes: &Arc<Vec<GraphNode>>) -> Arc<ExecPlan> {
+    fn plan(nodes: &Arc<GraphNodes>) -> Arc<ExecPlan> {
         let partition = |i: u32| {
             let desc = CommandBufferDesc { entries: 1, in_order: true, ops: 1 };
             let mut b = PlanBuilder::new(desc, "patchy".into(), |_| true, |plan| Arc::new(plan));
@@ -1269,6 +1288,35 @@ mod patch_tests {
         plan.partitions.iter().map(name).collect()
     }
 
+    /// Shapes are equal across other buffers and kernels, and differ with any
+    /// change of kind, device, edges, a use's range, mode, ordering flag or element
+    /// size, or a parameter binding; an edit forgets the shape computed before it.
+    #[test]
+    fn shapes_hold_everything_an_update_keeps_but_buffers_and_kernels() {
+        let h = Harness::new(false);
+        let (a, b) = (h.buffer(16), h.buffer(16));
+        let base = nodes(["a", "b"], [&a, &b]);
+        assert_eq!(base.shape(), nodes(["c", "d"], [&b, &a]).shape());
+        type Change = fn(&mut GraphNode);
+        let changes: [(&str, Change); 9] = [
+            ("kind", |n| n.kind = CommandKind::Fill),
+            ("device", |n| n.device = 1),
+            ("edges", |n| n.preds.push(0)),
+            ("range", |n| n.uses[0].range.start = 4),
+            ("mode", |n| n.uses[0].mode = AccessMode::Read),
+            ("ordering flag", |n| n.uses[0].internal = true),
+            ("element size", |n| n.uses[0].elem_size = 8),
+            ("uses", |n| n.uses.push(n.uses[0].clone())),
+            ("parameters", |n| n.params.push((0, 0))),
+        ];
+        for (what, change) in changes {
+            let mut changed = (*base).clone();
+            assert_eq!(changed.shape(), base.shape());
+            change(&mut changed.edit()[1]);
+            assert_ne!(changed.shape(), base.shape(), "another {what}");
+        }
+    }
+
     /// A patch lands in place (nothing else holds the plan); a refusal by the driver
     /// on the second partition patches the first one back and leaves the plan as it
     /// was; a topology change is reported, not patched.
@@ -1305,7 +1353,7 @@ mod patch_tests {
         );
 
         let mut unordered = (*nodes(["e", "f"], [&b0, &b1])).clone();
-        unordered[1].preds.clear();
+        unordered.edit()[1].preds.clear();
         let why = patch_plan(&[patchy(0)], &Arc::new(unordered), &mut current);
         assert_eq!(why, PatchOutcome::Mismatch("node 1 depends on [0], in the update on []".into()));
         assert_eq!(kernels(&current), ["a", "b"]);
