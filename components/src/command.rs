@@ -261,33 +261,6 @@ pub struct Execution {
     pub not_before_ns: u64,
 }
 
-/// What a submission runs and the memory it uses, as a user thread sends it.
-// Nearly every submission is `Built`: boxing it to match the small `Partition` would
-// cost an allocation each.
-#[allow(clippy::large_enum_variant)]
-pub enum Payload {
-    /// Built on the submitting thread.
-    Built {
-        /// Buffer ranges used, in argument order.
-        requirements: SmallVec<[Requirement; 4]>,
-        /// The work.
-        work: Work,
-    },
-    /// A command-graph partition's command buffer, which ingest expands on the
-    /// scheduler's thread ([`PartitionLaunch::expand`](crate::graph::PartitionLaunch::expand)).
-    Partition(crate::graph::PartitionLaunch),
-}
-
-impl Payload {
-    /// The command's requirements and work.
-    pub fn into_parts(self) -> (SmallVec<[Requirement; 4]>, Work) {
-        match self {
-            Payload::Built { requirements, work } => (requirements, work),
-            Payload::Partition(launch) => launch.expand(),
-        }
-    }
-}
-
 /// Everything a submission carries from a user thread to the ingest stage.
 pub struct CommandDesc {
     /// Kind.
@@ -298,8 +271,10 @@ pub struct CommandDesc {
     pub queue: Arc<QueueCore>,
     /// The executing device.
     pub device: DeviceId,
-    /// Its requirements and work.
-    pub payload: Payload,
+    /// Buffer ranges used, in argument order.
+    pub requirements: SmallVec<[Requirement; 4]>,
+    /// The work.
+    pub work: Work,
     /// Explicit event dependencies.
     pub waits: SmallVec<[Arc<EventShared>; 1]>,
     /// Its event.

@@ -17,9 +17,9 @@ use gantry_driver::sync::Mutex;
 use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostFn, HostStorage};
 use smallvec::SmallVec;
 
-use crate::command::{CommandKind, Requirement};
+use crate::command::{CommandDesc, CommandKind, Requirement, SyncCell, Work};
 use crate::event::EventShared;
-use crate::handle::BufferCore;
+use crate::handle::{BufferCore, QueueCore};
 use crate::memory::ByteRange;
 use crate::resources::DeviceId;
 
@@ -296,55 +296,183 @@ pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
 /// [`EntrySource::Param`], each with what keeps it alive.
 pub type ParamTable = Arc<[(Arc<BufferCore>, KeepAlive)]>;
 
-/// One submission of a command-buffer partition, as the submitting thread sends it:
-/// the plan and the parameter table of that moment. Ingest expands it into the
-/// command's requirements and argument table ([`PartitionLaunch::expand`]) on the
-/// scheduler's thread, so submitting a graph costs its caller the same for ten
-/// nodes as for ten thousand, and the buffers' reference counts are touched by one
-/// thread only.
-pub struct PartitionLaunch {
+/// What every submission of an executable graph through one queue shares: the plan,
+/// the parameters' buffers and the queue of that moment. The submitting thread keeps
+/// one until one of them changes, and a submission hands the scheduler a reference
+/// to it and the submission's event; the scheduler's thread makes the partitions'
+/// commands ([`GraphSubmission::commands`]). So submitting costs its caller the same
+/// for ten nodes as for ten thousand, and the reference counts of the plan, the
+/// parameters, the partitions' names and the queue are touched by the scheduler's
+/// thread only, not moved between the caller's core and the scheduler's every frame.
+pub struct GraphLaunch {
     /// The executable plan.
     pub plan: Arc<ExecPlan>,
-    /// The parameters' buffers at submission.
+    /// The parameters' buffers.
     pub params: ParamTable,
-    /// Which partition (its body is [`PartitionBody::Commands`]).
-    pub partition: u32,
+    /// The queue submitted to.
+    pub queue: Arc<QueueCore>,
+    /// Where and under what name the completion marker of a plan with several tail
+    /// partitions (or none) runs.
+    pub marker: (DeviceId, Arc<str>),
+    /// The previous submission of the executable graph (through any launch).
+    pub order: Arc<GraphOrder>,
+    /// The name of each submission's event: that of the partition it completes with,
+    /// or the marker's. A copy: the submitting thread clones it, and the original's
+    /// count belongs to the scheduler's thread.
+    pub event_name: Arc<str>,
 }
 
-impl PartitionLaunch {
-    /// The command's requirements (one per distinct buffer of the argument table,
-    /// then the ordering-only ones of internalized buffers) and its work.
-    ///
-    /// # Panics
-    /// If the partition is not a command buffer (submission sends only those).
-    pub fn expand(self) -> (SmallVec<[Requirement; 4]>, crate::command::Work) {
-        let plan = &self.plan;
-        let PartitionBody::Commands { buffer, entries, internal } =
-            &plan.partitions[self.partition as usize].body
-        else {
-            panic!("partition {} is not a command buffer", self.partition)
+impl GraphLaunch {
+    /// The launch of `plan` with `params` through `queue`.
+    pub fn new(
+        plan: Arc<ExecPlan>,
+        params: ParamTable,
+        queue: Arc<QueueCore>,
+        marker: (DeviceId, Arc<str>),
+        order: Arc<GraphOrder>,
+    ) -> Self {
+        let event_name = match plan.tails.as_slice() {
+            [only] => &plan.partitions[*only as usize].name,
+            _ => &marker.1,
         };
-        let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::with_capacity(entries.len() + internal.len());
-        let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
-        let core = |s: EntrySource| match s {
-            EntrySource::Buffer(b) => &plan.buffers[b as usize],
-            EntrySource::Param(p) => &self.params[p as usize].0,
-        };
-        // Entries have distinct sources; two are one buffer only through a parameter
-        // or an update that merged buffers.
-        let is_param = |e: &Entry| matches!(e.source, EntrySource::Param(_));
-        let may_alias = plan.aliased || entries.iter().chain(internal).any(is_param);
-        let mut add = |e: &Entry, internal| {
-            add_requirement(&mut reqs, core(e.source), e.mode, e.range, internal, may_alias)
-        };
-        for e in entries {
-            args.push((add(e, false), e.mode));
-        }
-        for e in internal {
-            add(e, true);
-        }
-        (reqs, crate::command::Work::CommandBuffer { buffer: buffer.clone(), entries: args })
+        let event_name = Arc::from(&**event_name);
+        Self { plan, params, queue, marker, order, event_name }
     }
+}
+
+/// The completion of an executable graph's latest submission: the next submission
+/// starts after it. Only the scheduler's thread locks it.
+#[derive(Default)]
+pub struct GraphOrder(Mutex<Option<Arc<EventShared>>>);
+
+/// One submission of an executable graph.
+pub struct GraphSubmission {
+    /// What it runs.
+    pub launch: Arc<GraphLaunch>,
+    /// Completes when every partition has (named [`GraphLaunch::event_name`]).
+    pub event: Arc<EventShared>,
+    /// When it was submitted.
+    pub submitted_ns: u64,
+}
+
+impl GraphSubmission {
+    /// Passes `submit` the submission's commands, dependencies first: one per
+    /// partition (its command buffer, or its host task), each waiting for the
+    /// partitions it depends on and the first ones for the previous submission; then,
+    /// unless one partition is the only tail, a marker after the tails. The last one
+    /// completes the submission's event.
+    pub fn commands(self, mut submit: impl FnMut(CommandDesc)) {
+        let GraphSubmission { launch, event: done, submitted_ns } = self;
+        let GraphLaunch { plan, params, queue, marker, order, .. } = &*launch;
+        // The previous submission orders this one; it must not poison it: a finished
+        // (even failed) one is no dependency.
+        let prev = order.0.lock().replace(done.clone());
+        let prev = prev.filter(|e| !e.status().is_final());
+        let only_tail = match plan.tails.as_slice() {
+            [only] => Some(*only as usize),
+            _ => None,
+        };
+        let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::with_capacity(plan.partitions.len());
+        for (i, part) in plan.partitions.iter().enumerate() {
+            let event = match only_tail == Some(i) {
+                true => done.clone(),
+                false => Arc::new(EventShared::new(part.name.clone(), done.runtime, submitted_ns)),
+            };
+            let mut waits: SmallVec<[Arc<EventShared>; 1]> =
+                part.preds.iter().map(|&p| events[p as usize].clone()).collect();
+            if part.preds.is_empty() {
+                waits.extend(prev.iter().cloned());
+            }
+            let (kind, name, device, (requirements, work)) = match &part.body {
+                PartitionBody::Commands { .. } => (
+                    CommandKind::CommandBuffer,
+                    part.name.clone(),
+                    part.device,
+                    partition_command_buffer(plan, params, i),
+                ),
+                PartitionBody::HostTask { node } => {
+                    let n = &plan.nodes[*node as usize];
+                    let NodeWork::HostTask { run, tag, cost_ns } = &n.work else {
+                        unreachable!("host-task partitions hold host tasks")
+                    };
+                    // (Only kernels take dynamic parameters: the requirements are fixed.)
+                    let reqs = n.uses.iter().map(NodeUse::requirement).collect();
+                    let run = run.clone();
+                    let replay: HostFn = Box::new(move |ctx| (run.lock())(ctx));
+                    let work = Work::HostTask { run: SyncCell::new(replay), tag: *tag, cost_ns: *cost_ns };
+                    (CommandKind::HostTask, n.name.clone(), n.device, (reqs, work))
+                }
+            };
+            let queue = queue.clone();
+            submit(CommandDesc {
+                kind,
+                name,
+                queue,
+                device,
+                requirements,
+                work,
+                waits,
+                event: event.clone(),
+                fusion: None,
+            });
+            events.push(event);
+        }
+        if only_tail.is_none() {
+            // Several tails (or none): one marker completes after all of them.
+            let mut waits: SmallVec<[Arc<EventShared>; 1]> =
+                plan.tails.iter().map(|&t| events[t as usize].clone()).collect();
+            if plan.tails.is_empty() {
+                waits.extend(prev);
+            }
+            submit(CommandDesc {
+                kind: CommandKind::Marker,
+                name: marker.1.clone(),
+                queue: queue.clone(),
+                device: marker.0,
+                requirements: SmallVec::new(),
+                work: Work::Marker,
+                waits,
+                event: done,
+                fusion: None,
+            });
+        }
+    }
+}
+
+/// The requirements (one per distinct buffer of the argument table, then the
+/// ordering-only ones of internalized buffers) and the work of command-buffer
+/// partition `partition` of `plan` with the parameters' buffers `params`.
+///
+/// # Panics
+/// If the partition is not a command buffer.
+fn partition_command_buffer(
+    plan: &ExecPlan,
+    params: &ParamTable,
+    partition: usize,
+) -> (SmallVec<[Requirement; 4]>, Work) {
+    let PartitionBody::Commands { buffer, entries, internal } = &plan.partitions[partition].body else {
+        panic!("partition {} is not a command buffer", partition)
+    };
+    let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::with_capacity(entries.len() + internal.len());
+    let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
+    let core = |s: EntrySource| match s {
+        EntrySource::Buffer(b) => &plan.buffers[b as usize],
+        EntrySource::Param(p) => &params[p as usize].0,
+    };
+    // Entries have distinct sources; two are one buffer only through a parameter
+    // or an update that merged buffers.
+    let is_param = |e: &Entry| matches!(e.source, EntrySource::Param(_));
+    let may_alias = plan.aliased || entries.iter().chain(internal).any(is_param);
+    let mut add = |e: &Entry, internal| {
+        add_requirement(&mut reqs, core(e.source), e.mode, e.range, internal, may_alias)
+    };
+    for e in entries {
+        args.push((add(e, false), e.mode));
+    }
+    for e in internal {
+        add(e, true);
+    }
+    (reqs, Work::CommandBuffer { buffer: buffer.clone(), entries: args })
 }
 
 /// Adds a requirement on `buffer` or widens the one already there (looked for only

@@ -30,8 +30,8 @@ pub mod stage;
 pub mod timeline;
 
 pub use command::{
-    Command, CommandDesc, CommandKind, Edges, Execution, Payload, Requirement, Requirements, Status,
-    Successor, SyncCell, Work,
+    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status, Successor,
+    SyncCell, Work,
 };
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use fusion::{
@@ -39,9 +39,9 @@ pub use fusion::{
     InFusion, ListStatus,
 };
 pub use graph::{
-    Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn, GraphNode,
-    GraphNodes, GraphPolicy, GraphProps, GraphShape, KeepAlive, Linearizer, NodeId, NodeList, NodeUse,
-    NodeWork, ParamTable, PartitionBody, PartitionLaunch, PartitionPlan,
+    Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn,
+    GraphLaunch, GraphNode, GraphNodes, GraphOrder, GraphPolicy, GraphProps, GraphShape, GraphSubmission,
+    KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};

@@ -35,6 +35,8 @@ pub enum Message {
     CompleteFusion(Arc<FusionShared>, FusionProps),
     /// The user finalized a command graph.
     FinalizeGraph(Arc<crate::graph::FinalizeJob>),
+    /// The user submitted an executable command graph.
+    SubmitGraph(crate::graph::GraphSubmission),
 }
 
 /// Channels the scheduler drains each flush.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use gantry_components::{
-    BufferCore, ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, Message, Payload, QueueCore,
+    BufferCore, ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, Message, QueueCore,
     Requirement, Work,
 };
 use gantry_driver::{AccessMode, HostStorage};
@@ -139,7 +139,8 @@ impl<T: Pod> Buffer<T> {
             name,
             queue: self.handle.host_queue.clone(),
             device: 0,
-            payload: Payload::Built { requirements: SmallVec::from_iter([req]), work: Work::HostAccess },
+            requirements: SmallVec::from_iter([req]),
+            work: Work::HostAccess,
             waits: SmallVec::new(),
             event: event.clone(),
             fusion: None,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use gantry_components::BufferCore;
 use gantry_components::{
-    ByteRange, CommandDesc, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphNode,
-    GraphNodes, GraphProps, Message, NodeId, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionLaunch,
-    Payload, QueueCore, SyncCell, Work,
+    ByteRange, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphLaunch, GraphNode,
+    GraphNodes, GraphOrder, GraphProps, GraphSubmission, Message, NodeId, NodeUse, NodeWork, ParamTable,
+    PartitionBody, QueueCore, Work,
 };
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -615,7 +615,7 @@ impl CommandGraph {
     pub fn finalize(&self, props: GraphProps) -> Result<ExecutableGraph> {
         let Taken { nodes, keep, params } = self.take()?;
         let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
-        let state = ExecState { plan: Arc::new(plan), keep, params, last: None };
+        let state = ExecState { plan: Arc::new(plan), keep, params, launch: None };
         let id = self.inner.rt.next_id();
         let exec = ExecShared {
             id,
@@ -624,6 +624,7 @@ impl CommandGraph {
             device: self.inner.device,
             rt: self.inner.rt.clone(),
             props,
+            order: Default::default(),
             state: Mutex::new(state),
         };
         Ok(ExecutableGraph { inner: Arc::new(exec) })
@@ -696,16 +697,43 @@ struct ExecState {
     keep: Arc<Vec<KeepAlive>>,
     /// Current buffers of the dynamic parameters.
     params: ParamTable,
-    /// The previous submission's completion: the next one starts after it.
-    last: Option<Arc<EventShared>>,
+    /// What submissions through the queue of the latest one share; `None` once the
+    /// plan or the parameters change (it holds them: a patch of a plan it still held
+    /// would copy the plan).
+    launch: Option<Arc<GraphLaunch>>,
 }
 
 impl ExecState {
+    /// The plan, to change.
+    fn plan_mut(&mut self) -> &mut Arc<ExecPlan> {
+        self.launch = None;
+        &mut self.plan
+    }
+
+    /// Points the dynamic parameters at `params`.
+    fn set_params(&mut self, params: ParamTable) {
+        self.launch = None;
+        self.params = params;
+    }
+
     /// Takes the buffers of the graph a whole-graph update came from.
     fn set_graph(&mut self, keep: Arc<Vec<KeepAlive>>, params: ParamTable) {
         self.keep = keep;
         if !params.is_empty() {
-            self.params = params;
+            self.set_params(params);
+        }
+    }
+
+    /// The launch for a submission through `queue`: the current one, or a new one.
+    fn launch(&mut self, queue: &Arc<QueueCore>, exec: &ExecShared) -> Arc<GraphLaunch> {
+        match &self.launch {
+            Some(launch) if Arc::ptr_eq(&launch.queue, queue) => launch.clone(),
+            _ => {
+                let marker = (exec.device, exec.name.clone());
+                let (plan, params, queue, order) =
+                    (self.plan.clone(), self.params.clone(), queue.clone(), exec.order.clone());
+                self.launch.insert(Arc::new(GraphLaunch::new(plan, params, queue, marker, order))).clone()
+            }
         }
     }
 }
@@ -718,6 +746,8 @@ struct ExecShared {
     props: GraphProps,
     /// The name of the marker a submission with several tail partitions ends with.
     name: Arc<str>,
+    /// The latest submission, which the next one waits for.
+    order: Arc<GraphOrder>,
     state: Mutex<ExecState>,
 }
 
@@ -822,7 +852,7 @@ impl ExecutableGraph {
         }
         let mut params = st.params.to_vec();
         params[param.index as usize] = (buffer.core().clone(), buffer.keep_alive());
-        st.params = params.into();
+        st.set_params(params.into());
         Ok(())
     }
 
@@ -840,7 +870,7 @@ impl ExecutableGraph {
             // submission holds them), no scheduler round trip.
             let drivers: Option<Vec<_>> =
                 self.inner.rt.drivers.iter().map(std::sync::Weak::upgrade).collect();
-            match patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, &mut st.plan) {
+            match patch_plan(&drivers.ok_or(Error::RuntimeDropped)?, &nodes, st.plan_mut()) {
                 PatchOutcome::Patched => {
                     st.set_graph(keep, params);
                     return Ok(());
@@ -857,98 +887,21 @@ impl ExecutableGraph {
         drop(st); // the scheduler records; submissions go on meanwhile
         let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, self.inner.props, reuse)?;
         let mut st = self.inner.state.lock();
-        st.plan = Arc::new(plan);
+        *st.plan_mut() = Arc::new(plan);
         st.set_graph(keep, params);
         Ok(())
     }
 
-    /// Submits one execution (see [`Queue::submit_graph`](crate::Queue::submit_graph)).
+    /// Submits one execution (see [`Queue::submit_graph`](crate::Queue::submit_graph)):
+    /// one message, whose partition commands the scheduler's thread makes. Submissions
+    /// of one graph run one after another, in the order their messages arrive.
     pub(crate) fn submit(&self, queue: &Arc<QueueCore>) -> Result<Event> {
         let rt = &self.inner.rt;
-        let mut st = self.inner.state.lock();
-        let (plan, params) = (st.plan.clone(), st.params.clone());
-        let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::new();
-        // Submissions of one graph run one after another. The edge orders; it must not
-        // poison: a finished (even failed) previous submission is no dependency.
-        let prev = st.last.clone().filter(|e| !e.status().is_final());
-        let send = |desc: CommandDesc| rt.send(Message::Submit(desc)).map_err(|_| Error::RuntimeDropped);
-        let now = rt.now_ns();
-        for (i, part) in plan.partitions.iter().enumerate() {
-            let name = part.name.clone();
-            let event = Arc::new(EventShared::new(name.clone(), rt.id, now));
-            let mut waits: SmallVec<[Arc<EventShared>; 1]> =
-                part.preds.iter().map(|&p| events[p as usize].clone()).collect();
-            if part.preds.is_empty() {
-                waits.extend(prev.iter().cloned());
-            }
-            let desc = match &part.body {
-                PartitionBody::Commands { .. } => CommandDesc {
-                    kind: CommandKind::CommandBuffer,
-                    name,
-                    queue: queue.clone(),
-                    device: part.device,
-                    payload: Payload::Partition(PartitionLaunch {
-                        plan: plan.clone(),
-                        params: params.clone(),
-                        partition: i as u32,
-                    }),
-                    waits,
-                    event: event.clone(),
-                    fusion: None,
-                },
-                PartitionBody::HostTask { node } => {
-                    let n = &plan.nodes[*node as usize];
-                    let NodeWork::HostTask { run, tag, cost_ns } = &n.work else {
-                        unreachable!("host-task partitions hold host tasks")
-                    };
-                    // (Only kernels take dynamic parameters: the requirements are fixed.)
-                    let reqs = n.uses.iter().map(NodeUse::requirement).collect();
-                    let run = run.clone();
-                    let replay: gantry_components::command::HostFn = Box::new(move |ctx| (run.lock())(ctx));
-                    CommandDesc {
-                        kind: CommandKind::HostTask,
-                        name: n.name.clone(),
-                        queue: queue.clone(),
-                        device: n.device,
-                        payload: Payload::Built {
-                            requirements: reqs,
-                            work: Work::HostTask { run: SyncCell::new(replay), tag: *tag, cost_ns: *cost_ns },
-                        },
-                        waits,
-                        event: event.clone(),
-                        fusion: None,
-                    }
-                }
-            };
-            send(desc)?;
-            events.push(event);
-        }
-        let tails = &plan.tails;
-        let done = match tails.as_slice() {
-            [only] => events[*only as usize].clone(),
-            _ => {
-                // Several tails (or none): one marker completes after all of them.
-                let name = self.inner.name.clone();
-                let event = Arc::new(EventShared::new(name.clone(), rt.id, now));
-                let mut waits: SmallVec<[Arc<EventShared>; 1]> =
-                    tails.iter().map(|&t| events[t as usize].clone()).collect();
-                if tails.is_empty() {
-                    waits.extend(prev.iter().cloned());
-                }
-                send(CommandDesc {
-                    kind: CommandKind::Marker,
-                    name,
-                    queue: queue.clone(),
-                    device: self.inner.device,
-                    payload: Payload::Built { requirements: SmallVec::new(), work: Work::Marker },
-                    waits,
-                    event: event.clone(),
-                    fusion: None,
-                })?;
-                event
-            }
-        };
-        st.last = Some(done.clone());
-        Ok(Event { shared: done, rt: Arc::downgrade(rt), fusion: None, node: None })
+        let launch = self.inner.state.lock().launch(queue, &self.inner);
+        let submitted_ns = rt.now_ns();
+        let event = Arc::new(EventShared::new(launch.event_name.clone(), rt.id, submitted_ns));
+        let submission = GraphSubmission { launch, event: event.clone(), submitted_ns };
+        rt.send(Message::SubmitGraph(submission))?;
+        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None, node: None })
     }
 }

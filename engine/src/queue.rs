@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use gantry_components::{
     warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
-    FusionShared, FusionStatus, Message, Payload, QueueCore, Work,
+    FusionShared, FusionStatus, Message, QueueCore, Work,
 };
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -372,7 +372,8 @@ impl Queue {
             name,
             queue: self.handle.core.clone(),
             device,
-            payload: Payload::Built { requirements, work },
+            requirements,
+            work,
             waits,
             event: event.clone(),
             fusion,

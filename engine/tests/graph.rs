@@ -416,6 +416,31 @@ fn whole_graph_update_between_submissions_without_waits() {
     }
 }
 
+/// Each submission's commands belong to the queue it was made through, also when
+/// submissions alternate between queues, and they still run one after another.
+#[test]
+fn submissions_through_several_queues_belong_to_their_queue() {
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).timeline(true).build();
+    let buf = rt.buffer(&[1u32; 64]);
+    let g = rt.graph();
+    affine(&g, &buf, 3, 1, &[]);
+    let exec = g.finalize(GraphProps::default()).unwrap();
+    let (q1, q2) = (rt.queue(), rt.queue());
+    let order = [&q1, &q2, &q2, &q1, &q2];
+    let events: Vec<_> = order.iter().map(|q| q.submit_graph(&exec).unwrap()).collect();
+    for e in &events {
+        e.wait().unwrap();
+    }
+    assert_eq!(buf.to_vec().unwrap(), vec![(0..5).fold(1u32, |x, _| x * 3 + 1); 64]);
+    let timeline = rt.timeline().unwrap();
+    let replays: Vec<_> = timeline.slices.iter().filter(|s| s.kind.name() == "command_buffer").collect();
+    let queues: Vec<_> = replays.iter().map(|s| s.queue).collect();
+    assert_eq!(queues, order.map(|q| Some(q.id())));
+    for pair in replays.windows(2) {
+        assert!(pair[1].start_ns >= pair[0].end_ns, "serialized: {pair:?}");
+    }
+}
+
 /// Two branches with a host task each, on `device` (six partitions): x*2 → host(+1)
 /// → x+5 and y*3 → host(+1) → y+7.
 fn branches(

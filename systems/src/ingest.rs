@@ -10,73 +10,87 @@ use smallvec::SmallVec;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CancelReason, Command, CommandKind, Devices, Edges, Execution, Finished, FusionList, FusionOutcome,
-    FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements, SchedulerConfig,
-    Stats, Status, Work, WorkLists,
+    CancelReason, Command, CommandDesc, CommandKind, Devices, Edges, Execution, Finished, FusionList,
+    FusionOutcome, FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements,
+    SchedulerConfig, Stats, Status, Work, WorkLists,
 };
+
+/// The commands one ingest pass spawns, in submission order.
+struct NewCommands {
+    /// The sequence number of the pass's first command.
+    first_seq: u64,
+    spawned: Vec<Entity>,
+    /// Virtual clocks only move when drivers poll (the retire stage), so one reading
+    /// serves every command of the pass.
+    clocks: Option<SmallVec<[u64; 4]>>,
+}
+
+impl NewCommands {
+    fn new(world: &World) -> Self {
+        Self { first_seq: world.resource::<Stats>().submitted, spawned: Vec::new(), clocks: None }
+    }
+
+    /// The sequence number of the next command (fusion requests are ordered by it).
+    fn next_seq(&self) -> u64 {
+        self.first_seq + self.spawned.len() as u64
+    }
+
+    /// Spawns the command `desc` describes; a kernel of a fusing queue joins its list.
+    fn spawn(&mut self, world: &mut World, q: &mut Queries, desc: CommandDesc) {
+        let seq = self.next_seq();
+        let CommandDesc { kind, name, queue, device, requirements, work, waits, event, fusion } = desc;
+        let list = fusion.and_then(|f| f.list.get());
+        let buffers: SmallVec<[u64; 4]> = match list {
+            Some(_) => requirements.iter().map(|r| r.buffer.id).collect(),
+            None => SmallVec::new(),
+        };
+        let clocks = self.clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
+        let bundle = (
+            Command { kind, name, queue: Some(queue), device, seq },
+            Requirements(requirements),
+            Edges::default(),
+            Execution {
+                status: Status::New,
+                work: Some(work),
+                handle: None,
+                event: event.clone(),
+                waits,
+                not_before_ns: clocks[device as usize],
+            },
+        );
+        let e = match list {
+            None => world.spawn(bundle).id(),
+            Some(list) => world.spawn((bundle, InFusion { list })).id(),
+        };
+        q.refresh(world);
+        event.command.set(e);
+        self.spawned.push(e);
+        if let Some(list) = list {
+            let mut list = q.list_mut(world, list).expect("fusion list");
+            list.kernels.push(e);
+            for b in buffers {
+                if !list.buffers.contains(&b) {
+                    list.buffers.push(b);
+                }
+            }
+        }
+    }
+}
 
 /// The ingest stage system.
 pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
     let rx = world.resource::<Inbox>().messages.clone();
-    let first_seq = world.resource::<Stats>().submitted;
-    let mut new_commands = Vec::new();
+    let mut commands = NewCommands::new(world);
     let mut messages = 0u64;
-    // Virtual clocks only move when drivers poll (the retire stage), so one reading
-    // serves every command of this pass.
-    let mut clocks: Option<SmallVec<[u64; 4]>> = None;
     while let Ok(msg) = rx.try_recv() {
         messages += 1;
         match msg {
-            Message::Submit(desc) => {
-                let seq = first_seq + new_commands.len() as u64;
-                let event = desc.event;
-                let list = desc.fusion.and_then(|f| f.list.get());
-                let (requirements, work) = desc.payload.into_parts();
-                let buffers: SmallVec<[u64; 4]> = match list {
-                    Some(_) => requirements.iter().map(|r| r.buffer.id).collect(),
-                    None => SmallVec::new(),
-                };
-                let clocks = clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
-                let bundle = (
-                    Command {
-                        kind: desc.kind,
-                        name: desc.name,
-                        queue: Some(desc.queue),
-                        device: desc.device,
-                        seq,
-                    },
-                    Requirements(requirements),
-                    Edges::default(),
-                    Execution {
-                        status: Status::New,
-                        work: Some(work),
-                        handle: None,
-                        event: event.clone(),
-                        waits: desc.waits,
-                        not_before_ns: clocks[desc.device as usize],
-                    },
-                );
-                let e = match list {
-                    None => world.spawn(bundle).id(),
-                    Some(list) => world.spawn((bundle, InFusion { list })).id(),
-                };
-                q.refresh(world);
-                event.command.set(e);
-                new_commands.push(e);
-                if let Some(list) = list {
-                    let mut list = q.list_mut(world, list).expect("fusion list");
-                    list.kernels.push(e);
-                    for b in buffers {
-                        if !list.buffers.contains(&b) {
-                            list.buffers.push(b);
-                        }
-                    }
-                }
-            }
+            Message::Submit(desc) => commands.spawn(world, q, desc),
+            Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
             Message::StartFusion(queue, shared) => {
-                let seq = first_seq + new_commands.len() as u64;
+                let seq = commands.next_seq();
                 start_fusion(world, q, queue, shared, seq);
             }
             Message::CancelFusion(shared) => {
@@ -91,7 +105,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 }
             }
             Message::CompleteFusion(shared, props) => {
-                let seq = first_seq + new_commands.len() as u64;
+                let seq = commands.next_seq();
                 if let Some(list) = shared.list.get() {
                     request(world, q, list, |l| l.complete = Some((seq, props)));
                 }
@@ -151,9 +165,9 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
             }
         }
     }
-    let spawned = new_commands.len() as u64;
+    let spawned = commands.spawned.len() as u64;
     if spawned > 0 {
-        world.resource_mut::<WorkLists>().resolve.extend(new_commands);
+        world.resource_mut::<WorkLists>().resolve.extend(commands.spawned);
     }
     if messages > 0 {
         let mut stats = world.resource_mut::<Stats>();

@@ -8,7 +8,7 @@ use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use gantry_components::{
     BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Message,
-    Payload, QueueCore, Requirement, SchedulerConfig, Work,
+    QueueCore, Requirement, SchedulerConfig, Work,
 };
 use gantry_driver::sync::channel::{unbounded, Sender};
 use gantry_driver::sync::Mutex;
@@ -152,7 +152,8 @@ impl Harness {
             name: "cmd".into(),
             queue: queue.clone(),
             device,
-            payload: Payload::Built { requirements, work },
+            requirements,
+            work,
             waits: waits.iter().map(|w| (*w).clone()).collect(),
             event: event.clone(),
             fusion: None,
