@@ -19,8 +19,8 @@ pub type DeviceId = u32;
 /// A message from user threads to the scheduler.
 #[allow(clippy::large_enum_variant)]
 pub enum Message {
-    /// A command group (sent by value: a box would cost an allocation per command).
-    Submit(CommandDesc),
+    /// A command group.
+    Submit(Box<CommandDesc>),
     /// The user dropped the last handle to a buffer.
     DropBuffer(Arc<BufferCore>),
     /// The user dropped a queue.
@@ -38,6 +38,12 @@ pub enum Message {
     /// The user submitted an executable command graph.
     SubmitGraph(crate::graph::GraphSubmission),
 }
+
+// Every channel slot has the size of the largest message: a graph submission, the
+// most frequent message of a frame loop, would otherwise carry a command group's
+// worth of zeroed and copied bytes (and cache lines between the submitting core and
+// the scheduler's). So a command group is boxed.
+const _: () = assert!(std::mem::size_of::<Message>() <= 32);
 
 /// Channels the scheduler drains each flush.
 #[derive(Resource)]

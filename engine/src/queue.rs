@@ -367,7 +367,7 @@ impl Queue {
         let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
         with_event(&event);
         let device = if on_host { rt.host_task_device(self.device()) } else { self.device() };
-        rt.send(Message::Submit(CommandDesc {
+        rt.send(Message::Submit(Box::new(CommandDesc {
             kind,
             name,
             queue: self.handle.core.clone(),
@@ -377,7 +377,7 @@ impl Queue {
             waits,
             event: event.clone(),
             fusion,
-        }))
+        })))
         .map_err(|_| Error::RuntimeDropped)?;
         Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None, node: None })
     }

@@ -87,7 +87,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     while let Ok(msg) = rx.try_recv() {
         messages += 1;
         match msg {
-            Message::Submit(desc) => commands.spawn(world, q, desc),
+            Message::Submit(desc) => commands.spawn(world, q, *desc),
             Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
             Message::StartFusion(queue, shared) => {
                 let seq = commands.next_seq();

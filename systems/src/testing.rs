@@ -158,7 +158,7 @@ impl Harness {
             event: event.clone(),
             fusion: None,
         };
-        self.tx.send(Message::Submit(desc)).unwrap();
+        self.tx.send(Message::Submit(Box::new(desc))).unwrap();
         event
     }
 
