@@ -162,10 +162,15 @@ pub struct Completion {
 /// failure can put them back. Taken from a [`SnapshotPool`], to which it hands its
 /// copies back when dropped.
 pub struct Snapshot {
-    saved: Vec<(Binding, Vec<u8>)>,
+    saved: SmallVec<[(Binding, SavedBytes); 2]>,
     /// Where its copies go back; `None` when none is large enough to be pooled.
     pool: Option<Arc<SnapshotPool>>,
 }
+
+/// One saved range: inline up to 64 bytes (a small buffer's whole contents), so that
+/// the snapshot of a small kernel's output costs no allocation.
+type SavedBytes = SmallVec<[u8; SAVED_INLINE]>;
+const SAVED_INLINE: usize = 64;
 
 impl Snapshot {
     /// Writes the saved bytes back.
@@ -184,7 +189,7 @@ impl Drop for Snapshot {
     fn drop(&mut self) {
         if let Some(pool) = &self.pool {
             for (_, bytes) in self.saved.drain(..) {
-                pool.put(bytes);
+                pool.put(bytes.into_vec());
             }
         }
     }
@@ -257,14 +262,18 @@ impl SnapshotPool {
         self: &Arc<Self>,
         args: impl IntoIterator<Item = (AccessMode, Binding)>,
     ) -> Snapshot {
-        let saved: Vec<(Binding, Vec<u8>)> = args
+        let saved: SmallVec<[(Binding, SavedBytes); 2]> = args
             .into_iter()
             .filter(|(mode, _)| mode.writes())
             .map(|(_, b)| {
-                let mut copy = self.get(b.len);
                 // SAFETY: the caller guarantees validity.
-                copy.extend_from_slice(unsafe { std::slice::from_raw_parts(b.ptr, b.len) });
-                (b, copy)
+                let bytes = unsafe { std::slice::from_raw_parts(b.ptr, b.len) };
+                if bytes.len() <= SAVED_INLINE {
+                    return (b, SavedBytes::from_slice(bytes));
+                }
+                let mut copy = self.get(b.len);
+                copy.extend_from_slice(bytes);
+                (b, SavedBytes::from_vec(copy))
             })
             .collect();
         let pooled = saved.iter().any(|(_, c)| c.capacity() >= Self::MIN_POOLED);
