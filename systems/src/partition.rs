@@ -421,7 +421,9 @@ impl Layout {
 /// the device of its counterpart (what, with the same topology, decides the
 /// partitions).
 pub fn check_topology(a: &[GraphNode], b: &[GraphNode]) -> Result<bool, String> {
-    same_node_count(a, b)?;
+    if a.len() != b.len() {
+        return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
+    }
     let mut same_devices = true;
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         same_devices &= same_node_topology(i, x, y)?;
@@ -429,32 +431,19 @@ pub fn check_topology(a: &[GraphNode], b: &[GraphNode]) -> Result<bool, String> 
     Ok(same_devices)
 }
 
-/// [`check_topology`]'s first rule: as many nodes.
-fn same_node_count(a: &[GraphNode], b: &[GraphNode]) -> Result<(), String> {
-    match a.len() == b.len() {
-        true => Ok(()),
-        false => Err(format!("{} nodes, the update has {}", a.len(), b.len())),
-    }
-}
-
 /// [`check_topology`] for node `i`.
-#[inline]
 fn same_node_topology(i: usize, x: &GraphNode, y: &GraphNode) -> Result<bool, String> {
-    // (Element by element: a node has a few predecessors, too few for `memcmp`.)
-    let same_preds = |a: &[NodeId], b: &[NodeId]| a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p == q);
-    if x.kind != y.kind || !same_preds(&x.preds, &y.preds) {
-        return Err(topology_difference(i, x, y));
+    if x.kind != y.kind {
+        return Err(format!(
+            "node {i} is of kind {}, in the update of kind {}",
+            x.kind.name(),
+            y.kind.name()
+        ));
+    }
+    if x.preds != y.preds {
+        return Err(format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds));
     }
     Ok(x.device == y.device)
-}
-
-/// Why node `i` has another kind or other edges in `y` than in `x`.
-#[cold]
-fn topology_difference(i: usize, x: &GraphNode, y: &GraphNode) -> String {
-    if x.kind != y.kind {
-        return format!("node {i} is of kind {}, in the update of kind {}", x.kind.name(), y.kind.name());
-    }
-    format!("node {i} depends on {:?}, in the update on {:?}", x.preds, y.preds)
 }
 
 /// What [`patch_plan`] did.
@@ -553,50 +542,39 @@ struct PlanPatch<'a> {
 }
 
 /// The [`PlanPatch`] that makes `old` run `nodes`; `None` when the nodes do not fit
-/// the plan that way, the reason when a node's topology differs. Every node is
-/// checked before any driver is asked to patch: at once when both lists have the
-/// same [`GraphShape`](gantry_components::GraphShape), else node by node (host
-/// tasks, which run the node the plan holds at submission, may then use other
-/// ranges).
+/// the plan that way, the reason when their topology differs. Every node is
+/// checked before any driver is asked to patch: at once, by comparing the two lists'
+/// [`GraphShape`](gantry_components::GraphShape)s; node by node only when they
+/// differ, for the reason.
 fn plan_patches<'a>(nodes: &'a GraphNodes, old: &ExecPlan) -> Result<Option<PlanPatch<'a>>, String> {
-    same_node_count(&old.nodes, nodes)?;
+    if old.nodes.shape() != nodes.shape() {
+        // Other edges or kinds are an error; other devices, ranges, modes or
+        // parameter slots keep no argument table: the caller records.
+        check_topology(&old.nodes, nodes)?;
+        return Ok(None);
+    }
     if !old.fused.is_empty() {
         return Ok(None);
     }
-    let same_shape = old.nodes.shape() == nodes.shape();
     let mut buffers: Vec<Option<&Arc<BufferCore>>> = vec![None; old.buffers.len()];
     // Node by node in index order (memory order: partitions list them in execution
     // order); gathered into each partition's operation order by the caller.
     let mut patches: Vec<OpPatch<'a>> = Vec::with_capacity(nodes.len());
     let mut slot_buffers = old.slot_buffers.as_slice();
-    for (i, b) in nodes.iter().enumerate() {
-        // The slots the plan numbered for the node it holds.
-        let slots = match same_shape {
-            true => b.uses.len(),
-            false => {
-                let a = &old.nodes[i];
-                if !same_node_topology(i, a, b)? {
-                    return Ok(None); // another device: other partitions
-                }
-                if b.kind != CommandKind::HostTask && !same_uses(a, b) {
-                    return Ok(None);
-                }
-                a.uses.len()
-            }
-        };
-        let Some((slots, rest)) = slot_buffers.split_at_checked(slots) else {
+    for b in nodes.iter() {
+        // (The same shape: the plan numbered as many slots for the node it holds.)
+        let Some((slots, rest)) = slot_buffers.split_at_checked(b.uses.len()) else {
             return Ok(None); // (the plan lists every node's slots)
         };
         slot_buffers = rest;
-        if b.kind != CommandKind::HostTask {
-            for (rb, &k) in b.uses.iter().zip(slots) {
-                // None for `u32::MAX`: a dynamic parameter, bound at submission.
-                if let Some(slot) = buffers.get_mut(k as usize) {
-                    match slot {
-                        None => *slot = Some(&rb.buffer),
-                        Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
-                        Some(_) => return Ok(None),
-                    }
+        for (rb, &k) in b.uses.iter().zip(slots) {
+            // None for `u32::MAX`: a dynamic parameter's slot or a host task's (its
+            // partition runs the node the plan holds), bound at submission.
+            if let Some(slot) = buffers.get_mut(k as usize) {
+                match slot {
+                    None => *slot = Some(&rb.buffer),
+                    Some(mapped) if Arc::ptr_eq(mapped, &rb.buffer) => {}
+                    Some(_) => return Ok(None),
                 }
             }
         }
@@ -606,16 +584,6 @@ fn plan_patches<'a>(nodes: &'a GraphNodes, old: &ExecPlan) -> Result<Option<Plan
         return Ok(None); // (each of the plan's buffers is some checked slot's)
     };
     Ok(Some(PlanPatch { buffers, patches }))
-}
-
-/// Whether `b` uses the ranges `a` does, in the same way, with the same dynamic
-/// parameters (its buffers aside).
-fn same_uses(a: &GraphNode, b: &GraphNode) -> bool {
-    a.uses.len() == b.uses.len()
-        && a.params == b.params
-        && a.uses.iter().zip(&b.uses).all(|(x, y)| {
-            (x.mode, x.range, x.internal, x.elem_size) == (y.mode, y.range, y.internal, y.elem_size)
-        })
 }
 
 /// Groups a partition's kernels into chains to fuse (in execution order). A copy,

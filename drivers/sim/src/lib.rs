@@ -2375,8 +2375,8 @@ mod tests {
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
         assert_eq!(run(&original), 104, "the original is unchanged");
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10 + 1; CB_N]);
-        // Held by nothing else, `patched` is patched in place: patching the original
-        // kernel back must also drop the binding that holds the dearer kernel's cost.
+        // Held by nothing else, `patched` is patched in place: patching a kernel of the
+        // default cost back must also drop the binding that holds the dearer one's.
         drop(original);
         let before = Arc::as_ptr(&patched);
         d.patch_command_buffer(&mut patched, &[OpPatch::Kernel { kernel: &kernel, geometry: &geometry }])
