@@ -233,7 +233,8 @@ pub struct FusionList {
     pub queue: Arc<QueueCore>,
     /// Where it is.
     pub status: ListStatus,
-    /// The fusion command: completes after the listed kernels (or the fused one).
+    /// The fusion command: completes after the listed kernels of a cancelled list, and
+    /// becomes the fused kernel of a fused one.
     pub command: Entity,
     /// Whether the fusion command is still held back (until the list ends and every
     /// kernel the queue sent has been ingested).
@@ -245,12 +246,62 @@ pub struct FusionList {
     /// Buffers the listed kernels use.
     pub buffers: SmallVec<[u64; 8]>,
     /// Other active lists some listed kernel depends on.
-    pub deps: SmallVec<[Entity; 2]>,
+    pub deps: SmallVec<[ListRef; 2]>,
+    /// Which fusion of its queue this list holds: [`FusionList::restart`] counts up,
+    /// so a [`ListRef`] to an earlier fusion no longer matches.
+    pub epoch: u32,
     /// `complete_fusion` was ingested: commands submitted from this sequence number on
     /// come after the fusion and do not cancel it.
     pub complete: Option<(u64, FusionProps)>,
     /// A cancellation asked for by a message (user cancel, buffer or queue dropped).
     pub cancel: Option<CancelReason>,
+}
+
+impl FusionList {
+    /// A list for the fusion `shared` of `queue`, whose fusion command is `command`.
+    pub fn new(shared: Arc<FusionShared>, queue: Arc<QueueCore>, command: Entity) -> Self {
+        Self {
+            shared,
+            queue,
+            status: ListStatus::Active,
+            command,
+            command_held: true,
+            kernels: Vec::new(),
+            held: Vec::new(),
+            buffers: SmallVec::new(),
+            deps: SmallVec::new(),
+            epoch: 0,
+            complete: None,
+            cancel: None,
+        }
+    }
+
+    /// Makes this list, ended and its command gone, the list of a new fusion: as
+    /// [`FusionList::new`], keeping the vectors' memory.
+    pub fn restart(&mut self, shared: Arc<FusionShared>, queue: Arc<QueueCore>, command: Entity) {
+        self.shared = shared;
+        self.queue = queue;
+        self.status = ListStatus::Active;
+        self.command = command;
+        self.command_held = true;
+        self.kernels.clear();
+        self.held.clear();
+        self.buffers.clear();
+        self.deps.clear();
+        self.epoch = self.epoch.wrapping_add(1);
+        self.complete = None;
+        self.cancel = None;
+    }
+}
+
+/// A reference to one fusion's list: the entity and its epoch (a queue's list entity
+/// is reset for the queue's next fusion once it has ended).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListRef {
+    /// The list entity.
+    pub list: Entity,
+    /// Its [`FusionList::epoch`] when referred to.
+    pub epoch: u32,
 }
 
 /// Marks a kernel command submitted to a fusion list.

@@ -36,7 +36,7 @@ pub use command::{
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use fusion::{
     warn_fusion, CancelReason, FusionList, FusionOutcome, FusionProps, FusionShared, FusionStatus, Fusions,
-    InFusion, ListStatus,
+    InFusion, ListRef, ListStatus,
 };
 pub use graph::{
     Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn,

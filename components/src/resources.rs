@@ -184,4 +184,9 @@ pub struct Stats {
     pub in_driver: u64,
     /// Memory records alive in the world.
     pub live_records: u64,
+    /// Fusion lists replaced by a fused kernel.
+    pub fusions_fused: u64,
+    /// Fusion lists cancelled (explicitly, early, or by the fusion compiler): their
+    /// kernels ran unfused.
+    pub fusions_cancelled: u64,
 }

@@ -48,7 +48,7 @@ fn ready_order_policy_changes_the_schedule() {
     let (w, m) = (repo("workloads/game_frame.json"), repo("workloads/machines/gpu.json"));
     let (_, fifo, _) = run(&[&w, &m]);
     // The frame's fusion window fused its two particle kernels, every frame.
-    assert!(line(&fifo, "commands:").contains("fusion 8"), "{fifo}");
+    assert!(line(&fifo, "fusions:").contains("8 fused, 0 cancelled"), "{fifo}");
     let (code, lifo, err) = run(&[&w, &m, "--ready", "lifo"]);
     assert_eq!(code, 0, "{err}");
     assert!(lifo.contains("ready order lifo"));

@@ -730,6 +730,35 @@ fn regression_dropping_after_complete_fusion_cancels_it() {
     }
 }
 
+/// Found when a queue's ended list became reusable for its next fusion. `q2`'s list
+/// depends on `q1`'s (`#6` writes after `#5`); `q1`'s list is fused and waited for,
+/// and `#10` starts a new fusion on `q1` in the same list entity. The fill `#9`,
+/// submitted after `q2`'s completion, depends on `q2`'s held kernel: it must not
+/// cancel what `q2`'s list depended on, which is `q1`'s first fusion (over), not the
+/// empty one now in that entity. Window `#10` ends `Empty`, not `Dependent`.
+#[test]
+fn regression_a_reset_list_is_not_the_list_another_depended_on() {
+    check_everywhere(&parse(
+        "Program {
+          buffers: b0[1] (seed 0x118222b2); b1[5] (seed 0x0);
+          queues: q0 out-of-order; q1 out-of-order; q2 out-of-order;
+          #0   q0@cpu fill b0[0..1] = 0x0
+          #1   q0@cpu fill b0[0..1] = 0x0
+          #2   q0@cpu fill b0[0..1] = 0x0
+          #3   q1@cpu.start_fusion()
+          #4   q2@cpu.start_fusion()
+          #5   q1@cpu kernel salt=0x0 reads [] writes [b0[0..1] w]
+          #6   q2@cpu kernel salt=0x0 reads [] writes [b0[0..1] w]
+          #7   q1@cpu.complete_fusion(barriers) wait
+          #8   q2@cpu.complete_fusion(barriers)
+          #9   q0@cpu fill b0[0..1] = 0x0
+          #10  q1@cpu.start_fusion()
+          #11  q1@cpu.complete_fusion(barriers)
+          #12  q0@cpu fill b0[0..1] = 0x0
+        }",
+    ));
+}
+
 // ---------------------------------------------------------------------------------
 // Coverage
 // ---------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 //!
 //! Kernels submitted to a fusing queue are resolved like any command — they are in
 //! the dependency graph and the memory records' leaves — but *held*: one extra blocker
-//! keeps them from enqueue. The list's fusion command is held the same way.
+//! keeps them from enqueue. The list's fusion command is held the same way; it gets
+//! an edge from each listed kernel only when the list is cancelled and they run as
+//! they are (a fused list needs none).
 //!
 //! **Fusion-sync** cancels a list early (as `cancel_fusion` would) when it must:
 //! a command that is not fused depends on a held kernel, by a requirement or an event
@@ -18,10 +20,15 @@
 //! failure the list is cancelled with a warning. On success the listed kernels are
 //! replaced: the fused kernel gets the union of their requirements (one per buffer)
 //! and of their edges, minus the edges among them; their memory-record leaves become
-//! the fused kernel's; queue order follows it; and the fusion command now waits for
-//! it. Replacing leaves in place is the same as the seed's "restore the leaves and add
+//! the fused kernel's; queue order follows it. The fused kernel *is* the fusion
+//! command from then on (its entity and its event take the kernel's work), so a
+//! fusion adds one command to the kernels it saves, not two. Replacing leaves in place is the same as the seed's "restore the leaves and add
 //! the fused kernel": nothing resolved between the listed kernels depends on them (it
 //! would have cancelled the fusion), so the fused kernel stands exactly where they did.
+//!
+//! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
+//! resets it once it has ended and its command is gone. [`ListRef`]s between lists
+//! carry the list's epoch, so a reference to an ended fusion never names the next.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -30,9 +37,8 @@ use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 use gantry_components::{
-    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared, Execution,
-    FusionOutcome, FusionProps, Fusions, Leaf, ListStatus, Requirement, Requirements, SchedulerConfig, Stats,
-    Status, Successor, Work, WorkLists,
+    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, FusionOutcome, FusionProps, Fusions,
+    Leaf, ListRef, ListStatus, Requirement, Stats, Status, Successor, Work, WorkLists,
 };
 use gantry_driver::fusion::{Fused, FusionArg, FusionKernel, FusionRequest};
 use gantry_driver::AccessMode;
@@ -118,17 +124,18 @@ fn cancels(world: &World, q: &mut Queries, list: Entity, seq: u64) -> bool {
 /// The active lists `list` depends on, directly or through other active lists.
 fn upstream(world: &World, q: &mut Queries, list: Entity) -> SmallVec<[Entity; 4]> {
     let mut found = SmallVec::<[Entity; 4]>::new();
-    let mut stack: SmallVec<[Entity; 4]> = SmallVec::new();
-    let active = |q: &mut Queries, l: Entity| q.list(world, l).filter(|l| l.status == ListStatus::Active);
-    if let Some(l) = active(q, list) {
+    let mut stack: SmallVec<[ListRef; 4]> = SmallVec::new();
+    if let Some(l) = q.list(world, list).filter(|l| l.status == ListStatus::Active) {
         stack.extend(l.deps.iter().copied());
     }
-    while let Some(l) = stack.pop() {
-        if found.contains(&l) {
+    while let Some(r) = stack.pop() {
+        if found.contains(&r.list) {
             continue;
         }
-        if let Some(dep) = active(q, l) {
-            found.push(l);
+        // (A list that ended may have been reset for a newer fusion of its queue.)
+        let current = q.list(world, r.list).filter(|l| l.status == ListStatus::Active && l.epoch == r.epoch);
+        if let Some(dep) = current {
+            found.push(r.list);
             stack.extend(dep.deps.iter().copied());
         }
     }
@@ -143,13 +150,17 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
     let (kind, seq, name) = (cmd.kind, cmd.seq, cmd.name.clone());
     let preds = q.edges(world, e).map(|x| x.preds.clone()).unwrap_or_default();
     let own = q.in_fusion(world, e).filter(|_| kind == CommandKind::Kernel);
-    if let Some(list) = own {
-        // The fusion command completes after every listed kernel.
+    let held = own.filter(|&l| held_in(world, q, e) == Some(l));
+    if let (Some(list), None) = (own, held) {
+        // A listed kernel that runs unfused: the fusion command completes after it.
+        // (Held kernels get that edge when their list is cancelled, maybe already.)
         if let Some(command) = q.list(world, list).map(|l| l.command) {
-            add_edge(world, q, e, command);
+            if !q.edges(world, command).is_some_and(|x| x.preds.contains(&e)) {
+                add_edge(world, q, e, command);
+            }
         }
     }
-    match own.filter(|&l| held_in(world, q, e) == Some(l)) {
+    match held {
         Some(list) => {
             for p in preds {
                 let Some(other) = held_in(world, q, p).filter(|&o| o != list) else {
@@ -158,7 +169,9 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
                 if upstream(world, q, other).contains(&list) {
                     let queue = q.list(world, list).map_or(0, |l| l.queue.id);
                     cancel(world, q, other, CancelReason::Cycle { other_queue: queue });
-                } else if let Some(mut l) = q.list_mut(world, list) {
+                } else {
+                    let other = ListRef { list: other, epoch: q.list(world, other).map_or(0, |o| o.epoch) };
+                    let mut l = q.list_mut(world, list).expect("list");
                     if !l.deps.contains(&other) {
                         l.deps.push(other);
                     }
@@ -230,13 +243,19 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
         }
         l.status = ListStatus::Cancelled;
         l.deps.clear();
+        world.resource_mut::<Stats>().fusions_cancelled += 1;
+        let mut l = q.list_mut(world, list).expect("list");
         let held = std::mem::take(&mut l.held);
-        let (shared, queue) = (l.shared.clone(), l.queue.id);
+        let (shared, queue, command) = (l.shared.clone(), l.queue.id, l.command);
         shared.cancel(reason.clone(), || {});
         warn_fusion(&budget, format_args!("fusion on queue {queue} cancelled: {reason}"));
         let mut fusions = world.resource_mut::<Fusions>();
         fusions.active.retain(|&a| a != list);
         fusions.pending.push(list);
+        // The fusion command completes after every released kernel.
+        for &k in &held {
+            add_edge(world, q, k, command);
+        }
         for &k in &held {
             unblock(world, q, k);
         }
@@ -361,12 +380,18 @@ pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> Smal
     out
 }
 
-/// Replaces the listed kernels by the fused kernel.
+/// Replaces the listed kernels by the fused kernel, which is the list's fusion
+/// command from now on: the command whose event `submit` returned while fusing
+/// becomes the kernel that event stands for (one entity and one event, where a
+/// separate fused kernel would be spawned, run and retired before the command).
 fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
     let listed = |e: Entity| kernels.contains(&e);
-    let all_reqs: Vec<Vec<Requirement>> =
-        kernels.iter().map(|&k| q.requirements(world, k).expect("requirements").0.to_vec()).collect();
-    let reqs = fused_requirements(&fused, &all_reqs.iter().map(|r| &r[..]).collect::<Vec<_>>());
+    // The listed kernels go: their requirements are moved, not cloned.
+    let all_reqs: SmallVec<[SmallVec<[Requirement; 4]>; 8]> = kernels
+        .iter()
+        .map(|&k| std::mem::take(&mut q.requirements_mut(world, k).expect("requirements").0))
+        .collect();
+    let reqs = fused_requirements(&fused, &all_reqs.iter().map(|r| &r[..]).collect::<SmallVec<[_; 8]>>());
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();
@@ -380,32 +405,28 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             }
         }
     }
-    let first = q.command(world, kernels[0]).expect("command");
-    let (device, queue, seq) = (first.device, first.queue.clone(), first.seq);
-    let name = fused.kernel.name.clone();
-    let (runtime, now) = {
-        let l = q.list(world, list).expect("list");
-        (l.shared.event.runtime, world.resource::<SchedulerConfig>().now_ns())
+    let (device, queue, seq) = {
+        let first = q.command(world, kernels[0]).expect("command");
+        (first.device, first.queue.clone(), first.seq)
     };
-    let event = Arc::new(EventShared::new(name.clone(), runtime, now));
+    let (e, command_held) = {
+        let l = q.list(world, list).expect("list");
+        (l.command, l.command_held)
+    };
     let not_before_ns = world.resource::<Devices>().0[device as usize].virtual_now_ns();
-    let e = world
-        .spawn((
-            Command { kind: CommandKind::Kernel, name, queue: queue.clone(), device, seq },
-            Requirements(reqs),
-            Edges::default(),
-            Execution {
-                status: Status::New,
-                work: Some(Work::Kernel { kernel: fused.kernel.clone(), geometry: fused.geometry }),
-                handle: None,
-                event: event.clone(),
-                waits: SmallVec::new(),
-                not_before_ns,
-            },
-        ))
-        .id();
-    q.refresh(world);
-    event.command.set(e);
+    {
+        let mut command = world.get_mut::<Command>(e).expect("fusion command");
+        command.kind = CommandKind::Kernel;
+        command.name = fused.kernel.name.clone();
+        command.seq = seq;
+    }
+    q.requirements_mut(world, e).expect("requirements").0 = reqs;
+    {
+        let mut exec = q.execution_mut(world, e).expect("execution");
+        exec.work = Some(Work::Kernel { kernel: fused.kernel.clone(), geometry: fused.geometry });
+        exec.not_before_ns = not_before_ns;
+    }
+    debug_assert!(q.edges(world, e).is_some_and(|x| x.preds.is_empty()), "held kernels have no edge to it");
 
     // Predecessors forget the listed kernels; `connect` gives them the fused one.
     for &p in &preds {
@@ -415,28 +436,26 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     // Successors wait for the fused kernel instead (every listed kernel was held, so
     // each of their edges was blocking).
+    let waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
     for &s in &succs {
-        if let Some(mut edges) = q.edges_mut(world, s) {
-            let before = edges.preds.len();
-            edges.preds.retain(|p| !listed(*p));
-            let removed = (before - edges.preds.len()) as u32;
+        let Some(mut edges) = q.edges_mut(world, s) else { continue };
+        let before = edges.preds.len();
+        edges.preds.retain(|p| !listed(*p));
+        let removed = (before - edges.preds.len()) as u32;
+        let new = !edges.preds.contains(&e);
+        if new {
             edges.preds.push(e);
-            edges.blockers = edges.blockers - removed + 1;
+        }
+        edges.blockers = edges.blockers - removed + new as u32;
+        if new {
+            let on_submit =
+                waits && q.command(world, s).is_some_and(|c| c.device == device && c.kind.runs_on_driver());
+            q.edges_mut(world, e).expect("edges").succs.push(Successor { entity: s, on_submit });
         }
     }
-    let waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
-    let fused_succs: SmallVec<[Successor; 4]> = succs
-        .iter()
-        .filter_map(|&s| {
-            let c = q.command(world, s)?;
-            let on_submit = waits && c.device == device && c.kind.runs_on_driver();
-            Some(Successor { entity: s, on_submit })
-        })
-        .collect();
-    q.edges_mut(world, e).expect("edges").succs = fused_succs;
 
     // The listed kernels' leaves become the fused kernel's.
-    let placed: Vec<(Arc<gantry_components::BufferCore>, ByteRange)> = q
+    let placed: SmallVec<[(Arc<gantry_components::BufferCore>, ByteRange); 4]> = q
         .requirements(world, e)
         .expect("requirements")
         .0
@@ -464,14 +483,17 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             state.since_barrier.push(e);
         }
     }
-    connect(world, q, e, preds, waits, false);
+    // Still held (as the fusion command was) until every kernel the queue sent to
+    // the list has been ingested.
+    connect(world, q, e, preds, waits, command_held);
 
     for &k in kernels {
         world.despawn(k);
     }
     {
         let mut stats = world.resource_mut::<Stats>();
-        stats.live_commands = stats.live_commands + 1 - kernels.len() as u64;
+        stats.live_commands -= kernels.len() as u64;
+        stats.fusions_fused += 1;
     }
     let budget = budget(world);
     let mut l = q.list_mut(world, list).expect("list");

@@ -98,17 +98,13 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     Some(FusionOutcome::Cancelled(r)) => r,
                     _ => CancelReason::Requested,
                 };
-                if let Some(list) = shared.list.get() {
-                    request(world, q, list, |l| {
-                        l.cancel.get_or_insert(reason);
-                    });
-                }
+                request_for(world, q, &shared, |l| {
+                    l.cancel.get_or_insert(reason);
+                });
             }
             Message::CompleteFusion(shared, props) => {
                 let seq = commands.next_seq();
-                if let Some(list) = shared.list.get() {
-                    request(world, q, list, |l| l.complete = Some((seq, props)));
-                }
+                request_for(world, q, &shared, |l| l.complete = Some((seq, props)));
             }
             Message::FinalizeGraph(job) => {
                 let e = world.spawn(gantry_components::Finalizing(job)).id();
@@ -135,13 +131,15 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                 }
             }
             Message::DropQueue(queue) => {
-                let list = world.get_resource::<Fusions>().and_then(|f| f.by_queue.get(&queue.id).copied());
+                // The queue's list goes once its command has (no fusion will reuse it).
+                let list = world.get_resource_mut::<Fusions>().and_then(|mut f| f.by_queue.remove(&queue.id));
                 if let Some(list) = list {
                     request(world, q, list, |l| {
                         if l.status == ListStatus::Active && l.complete.is_none() {
                             l.cancel.get_or_insert(CancelReason::QueueDropped);
                         }
                     });
+                    world.resource_mut::<Fusions>().deleting.push(list);
                 }
                 if let Some(qe) = queue.entity.get() {
                     if q.queue(world, qe).is_some() {
@@ -178,7 +176,10 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
 }
 
 /// Puts a queue in fusion mode: spawns its fusion command (held until the list ends)
-/// and list; the queue's previous list is marked for deletion.
+/// and gives it a list. The queue's previous list is reset for this fusion once it
+/// has ended and its command is gone (the common case: a frame's fusion after the
+/// last one's was waited for); otherwise it is marked for deletion and a new list is
+/// spawned.
 fn start_fusion(
     world: &mut World,
     q: &mut Queries,
@@ -187,16 +188,31 @@ fn start_fusion(
     seq: u64,
 ) {
     let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
+    let mut reused = None;
     if let Some(old) = previous {
+        let command = q.list(world, old).map(|l| l.command);
+        let done = command.is_some_and(|c| q.command(world, c).is_none());
         // A list still waiting for its `complete_fusion` (ingested in this same flush)
         // is fused first; the fuse stage marks it for deletion after.
         if let Some(mut l) = q.list_mut(world, old) {
-            if l.status != ListStatus::Active {
-                l.status = ListStatus::Delete;
+            if l.status != ListStatus::Active && done {
+                reused = Some(old);
+            } else {
+                if l.status != ListStatus::Active {
+                    l.status = ListStatus::Delete;
+                }
+                world.resource_mut::<Fusions>().deleting.push(old);
             }
-            world.resource_mut::<Fusions>().deleting.push(old);
         }
     }
+    let list = match reused {
+        Some(list) => list,
+        None => {
+            let list = world.spawn(FusionList::new(shared.clone(), queue.clone(), Entity::PLACEHOLDER)).id();
+            world.resource_mut::<Fusions>().by_queue.insert(queue.id, list);
+            list
+        }
+    };
     let command = world
         .spawn((
             Command {
@@ -216,31 +232,15 @@ fn start_fusion(
                 waits: SmallVec::new(),
                 not_before_ns: 0,
             },
+            InFusion { list },
         ))
         .id();
-    shared.event.command.set(command);
-    let list = world
-        .spawn(FusionList {
-            shared: shared.clone(),
-            queue: queue.clone(),
-            status: ListStatus::Active,
-            command,
-            command_held: true,
-            kernels: Vec::new(),
-            held: Vec::new(),
-            buffers: SmallVec::new(),
-            deps: SmallVec::new(),
-            complete: None,
-            cancel: None,
-        })
-        .id();
-    world.entity_mut(command).insert(InFusion { list });
     q.refresh(world);
+    shared.event.command.set(command);
+    q.list_mut(world, list).expect("fusion list").restart(shared.clone(), queue, command);
     shared.list.set(list);
     world.resource_mut::<Stats>().live_commands += 1;
-    let mut fusions = world.resource_mut::<Fusions>();
-    fusions.by_queue.insert(queue.id, list);
-    fusions.active.push(list);
+    world.resource_mut::<Fusions>().active.push(list);
 }
 
 /// Records a message-driven action on a list for the fusion stages.
@@ -248,5 +248,20 @@ fn request(world: &mut World, q: &mut Queries, list: Entity, f: impl FnOnce(&mut
     if let Some(mut l) = q.list_mut(world, list) {
         f(&mut l);
         world.resource_mut::<Fusions>().pending.push(list);
+    }
+}
+
+/// [`request`] for a message about the fusion `shared`, if its list still holds that
+/// fusion (a queue's ended list is reset for its next fusion).
+fn request_for(
+    world: &mut World,
+    q: &mut Queries,
+    shared: &Arc<FusionShared>,
+    f: impl FnOnce(&mut FusionList),
+) {
+    let list =
+        shared.list.get().filter(|&l| q.list(world, l).is_some_and(|l| Arc::ptr_eq(&l.shared, shared)));
+    if let Some(list) = list {
+        request(world, q, list, f);
     }
 }

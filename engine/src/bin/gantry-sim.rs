@@ -573,6 +573,7 @@ fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: 
     );
     let counts: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out += &format!("commands: {} ({}), failed {}\n", timeline.slices.len(), counts.join(", "), stats.failed);
+    out += &format!("fusions: {} fused, {} cancelled\n", stats.fusions_fused, stats.fusions_cancelled);
     out += &format!("makespan: {:.3} us (virtual)\n", makespan as f64 / 1e3);
     let percent = |busy: u64| if makespan > 0 { 100.0 * busy as f64 / makespan as f64 } else { 0.0 };
     let mut devices: Vec<(&str, u32, &str)> =
