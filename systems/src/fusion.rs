@@ -59,13 +59,14 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
     for e in resolved {
         sync_command(world, q, e);
     }
-    let pending = world.resource::<Fusions>().pending.clone();
-    for list in pending {
+    let pending = take_pending(world);
+    for &list in &pending {
         let reason = q.list_mut(world, list).and_then(|mut l| l.cancel.take());
         if let Some(reason) = reason {
             cancel(world, q, list, reason);
         }
     }
+    restore_pending(world, pending);
     release_commands(world, q);
 }
 
@@ -79,14 +80,15 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
     if fusions.pending.is_empty() && fusions.deleting.is_empty() {
         return;
     }
-    let pending = fusions.pending.clone();
-    for list in pending {
+    let pending = take_pending(world);
+    for &list in &pending {
         let asked =
             q.list(world, list).and_then(|l| (l.status == ListStatus::Active).then_some(l.complete)?);
         if let Some((_, props)) = asked {
             complete(world, q, list, props);
         }
     }
+    restore_pending(world, pending);
     release_commands(world, q);
     // Lists a newer fusion replaced go once their command has finished.
     let deleting = std::mem::take(&mut world.resource_mut::<Fusions>().deleting);
@@ -274,57 +276,89 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
     }
 }
 
+/// The lists with a pending action, taken out to be walked while the stage adds to
+/// them (no copy per flush).
+fn take_pending(world: &mut World) -> Vec<Entity> {
+    std::mem::take(&mut world.resource_mut::<Fusions>().pending)
+}
+
+/// Puts back what [`take_pending`] took, before the lists added meanwhile.
+fn restore_pending(world: &mut World, mut pending: Vec<Entity>) {
+    let mut fusions = world.resource_mut::<Fusions>();
+    pending.append(&mut fusions.pending);
+    fusions.pending = pending;
+}
+
 /// Lets go of the fusion commands of ended lists once every kernel their queue sent
 /// has been ingested (and so has an edge to the command).
 fn release_commands(world: &mut World, q: &mut Queries) {
-    let pending = std::mem::take(&mut world.resource_mut::<Fusions>().pending);
-    let mut keep: Vec<Entity> = Vec::new();
-    for list in pending {
-        if keep.contains(&list) {
+    let mut pending = take_pending(world);
+    let mut kept = 0;
+    for i in 0..pending.len() {
+        let list = pending[i];
+        if pending[..kept].contains(&list) {
             continue;
         }
         let Some(l) = q.list(world, list) else { continue };
         if !l.command_held {
             continue;
         }
-        let ended = l.status != ListStatus::Active;
-        let all_in = l.kernels.len() as u64 >= l.shared.sent();
-        let command = l.command;
-        if ended && all_in {
+        if l.status != ListStatus::Active && l.kernels.len() as u64 >= l.shared.sent() {
+            let command = l.command;
             q.list_mut(world, list).expect("list").command_held = false;
             unblock(world, q, command);
         } else {
-            keep.push(list);
+            pending[kept] = list;
+            kept += 1;
         }
     }
-    world.resource_mut::<Fusions>().pending.extend(keep);
+    pending.truncate(kept);
+    restore_pending(world, pending);
 }
 
 /// Performs `complete_fusion` on an active list.
 fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps) {
-    let l = q.list(world, list).expect("list");
-    let kernels = l.kernels.clone();
-    if kernels.is_empty() {
-        return cancel(world, q, list, CancelReason::Empty);
+    // The kernel list is lent out (not copied) and put back after.
+    let kernels = std::mem::take(&mut q.list_mut(world, list).expect("list").kernels);
+    match fusion_request(world, q, list, &kernels, props) {
+        Err(reason) => cancel(world, q, list, reason),
+        Ok(request) => {
+            let compiler = world.resource::<Fusions>().compiler.clone();
+            match compiler.fuse(&request) {
+                Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
+                Ok(fused) => replace(world, q, list, &kernels, fused),
+            }
+        }
     }
+    q.list_mut(world, list).expect("list").kernels = kernels;
+}
+
+/// What the fusion compiler is asked for `kernels`, or why they cannot be fused.
+fn fusion_request(
+    world: &World,
+    q: &mut Queries,
+    list: Entity,
+    kernels: &[Entity],
+    props: FusionProps,
+) -> Result<FusionRequest, CancelReason> {
+    if kernels.is_empty() {
+        return Err(CancelReason::Empty);
+    }
+    let l = q.list(world, list).expect("list");
     if kernels.iter().any(|k| !l.held.contains(k)) {
-        return cancel(world, q, list, CancelReason::KernelFailed);
+        return Err(CancelReason::KernelFailed);
     }
     let mut request = FusionRequest { kernels: Vec::with_capacity(kernels.len()), barriers: props.barriers };
-    for &k in &kernels {
+    for &k in kernels {
         let Some(Some(Work::Kernel { kernel, geometry })) = q.execution(world, k).map(|x| x.work.as_ref())
         else {
-            return cancel(world, q, list, CancelReason::KernelFailed);
+            return Err(CancelReason::KernelFailed);
         };
         let (kernel, geometry) = (kernel.clone(), *geometry);
         let args = q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg).collect();
         request.kernels.push(FusionKernel { kernel, geometry, args });
     }
-    let compiler = world.resource::<Fusions>().compiler.clone();
-    match compiler.fuse(&request) {
-        Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
-        Ok(fused) => replace(world, q, list, &kernels, fused),
-    }
+    Ok(request)
 }
 
 pub(crate) fn fusion_arg(r: &Requirement) -> FusionArg {
@@ -366,7 +400,7 @@ fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: 
 /// stands for), then one ordering-only requirement per internalized buffer.
 /// `reqs[k]` are kernel `k`'s requirements.
 pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> SmallVec<[Requirement; 4]> {
-    let pick = |uses: &[(u32, u32)]| -> Vec<&Requirement> {
+    let pick = |uses: &[(u32, u32)]| -> SmallVec<[&Requirement; 4]> {
         uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]).collect()
     };
     let mut out: SmallVec<[Requirement; 4]> =
@@ -386,12 +420,11 @@ pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> Smal
 /// separate fused kernel would be spawned, run and retired before the command).
 fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
     let listed = |e: Entity| kernels.contains(&e);
-    // The listed kernels go: their requirements are moved, not cloned.
-    let all_reqs: SmallVec<[SmallVec<[Requirement; 4]>; 8]> = kernels
-        .iter()
-        .map(|&k| std::mem::take(&mut q.requirements_mut(world, k).expect("requirements").0))
-        .collect();
-    let reqs = fused_requirements(&fused, &all_reqs.iter().map(|r| &r[..]).collect::<SmallVec<[_; 8]>>());
+    let reqs = {
+        let all: SmallVec<[&[Requirement]; 8]> =
+            kernels.iter().map(|&k| &q.requirements(world, k).expect("requirements").0[..]).collect();
+        fused_requirements(&fused, &all)
+    };
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();
