@@ -3,6 +3,9 @@
 //!
 //! * `hand_loop`: one serial Rust loop over the input applying `step` K times per
 //!   element (the baseline a user would write by hand, measured in the same run);
+//! * `hand_loop_parallel` (`threaded` set only): the same loop split over rayon's
+//!   default pool (one thread per core, as many as the CPU driver's default workers)
+//!   in chunks of 64K elements: the baseline for a multi-threaded runtime;
 //! * `unfused`: K kernels submitted normally, then a wait on the last one;
 //! * `fused`: `start_fusion`, the K kernels, `complete_fusion` (with barriers, the
 //!   default), a wait on the fusion's event; the intermediate buffers stay in global
@@ -86,6 +89,17 @@ fn hand_loop_k<const K: usize>(input: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Elements per task of [`hand_loop_parallel`].
+const PARALLEL_CHUNK: usize = 1 << 16;
+
+/// [`hand_loop`] over rayon's default pool, in chunks of [`PARALLEL_CHUNK`].
+fn hand_loop_parallel(k: usize, input: &[f32], out: &mut [f32]) {
+    use rayon::prelude::*;
+    out.par_chunks_mut(PARALLEL_CHUNK)
+        .zip(input.par_chunks(PARALLEL_CHUNK))
+        .for_each(|(o, i)| hand_loop(k, i, o));
+}
+
 fn hand_loop(k: usize, input: &[f32], out: &mut [f32]) {
     match k {
         2 => hand_loop_k::<2>(input, out),
@@ -117,14 +131,16 @@ fn assert_bits(label: &str, got: &[f32], want: &[f32]) {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
     HandLoop,
+    HandLoopParallel,
     Unfused,
     Fused,
     FusedPrivate,
     FusedPrivatePerItem,
 }
 
-const VARIANTS: [Variant; 5] = [
+const VARIANTS: [Variant; 6] = [
     Variant::HandLoop,
+    Variant::HandLoopParallel,
     Variant::Unfused,
     Variant::Fused,
     Variant::FusedPrivate,
@@ -135,6 +151,7 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::HandLoop => "hand_loop",
+            Variant::HandLoopParallel => "hand_loop_parallel",
             Variant::Unfused => "unfused",
             Variant::Fused => "fused",
             Variant::FusedPrivate => "fused_private",
@@ -188,7 +205,7 @@ struct Chain {
     input: Vec<f32>,
     out: Vec<f32>,
     want: Vec<f32>,
-    verified: [bool; 5],
+    verified: [bool; 6],
     /// Fused rounds run so far (each must reach the fusion compiler).
     fused_rounds: Cell<u64>,
 }
@@ -210,7 +227,7 @@ impl Chain {
             input,
             out: vec![0.0; n],
             want,
-            verified: [false; 5],
+            verified: [false; 6],
             fused_rounds: Cell::new(0),
         }
     }
@@ -248,7 +265,9 @@ impl Chain {
     /// One round of a Gantry variant, waited for.
     fn run(&self, v: Variant) -> gantry::Result<()> {
         match v {
-            Variant::HandLoop => unreachable!("the hand loop runs on the host copies"),
+            Variant::HandLoop | Variant::HandLoopParallel => {
+                unreachable!("the hand loops run on the host copies")
+            }
             Variant::Unfused => self.submit_kernels(false, false)?.wait(),
             Variant::Fused | Variant::FusedPrivate | Variant::FusedPrivatePerItem => {
                 self.fused_rounds.set(self.fused_rounds.get() + 1);
@@ -263,6 +282,9 @@ impl Chain {
     fn round(&mut self, v: Variant) {
         match v {
             Variant::HandLoop => hand_loop(self.k, black_box(&self.input), black_box(&mut self.out)),
+            Variant::HandLoopParallel => {
+                hand_loop_parallel(self.k, black_box(&self.input), black_box(&mut self.out))
+            }
             _ => self.run(v).expect("a round"),
         }
     }
@@ -273,9 +295,9 @@ impl Chain {
             return;
         }
         match v {
-            Variant::HandLoop => {
+            Variant::HandLoop | Variant::HandLoopParallel => {
                 self.out.fill(0.0);
-                hand_loop(self.k, &self.input, &mut self.out);
+                self.round(v);
                 assert_bits(label, &self.out, &self.want);
             }
             _ => {
@@ -361,6 +383,9 @@ fn chain_bench(c: &mut Criterion, set: Set, n: usize) {
         // first use so a filtered run does not allocate the others.
         let mut chain: Option<Chain> = None;
         for v in VARIANTS {
+            if v == Variant::HandLoopParallel && set == Set::Inline {
+                continue; // single-threaded like the inline runtime: `hand_loop` is its baseline
+            }
             let id = format!("K{k}/{}", v.name());
             let label = format!("fusion_chain/{}/{}/{id}", set.name(), size_name(n));
             group.bench_function(BenchmarkId::from_parameter(&id), |b| {
