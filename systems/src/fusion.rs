@@ -22,9 +22,10 @@
 //! and of their edges, minus the edges among them; their memory-record leaves become
 //! the fused kernel's; queue order follows it. The fused kernel *is* the fusion
 //! command from then on (its entity and its event take the kernel's work), so a
-//! fusion adds one command to the kernels it saves, not two. Replacing leaves in place is the same as the seed's "restore the leaves and add
-//! the fused kernel": nothing resolved between the listed kernels depends on them (it
-//! would have cancelled the fusion), so the fused kernel stands exactly where they did.
+//! fusion adds one command to the kernels it saves, not two. Replacing leaves in
+//! place is the same as the seed's "restore the leaves and add the fused kernel":
+//! nothing resolved between the listed kernels depends on them (it would have
+//! cancelled the fusion), so the fused kernel stands exactly where they did.
 //!
 //! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists

@@ -237,7 +237,11 @@ fn start_fusion(
         .id();
     q.refresh(world);
     shared.event.command.set(command);
-    q.list_mut(world, list).expect("fusion list").restart(shared.clone(), queue, command);
+    let mut l = q.list_mut(world, list).expect("fusion list");
+    match reused {
+        Some(_) => l.restart(shared.clone(), queue, command),
+        None => l.command = command,
+    }
     shared.list.set(list);
     world.resource_mut::<Stats>().live_commands += 1;
     world.resource_mut::<Fusions>().active.push(list);
