@@ -346,9 +346,9 @@ impl GraphLaunch {
         marker: (DeviceId, Arc<str>),
         order: Arc<GraphOrder>,
     ) -> Self {
-        let event_name = match plan.tails.as_slice() {
-            [only] => &plan.partitions[*only as usize].name,
-            _ => &marker.1,
+        let event_name = match plan.only_tail() {
+            Some(only) => &plan.partitions[only].name,
+            None => &marker.1,
         };
         let event_name = Arc::from(&**event_name);
         Self { plan, params, queue, marker, order, event_name }
@@ -383,10 +383,7 @@ impl GraphSubmission {
         // (even failed) one is no dependency.
         let prev = order.0.lock().replace(done.clone());
         let prev = prev.filter(|e| !e.status().is_final());
-        let only_tail = match plan.tails.as_slice() {
-            [only] => Some(*only as usize),
-            _ => None,
-        };
+        let only_tail = plan.only_tail();
         let mut events: SmallVec<[Arc<EventShared>; 4]> = SmallVec::with_capacity(plan.partitions.len());
         for (i, part) in plan.partitions.iter().enumerate() {
             let event = match only_tail == Some(i) {
@@ -612,6 +609,15 @@ impl ExecPlan {
             }
         }
         self.tails = (0..self.partitions.len() as u32).filter(|&p| !has_succ[p as usize]).collect();
+    }
+
+    /// The partition a submission completes with, if one is the only tail (else a
+    /// marker after the tails completes it).
+    pub fn only_tail(&self) -> Option<usize> {
+        match self.tails.as_slice() {
+            [only] => Some(*only as usize),
+            _ => None,
+        }
     }
 }
 
