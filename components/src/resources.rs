@@ -17,7 +17,6 @@ use crate::handle::{BufferCore, QueueCore};
 pub type DeviceId = u32;
 
 /// A message from user threads to the scheduler.
-#[allow(clippy::large_enum_variant)]
 pub enum Message {
     /// A command group.
     Submit(Box<CommandDesc>),

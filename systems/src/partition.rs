@@ -466,9 +466,9 @@ pub enum PatchOutcome {
 /// dynamic parameter bound to a buffer the partition also uses.) Then only the
 /// plan's buffer list changes, and each command buffer is patched with the new
 /// kernels, host data and fill patterns instead of recorded anew: in place where no
-/// submission holds it. The two node lists' shapes
-/// ([`GraphShape`](gantry_components::GraphShape)) check all that
-/// but buffers in one comparison, and one walk over the new nodes maps the buffers.
+/// submission holds it. One comparison of the two node lists' shapes
+/// ([`GraphShape`](gantry_components::GraphShape)) checks all that but buffers, and
+/// one walk over the new nodes maps the buffers.
 /// Otherwise, or when a driver cannot patch, `plan` stays as it was and the caller
 /// records (a finalize with [`FinalizeJob::reuse`] when the layout holds).
 ///

@@ -113,12 +113,12 @@ pub trait Driver: Send + Sync {
     /// Patches `buffer` (recorded by this driver): operation `i` takes the kernel,
     /// host data or fill pattern of `patch[i]` over the same arguments and
     /// dependencies (patching with the payloads it had undoes the change). On error
-    /// it does not change. The buffer changes in place
-    /// where nothing else holds it, else it becomes a patched copy: submissions
-    /// already made run the original. This is the fast path of a whole-graph update
-    /// whose nodes changed only those and their buffers; the argument table is bound
-    /// at each launch, so new buffers need no patch. Drivers without it refuse, and
-    /// the update records the command buffer anew.
+    /// it does not change. The buffer changes in place where nothing else holds it,
+    /// else it becomes a patched copy: submissions already made run the original.
+    /// This is the fast path of a whole-graph update whose nodes changed only those
+    /// and their buffers; the argument table is bound at each launch, so new buffers
+    /// need no patch. Drivers without it refuse, and the update records the command
+    /// buffer anew.
     fn patch_command_buffer(
         &self,
         buffer: &mut CommandBuffer,
