@@ -79,6 +79,41 @@ fn cancel_fusion_runs_the_kernels_unfused_in_order() {
     q.cancel_fusion();
 }
 
+/// Fusion after fusion on one queue (its list is reset for each): a fused round runs
+/// one command, the fused kernel, whose event is the one `submit` returned while
+/// fusing; a cancelled round runs its kernels and then the fusion command. The
+/// runtime counts both kinds of endings.
+#[test]
+fn fusions_in_a_row_are_counted_and_a_fused_one_is_one_command() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 64]);
+    let fusion_commands =
+        |rt: &Runtime| rt.timeline().unwrap().slices.iter().filter(|s| s.kind.name() == "fusion").count();
+    let mut want = vec![1u32; 64];
+    for (round, cancel) in [false, true, false, false].into_iter().enumerate() {
+        q.start_fusion().unwrap();
+        let listed = affine(&q, &a, 2, 1);
+        affine(&q, &a, 3, 0);
+        if cancel {
+            q.cancel_fusion();
+        }
+        let done = q.complete_fusion(FusionProps::default()).unwrap();
+        done.wait().unwrap();
+        listed.wait().unwrap();
+        want = serial(&want, &[(2, 1), (3, 0)]);
+        assert_eq!(a.to_vec().unwrap(), want, "round {round}");
+    }
+    let stats = rt.stats();
+    assert_eq!((stats.fusions_fused, stats.fusions_cancelled), (3, 1));
+    let run = kernels_run(&rt);
+    assert_eq!(run.iter().filter(|k| k.starts_with("fused(")).count(), 3);
+    assert_eq!(run.len(), 3 + 2, "three fused kernels and the cancelled round's two");
+    assert_eq!(fusion_commands(&rt), 1, "only the cancelled round has a fusion command of its own");
+    rt.wait_idle().unwrap();
+    assert_eq!(rt.stats().live_commands, 0);
+}
+
 #[test]
 fn misuse_is_a_typed_error() {
     let rt = manual();
