@@ -1,9 +1,8 @@
 //! Events: completion state shared between the scheduler and user threads.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use gantry_driver::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use gantry_driver::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use gantry_driver::sync::{Condvar, Mutex};
 use gantry_driver::ExecError;
 
@@ -58,8 +57,11 @@ pub struct Timestamps {
 pub struct EventShared {
     status: AtomicU8,
     error: OnceLock<ExecError>,
-    times: [AtomicU64; 3],
-    waiters: AtomicUsize,
+    times: [std::sync::atomic::AtomicU64; 3],
+    /// Threads blocked in [`EventShared::block_until`], counted per awaited status
+    /// (see [`Waiters`]): a status change wakes only those it satisfies, so a host
+    /// waiting for completion sleeps through the submission.
+    waiters: AtomicU64,
     lock: Mutex<()>,
     cond: Condvar,
     /// Name of the command, for errors.
@@ -76,8 +78,12 @@ impl EventShared {
         Self {
             status: AtomicU8::new(EventStatus::Pending as u8),
             error: OnceLock::new(),
-            times: [AtomicU64::new(submitted_ns), AtomicU64::new(0), AtomicU64::new(0)],
-            waiters: AtomicUsize::new(0),
+            times: [
+                std::sync::atomic::AtomicU64::new(submitted_ns),
+                std::sync::atomic::AtomicU64::new(0),
+                std::sync::atomic::AtomicU64::new(0),
+            ],
+            waiters: AtomicU64::new(0),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             name,
@@ -116,7 +122,7 @@ impl EventShared {
     // waiter sleeps on a finished event.
     fn set_status(&self, s: EventStatus) {
         self.status.store(s as u8, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
+        if self.waiters.load(Ordering::SeqCst) & Waiters::satisfied_by(s) != 0 {
             let _g = self.lock.lock();
             self.cond.notify_all();
         }
@@ -152,13 +158,41 @@ impl EventShared {
         if gantry_driver::sync::spin_until(spin, || self.status() >= at_least) {
             return;
         }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let one = Waiters::one(at_least);
+        self.waiters.fetch_add(one, Ordering::SeqCst);
         let mut g = self.lock.lock();
         while self.status_seqcst() < at_least {
             self.cond.wait(&mut g);
         }
         drop(g);
-        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.waiters.fetch_sub(one, Ordering::AcqRel);
+    }
+}
+
+/// The layout of [`EventShared`]'s waiter word: one 21-bit count per status a thread
+/// can wait for that is not already true at creation (submitted, running, final),
+/// so one atomic load tells a status change whether anyone it satisfies is asleep.
+struct Waiters;
+
+impl Waiters {
+    const BITS: u32 = 21;
+
+    /// The count's lowest bit for threads waiting until at least `status` (waits for
+    /// `Failed` count as waits for a final status: they end on `Complete` too).
+    fn one(status: EventStatus) -> u64 {
+        let level = (status as u32).clamp(1, 3) - 1;
+        1 << (level * Self::BITS)
+    }
+
+    /// The counts of the waits `status` ends.
+    fn satisfied_by(status: EventStatus) -> u64 {
+        match status {
+            EventStatus::Pending => 0,
+            s => {
+                let level = (s as u32).min(3);
+                (1u64 << (level * Self::BITS)) - 1
+            }
+        }
     }
 }
 
@@ -203,9 +237,51 @@ mod tests {
             while ev.waiters.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
                 std::thread::yield_now();
             }
-            assert_eq!(ev.waiters.load(Ordering::SeqCst) == 1, sleeps, "window {spin:?}");
+            assert_eq!(
+                ev.waiters.load(Ordering::SeqCst) == Waiters::one(EventStatus::Complete),
+                sleeps,
+                "window {spin:?}"
+            );
             ev.finish(Ok(()), 1, 2);
             t.join().unwrap();
         }
+    }
+
+    /// A status change wakes the sleepers it satisfies and only those: a host waiting
+    /// for completion is not woken by the submission or the start.
+    #[test]
+    fn a_status_wakes_only_the_waits_it_ends() {
+        use EventStatus::*;
+        for (waits_for, woken_by) in [
+            (Submitted, [Submitted, Running, Complete, Failed].as_slice()),
+            (Running, &[Running, Complete, Failed]),
+            (Complete, &[Complete, Failed]),
+            (Failed, &[Complete, Failed]),
+        ] {
+            for s in [Pending, Submitted, Running, Complete, Failed] {
+                let wakes = Waiters::satisfied_by(s) & Waiters::one(waits_for) != 0;
+                assert_eq!(wakes, woken_by.contains(&s), "{s:?} for a wait until {waits_for:?}");
+            }
+        }
+
+        // Two sleepers, for running and for completion: the start ends the first wait
+        // and leaves the second registered.
+        let ev = Arc::new(EventShared::new("k".into(), 1, 0));
+        let sleeper = |status| {
+            let ev = ev.clone();
+            std::thread::spawn(move || ev.block_until(status, std::time::Duration::ZERO))
+        };
+        let (running, complete) = (sleeper(Running), sleeper(Complete));
+        let both = Waiters::one(Running) + Waiters::one(Complete);
+        while ev.waiters.load(Ordering::SeqCst) != both {
+            std::thread::yield_now();
+        }
+        ev.mark_submitted();
+        ev.mark_running(1);
+        running.join().unwrap();
+        assert_eq!(ev.waiters.load(Ordering::SeqCst), Waiters::one(Complete));
+        ev.finish(Ok(()), 1, 2);
+        complete.join().unwrap();
+        assert_eq!(ev.waiters.load(Ordering::SeqCst), 0);
     }
 }
