@@ -1,6 +1,6 @@
 //! Queues: where command groups are submitted.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use gantry_components::{
     warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
@@ -258,7 +258,9 @@ impl Queue {
             return Err(Error::AlreadyFusing(self.handle.core.id));
         }
         let rt = &self.handle.rt;
-        let event = Arc::new(EventShared::new("fusion".into(), rt.id, rt.now_ns()));
+        // Every fusion's event shares one name (a fusion is one allocation fewer).
+        static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
+        let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.now_ns()));
         let shared = Arc::new(FusionShared::new(self.handle.core.id, event));
         rt.send(Message::StartFusion(self.handle.core.clone(), shared.clone()))?;
         *slot = Some(shared);

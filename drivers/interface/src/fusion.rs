@@ -41,8 +41,8 @@
 //! let arg = FusionArg::new(1, 0..32, 4);
 //! let request = FusionRequest {
 //!     kernels: vec![
-//!         FusionKernel { kernel: kernel(1, |x| x + 1), geometry, args: vec![arg.clone()] },
-//!         FusionKernel { kernel: kernel(2, |x| x * 2), geometry, args: vec![arg] },
+//!         FusionKernel { kernel: kernel(1, |x| x + 1), geometry, args: smallvec::smallvec![arg.clone()] },
+//!         FusionKernel { kernel: kernel(2, |x| x * 2), geometry, args: smallvec::smallvec![arg] },
 //!     ],
 //!     barriers: true,
 //! };
@@ -123,7 +123,7 @@ pub struct FusionKernel {
     /// Its geometry.
     pub geometry: Geometry,
     /// One per global slot, in slot order.
-    pub args: Vec<FusionArg>,
+    pub args: SmallVec<[FusionArg; 4]>,
 }
 
 /// The kernels of a fusion list, in order, and the fusion properties.
@@ -411,8 +411,8 @@ fn fused_name(request: &FusionRequest) -> Arc<str> {
 }
 
 /// Numbers the request's buffers in order of first appearance.
-fn canonical_buffers(request: &FusionRequest) -> Vec<u64> {
-    let mut order: Vec<u64> = Vec::new();
+fn canonical_buffers(request: &FusionRequest) -> SmallVec<[u64; 8]> {
+    let mut order = SmallVec::new();
     for a in request.kernels.iter().flat_map(|k| &k.args) {
         if !order.contains(&a.buffer) {
             order.push(a.buffer);
@@ -748,7 +748,7 @@ struct Part {
 /// The body of a fused closure kernel: the kernels and the (cached) plan that says
 /// where their slots point.
 struct FusedBody {
-    parts: Vec<Part>,
+    parts: SmallVec<[Part; 4]>,
     plan: Arc<Plan>,
     barriers: bool,
 }
@@ -1022,7 +1022,8 @@ impl FusionCompiler for ClosureFusion {
         let (plan, name, cached) = self.plan_for(request, &buffers)?;
         let parts =
             request.kernels.iter().map(|k| Part { kernel: k.kernel.clone(), geometry: k.geometry }).collect();
-        let body = Arc::new(FusedBody { parts, plan: plan.clone(), barriers: request.barriers });
+        // The closure owns the body: one allocation for both.
+        let body = FusedBody { parts, plan: plan.clone(), barriers: request.barriers };
         let kernel = ClosureKernel {
             name,
             tag: 0,
@@ -1145,7 +1146,7 @@ mod tests {
             .map(|(i, g)| FusionKernel {
                 kernel: kernel(&format!("k{i}"), i as u64, 0, |_| {}),
                 geometry: *g,
-                args: vec![],
+                args: smallvec::smallvec![],
             })
             .collect();
         ClosureFusion::new().fuse(&request(kernels)).unwrap_err()
@@ -1170,8 +1171,11 @@ mod tests {
         // Equal non-zero offsets are fine when no ids are remapped.
         let plain_shifted = Geometry::for_range_with_offset(Range::d1(8), [2, 0, 0]).unwrap();
         let ok = [plain_shifted, plain_shifted];
-        let kernels =
-            ok.iter().map(|g| FusionKernel { kernel: kernel("k", 0, 0, |_| {}), geometry: *g, args: vec![] });
+        let kernels = ok.iter().map(|g| FusionKernel {
+            kernel: kernel("k", 0, 0, |_| {}),
+            geometry: *g,
+            args: smallvec::smallvec![],
+        });
         assert!(ClosureFusion::new().fuse(&request(kernels.collect())).is_ok());
         // Remapping a reshaped plain kernel with non-zero offsets is not.
         let a = Geometry::for_range_with_offset(Range::d2(2, 4), [1, 1, 0]).unwrap();
@@ -1197,16 +1201,20 @@ mod tests {
             }
         };
         let kernels = vec![
-            FusionKernel { kernel: kernel("line", 1, 0, log(0)), geometry: range(10), args: vec![] },
+            FusionKernel {
+                kernel: kernel("line", 1, 0, log(0)),
+                geometry: range(10),
+                args: smallvec::smallvec![],
+            },
             FusionKernel {
                 kernel: kernel("grid", 2, 0, log(1)),
                 geometry: Geometry::for_range(Range::d2(3, 8)).unwrap(),
-                args: vec![],
+                args: smallvec::smallvec![],
             },
             FusionKernel {
                 kernel: kernel("cube", 3, 0, log(2)),
                 geometry: Geometry::for_range(Range::d3(2, 2, 3)).unwrap(),
-                args: vec![],
+                args: smallvec::smallvec![],
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1247,12 +1255,12 @@ mod tests {
             FusionKernel {
                 kernel: k1,
                 geometry: range(n),
-                args: vec![whole(10, n), whole(11, n).promoted(Promotion::Private)],
+                args: smallvec::smallvec![whole(10, n), whole(11, n).promoted(Promotion::Private)],
             },
             FusionKernel {
                 kernel: k2,
                 geometry: range(n),
-                args: vec![whole(11, n).promoted(Promotion::Private), whole(12, n)],
+                args: smallvec::smallvec![whole(11, n).promoted(Promotion::Private), whole(12, n)],
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1298,18 +1306,22 @@ mod tests {
             FusionKernel {
                 kernel: map("double", 1, |v| v * 2),
                 geometry: range(n),
-                args: vec![whole(10, n), private(11)],
+                args: smallvec::smallvec![whole(10, n), private(11)],
             },
             FusionKernel {
                 kernel: map("inc", 2, |v| v + 1),
                 geometry: range(n),
-                args: vec![private(11), whole(12, n)],
+                args: smallvec::smallvec![private(11), whole(12, n)],
             },
-            FusionKernel { kernel: peek, geometry: range(n), args: vec![private(13), whole(14, n)] },
+            FusionKernel {
+                kernel: peek,
+                geometry: range(n),
+                args: smallvec::smallvec![private(13), whole(14, n)],
+            },
             FusionKernel {
                 kernel: map("triple", 4, |v| v * 3),
                 geometry: range(n),
-                args: vec![whole(10, n), private(13)],
+                args: smallvec::smallvec![whole(10, n), private(13)],
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1420,7 +1432,7 @@ mod tests {
                 .map(|(k, (f, args))| FusionKernel {
                     kernel: counted_map(k, n, f, &counters),
                     geometry: range(n),
-                    args,
+                    args: args.into(),
                 })
                 .collect::<Vec<_>>()
         };
@@ -1462,9 +1474,13 @@ mod tests {
                 FusionKernel {
                     kernel: counted_map(0, n, |v| v * 2, &counters),
                     geometry: range(n),
-                    args: vec![whole(10, n), whole(11, n)],
+                    args: smallvec::smallvec![whole(10, n), whole(11, n)],
                 },
-                FusionKernel { kernel: counted_map(1, m, |v| v + 1, &counters), geometry: range(m), args },
+                FusionKernel {
+                    kernel: counted_map(1, m, |v| v + 1, &counters),
+                    geometry: range(m),
+                    args: args.into(),
+                },
             ];
             ClosureFusion::new().fuse(&request(kernels)).unwrap()
         };
@@ -1511,12 +1527,12 @@ mod tests {
             FusionKernel {
                 kernel: k1,
                 geometry: nd(n, 8),
-                args: vec![whole(1, n), whole(2, n).promoted(Promotion::Local)],
+                args: smallvec::smallvec![whole(1, n), whole(2, n).promoted(Promotion::Local)],
             },
             FusionKernel {
                 kernel: k2,
                 geometry: nd(n, 8),
-                args: vec![whole(2, n).promoted(Promotion::Local), whole(3, n)],
+                args: smallvec::smallvec![whole(2, n).promoted(Promotion::Local), whole(3, n)],
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1539,8 +1555,8 @@ mod tests {
         let noop = || kernel("k", 0, 1, |_| {});
         let case = |a: FusionArg, ga: Geometry, b: FusionArg, gb: Geometry| {
             let kernels = vec![
-                FusionKernel { kernel: noop(), geometry: ga, args: vec![a] },
-                FusionKernel { kernel: noop(), geometry: gb, args: vec![b] },
+                FusionKernel { kernel: noop(), geometry: ga, args: smallvec::smallvec![a] },
+                FusionKernel { kernel: noop(), geometry: gb, args: smallvec::smallvec![b] },
             ];
             let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
             assert!(fused.internal.is_empty());
@@ -1589,8 +1605,12 @@ mod tests {
                 b.set(it, it.global_linear_id(), a_in.get(it, j))
             });
             let kernels = vec![
-                FusionKernel { kernel: k1, geometry: nd(n, 4), args: vec![whole(1, n)] },
-                FusionKernel { kernel: k2, geometry: nd(n, 4), args: vec![whole(1, n), whole(2, n)] },
+                FusionKernel { kernel: k1, geometry: nd(n, 4), args: smallvec::smallvec![whole(1, n)] },
+                FusionKernel {
+                    kernel: k2,
+                    geometry: nd(n, 4),
+                    args: smallvec::smallvec![whole(1, n), whole(2, n)],
+                },
             ];
             let fused = ClosureFusion::new().fuse(&FusionRequest { kernels, barriers }).unwrap();
             let mut bufs = HashMap::from([(1, vec![0; n]), (2, vec![0; n])]);
@@ -1616,8 +1636,12 @@ mod tests {
                 acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1)
             });
             request(vec![
-                FusionKernel { kernel: k.clone(), geometry: range(8), args: vec![whole(b, 8)] },
-                FusionKernel { kernel: k, geometry: range(8), args: vec![whole(b, 8)] },
+                FusionKernel {
+                    kernel: k.clone(),
+                    geometry: range(8),
+                    args: smallvec::smallvec![whole(b, 8)],
+                },
+                FusionKernel { kernel: k, geometry: range(8), args: smallvec::smallvec![whole(b, 8)] },
             ])
         };
         let first = fusion.fuse(&chain(1, 100)).unwrap();
@@ -1630,7 +1654,7 @@ mod tests {
         let other_range = request(vec![FusionKernel {
             kernel: kernel("inc", 3, 1, |_| {}),
             geometry: range(16),
-            args: vec![whole(1, 16)],
+            args: smallvec::smallvec![whole(1, 16)],
         }]);
         assert!(!fusion.fuse(&other_range).unwrap().cached);
     }
@@ -1652,7 +1676,7 @@ mod tests {
                     .map(|(name, b)| FusionKernel {
                         kernel: kernel(name, 1, 1, inc),
                         geometry: range(8),
-                        args: vec![whole(b, 8).promoted(promotion)],
+                        args: smallvec::smallvec![whole(b, 8).promoted(promotion)],
                     })
                     .collect(),
                 barriers,
