@@ -31,6 +31,10 @@ struct Pass {
 
 /// The enqueue stage system.
 pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
+    // Most flushes of a threaded runtime (one per message) have nothing ready.
+    if world.resource::<WorkLists>().ready.is_empty() {
+        return;
+    }
     let q = &mut *queries;
     q.refresh(world);
     let mut pass = Pass {

@@ -43,6 +43,9 @@ pub(crate) type Preds = SmallVec<[Entity; 8]>;
 
 /// The resolve stage system.
 pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
+    if world.resource::<WorkLists>().resolve.is_empty() {
+        return;
+    }
     let q = &mut *queries;
     q.refresh(world);
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);

@@ -34,14 +34,16 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         ended_ns: c.ended_ns,
         lane: c.lane,
     }));
-    world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
-    let mut timeline = world.remove_resource::<Timeline>();
-    let virtual_time = world.resource::<Devices>().virtual_time();
-    for f in finished {
-        finish(world, q, f, &mut timeline, virtual_time.as_deref());
-    }
-    if let Some(t) = timeline {
-        world.insert_resource(t);
+    if !finished.is_empty() {
+        world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
+        let mut timeline = world.remove_resource::<Timeline>();
+        let virtual_time = world.resource::<Devices>().virtual_time();
+        for f in finished {
+            finish(world, q, f, &mut timeline, virtual_time.as_deref());
+        }
+        if let Some(t) = timeline {
+            world.insert_resource(t);
+        }
     }
     release_idle_records(world, q);
     // Bevy keeps a removal message for each component of every despawned entity
