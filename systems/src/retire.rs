@@ -347,7 +347,6 @@ mod tests {
         assert!(record.reads.is_empty() && record.writes.is_empty());
     }
 
-    /// A dropped buffer's record goes once its last command retires.
     /// Retired commands leave no trace: after thousands of flushes the world holds
     /// only the removal messages of the last two.
     #[test]
@@ -370,6 +369,7 @@ mod tests {
         assert!(most <= 8, "{most} removal messages held: the trackers are not cleared");
     }
 
+    /// A dropped buffer's record goes once its last command retires.
     #[test]
     fn dropped_buffer_record_is_despawned_when_idle() {
         let mut h = Harness::new(false);
