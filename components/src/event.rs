@@ -1,8 +1,11 @@
 //! Events: completion state shared between the scheduler and user threads.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
-use gantry_driver::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+// The atomics threads wait on come from `sync` (shuttle's under `--cfg shuttle`);
+// the timestamps nobody waits on are plain.
+use gantry_driver::sync::atomic::{self as waited, AtomicU8, Ordering};
 use gantry_driver::sync::{Condvar, Mutex};
 use gantry_driver::ExecError;
 
@@ -57,11 +60,11 @@ pub struct Timestamps {
 pub struct EventShared {
     status: AtomicU8,
     error: OnceLock<ExecError>,
-    times: [std::sync::atomic::AtomicU64; 3],
+    times: [AtomicU64; 3],
     /// Threads blocked in [`EventShared::block_until`], counted per awaited status
     /// (see [`Waiters`]): a status change wakes only those it satisfies, so a host
     /// waiting for completion sleeps through the submission.
-    waiters: AtomicU64,
+    waiters: waited::AtomicU64,
     lock: Mutex<()>,
     cond: Condvar,
     /// Name of the command, for errors.
@@ -78,12 +81,8 @@ impl EventShared {
         Self {
             status: AtomicU8::new(EventStatus::Pending as u8),
             error: OnceLock::new(),
-            times: [
-                std::sync::atomic::AtomicU64::new(submitted_ns),
-                std::sync::atomic::AtomicU64::new(0),
-                std::sync::atomic::AtomicU64::new(0),
-            ],
-            waiters: AtomicU64::new(0),
+            times: [AtomicU64::new(submitted_ns), AtomicU64::new(0), AtomicU64::new(0)],
+            waiters: waited::AtomicU64::new(0),
             lock: Mutex::new(()),
             cond: Condvar::new(),
             name,
