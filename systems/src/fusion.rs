@@ -258,8 +258,6 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
         // The fusion command completes after every released kernel.
         for &k in &held {
             add_edge(world, q, k, command);
-        }
-        for &k in &held {
             unblock(world, q, k);
         }
         for &k in &held {
