@@ -67,21 +67,23 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
             cancel(world, q, list, reason);
         }
     }
-    restore_pending(world, pending);
-    release_commands(world, q);
+    release_commands(world, q, pending);
 }
 
 /// The fuse stage system.
 pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
-    let Some(fusions) = world.get_resource::<Fusions>() else {
+    // Both lists are taken with one access to the resource (each costs a lookup of
+    // the resource's entity): only ingest adds to `deleting`.
+    let Some(mut fusions) = world.get_resource_mut::<Fusions>() else {
         return;
     };
     if fusions.pending.is_empty() && fusions.deleting.is_empty() {
         return;
     }
-    let pending = take_pending(world);
+    let pending = std::mem::take(&mut fusions.pending);
+    let deleting = std::mem::take(&mut fusions.deleting);
     for &list in &pending {
         let asked =
             q.list(world, list).and_then(|l| (l.status == ListStatus::Active).then_some(l.complete)?);
@@ -89,10 +91,11 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
             complete(world, q, list, props);
         }
     }
-    restore_pending(world, pending);
-    release_commands(world, q);
+    release_commands(world, q, pending);
     // Lists a newer fusion replaced go once their command has finished.
-    let deleting = std::mem::take(&mut world.resource_mut::<Fusions>().deleting);
+    if deleting.is_empty() {
+        return;
+    }
     let mut keep = Vec::new();
     for list in deleting {
         let Some(mut l) = q.list_mut(world, list) else { continue };
@@ -289,9 +292,11 @@ fn restore_pending(world: &mut World, mut pending: Vec<Entity>) {
 }
 
 /// Lets go of the fusion commands of ended lists once every kernel their queue sent
-/// has been ingested (and so has an edge to the command).
-fn release_commands(world: &mut World, q: &mut Queries) {
-    let mut pending = take_pending(world);
+/// has been ingested (and so has an edge to the command). `pending` is what the
+/// caller took with [`take_pending`]; the lists added since join it, and all that
+/// still wait are put back.
+fn release_commands(world: &mut World, q: &mut Queries, mut pending: Vec<Entity>) {
+    pending.append(&mut world.resource_mut::<Fusions>().pending);
     let mut kept = 0;
     for i in 0..pending.len() {
         let list = pending[i];
@@ -445,7 +450,10 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         let l = q.list(world, list).expect("list");
         (l.command, l.command_held)
     };
-    let not_before_ns = world.resource::<Devices>().0[device as usize].virtual_now_ns();
+    let (not_before_ns, waits) = {
+        let d = &world.resource::<Devices>().0[device as usize];
+        (d.virtual_now_ns(), d.info.caps.in_driver_waits)
+    };
     {
         let mut command = world.get_mut::<Command>(e).expect("fusion command");
         command.kind = CommandKind::Kernel;
@@ -468,7 +476,6 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     // Successors wait for the fused kernel instead (every listed kernel was held, so
     // each of their edges was blocking).
-    let waits = world.resource::<Devices>().0[device as usize].info.caps.in_driver_waits;
     for &s in &succs {
         let Some(mut edges) = q.edges_mut(world, s) else { continue };
         let before = edges.preds.len();
