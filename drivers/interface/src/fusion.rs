@@ -286,10 +286,11 @@ pub struct Fused {
     pub kernel: Arc<ClosureKernel>,
     /// The fused grid.
     pub geometry: Geometry,
-    /// Its arguments, one per buffer kept in global memory.
-    pub args: Vec<FusedArg>,
+    /// Its arguments, one per buffer kept in global memory (inline up to four: a
+    /// fusion from the cache allocates no list of its own).
+    pub args: SmallVec<[FusedArg; 4]>,
     /// The internalized buffers (not arguments; not written back).
-    pub internal: Vec<InternalArg>,
+    pub internal: SmallVec<[InternalArg; 2]>,
     /// What was not done as asked.
     pub warnings: Vec<FusionWarning>,
     /// Whether the plan came from the cache.
