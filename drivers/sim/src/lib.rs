@@ -53,12 +53,12 @@ mod machine;
 pub use machine::{HostPoolConfig, MachineConfig, SimMachine};
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use gantry_driver::sync::Mutex;
+use gantry_driver::sync::{Mutex, MutexGuard};
 use gantry_driver::{
     fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena, Binding,
     Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
@@ -66,6 +66,7 @@ use gantry_driver::{
     HostFn, HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp,
     ScratchKind, SnapshotPool, Submission,
 };
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 /// Configuration of the simulated device.
@@ -349,6 +350,10 @@ struct State {
     /// When each compute and copy engine is next free (empty: unlimited engines).
     compute_free: Vec<u64>,
     copy_free: Vec<u64>,
+    /// Executed nodes, oldest first, whose allocations new submissions reuse once
+    /// nothing else holds them (the scheduler drops its handle when it retires the
+    /// command): a submission then allocates nothing.
+    spare: VecDeque<Arc<Node>>,
 }
 
 /// One submitted operation, as the scheduler holds it (its [`gantry_driver::OpHandle`]).
@@ -362,7 +367,36 @@ struct Node {
     /// engines are unlimited or it needs none.
     lane: u32,
     /// Set once the operation has executed (or failed without running).
-    outcome: OnceLock<Result<(), ExecError>>,
+    done: AtomicBool,
+    /// Why it failed, if it did: set before `done`.
+    failure: OnceLock<ExecError>,
+}
+
+/// Executed nodes kept for reuse (see [`State::spare`]) at most.
+const SPARE_NODES: usize = 4096;
+
+impl State {
+    /// `node` in an allocation of its own: the oldest spare one if nothing else holds
+    /// it any more (else that one goes to the back, to be looked at again later), or
+    /// a new one.
+    fn node(&mut self, node: Node) -> Arc<Node> {
+        if let Some(mut spare) = self.spare.pop_front() {
+            if let Some(slot) = Arc::get_mut(&mut spare) {
+                *slot = node;
+                return spare;
+            }
+            self.spare.push_back(spare);
+        }
+        Arc::new(node)
+    }
+
+    /// Keeps an executed node for reuse, once the scheduler and its waiters let go of
+    /// it; up to [`SPARE_NODES`] of them.
+    fn recycle(&mut self, node: Arc<Node>) {
+        if self.spare.len() < SPARE_NODES {
+            self.spare.push_back(node);
+        }
+    }
 }
 
 /// A recorded operation waiting for [`Driver::poll`]. Dropped once executed, so nodes
@@ -424,13 +458,14 @@ impl Region {
     }
 }
 
-/// A kernel launch and the resolved memory of its global slots.
+/// A kernel launch and the resolved memory of its global slots. Kept inline in its
+/// [`Pending`] (the slab reuses slots, so recording a kernel allocates nothing for
+/// it); four slots inline, like [`gantry_driver::KernelLaunch::args`].
 struct KernelWork {
     kernel: Arc<ClosureKernel>,
     geometry: Geometry,
-    /// How the kernel uses each slot (`modes[i]` belongs to `regions[i]`).
-    modes: SmallVec<[AccessMode; 8]>,
-    regions: SmallVec<[Region; 8]>,
+    /// Each slot's memory and how the kernel uses it, in slot order.
+    args: SmallVec<[(Region, AccessMode); 4]>,
 }
 
 /// A command buffer recorded by this driver: the plan, and its operations bound to the
@@ -535,7 +570,7 @@ enum Work {
         dst: Region,
         pattern: SmallVec<[u8; 16]>,
     },
-    Kernel(Box<KernelWork>),
+    Kernel(KernelWork),
     /// A command-buffer replay (never nested: its steps are single operations).
     Plan(Box<PlanWork>),
     /// A host task on the modelled host pool.
@@ -631,6 +666,19 @@ impl SimDriver {
         host: Option<&'static str>,
         peer: bool,
     ) -> Result<(Region, bool), ExecError> {
+        self.locate_in(&mut None, slice, host, peer)
+    }
+
+    /// [`SimDriver::locate`] with the machine's allocation table locked in `memory`
+    /// (locked here if it is not yet), so that an operation with several arguments
+    /// locks it once.
+    fn locate_in<'m>(
+        &'m self,
+        memory: &mut Option<MutexGuard<'m, FxHashMap<AllocId, machine::Allocation>>>,
+        slice: &MemSlice,
+        host: Option<&'static str>,
+        peer: bool,
+    ) -> Result<(Region, bool), ExecError> {
         let mut from_peer = false;
         let storage = match &slice.mem {
             MemRef::Host(storage) => match host {
@@ -639,7 +687,7 @@ impl SimDriver {
             },
             MemRef::Device(_) if self.host_pool => return Err(self.unsupported("device memory")),
             MemRef::Device(id) => {
-                let memory = self.machine.memory.lock();
+                let memory = memory.get_or_insert_with(|| self.machine.memory.lock());
                 let unknown = || self.driver_error(format!("unknown allocation {}", id.0));
                 let a = memory.get(id).ok_or_else(unknown)?;
                 from_peer = a.owner != self.instance;
@@ -671,7 +719,7 @@ impl SimDriver {
             Work::Host(task) => (Engine::Compute, task.ns),
             Work::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
             Work::Kernel(k) => {
-                let bytes = k.regions.iter().map(|r| r.len).sum();
+                let bytes = k.args.iter().map(|(r, _)| r.len).sum();
                 let items = k.geometry.global_size();
                 (Engine::Compute, self.cost.kernel_ns(items, &k.kernel.cost, bytes))
             }
@@ -906,18 +954,14 @@ impl SimDriver {
             DeviceOp::Kernel(launch) => {
                 self.count_fault(state, Faulting::Kernel)?;
                 self.check_kernel(&launch.kernel, launch.args.len())?;
-                let regions = launch
-                    .args
-                    .iter()
-                    .map(|a| self.resolve(&a.mem, Some("kernel arguments in host memory")))
-                    .collect::<Result<_, _>>()?;
-                let modes = launch.args.iter().map(|a| a.mode).collect();
-                Ok(Work::Kernel(Box::new(KernelWork {
-                    kernel: launch.kernel,
-                    geometry: launch.geometry,
-                    modes,
-                    regions,
-                })))
+                // One look-up in the allocation table for all the arguments.
+                let mut memory = None;
+                let mut args = SmallVec::with_capacity(launch.args.len());
+                for a in &launch.args {
+                    let host = Some("kernel arguments in host memory");
+                    args.push((self.locate_in(&mut memory, &a.mem, host, false)?.0, a.mode));
+                }
+                Ok(Work::Kernel(KernelWork { kernel: launch.kernel, geometry: launch.geometry, args }))
             }
             DeviceOp::CommandBuffer(launch) => self.prepare_plan(state, launch),
             DeviceOp::HostTask(task) if self.host_pool => {
@@ -959,13 +1003,14 @@ impl SimDriver {
                 unsafe { fill_bytes(d.ptr, d.len, &pattern) };
                 Ok(())
             }
-            Work::Kernel(work) => {
-                let KernelWork { kernel, geometry, modes, regions } = *work;
-                let bindings: SmallVec<[Binding; 8]> = regions.iter().map(Region::binding).collect();
-                // SAFETY: the bindings are live (held by `regions`).
-                unsafe {
-                    self.run_kernel(&kernel, &geometry, modes.iter().copied(), &bindings, preserve, arena)
+            Work::Kernel(KernelWork { kernel, geometry, args }) => {
+                let mut bindings = SmallVec::<[Binding; 4]>::with_capacity(args.len());
+                for (region, _) in &args {
+                    bindings.push(region.binding());
                 }
+                let modes = args.iter().map(|&(_, mode)| mode);
+                // SAFETY: the bindings are live (held by `args`).
+                unsafe { self.run_kernel(&kernel, &geometry, modes, &bindings, preserve, arena) }
             }
             Work::Plan(plan) => self.replay(*plan, preserve, arena),
             Work::Host(task) => {
@@ -1217,13 +1262,14 @@ impl Driver for SimDriver {
             (Engine::Copy, Some(i)) => 1 + self.cost.compute_engines + i as u32,
             _ => 0,
         };
-        let node = Arc::new(Node {
+        let node = state.node(Node {
             instance: self.instance,
             id: sub.id,
             started_ns,
             ended_ns,
             lane,
-            outcome: OnceLock::new(),
+            done: AtomicBool::new(false),
+            failure: OnceLock::new(),
         });
         let pending = Pending { node: node.clone(), work, preserve: sub.preserve_on_failure, waits };
         state.queue.insert((ended_ns, seq), pending);
@@ -1234,32 +1280,22 @@ impl Driver for SimDriver {
     /// the calling thread, including any submitted while it runs.
     fn poll(&self) {
         let mut arena = self.poller.lock();
-        {
-            let mut state = self.state.lock();
-            state.horizon = state.clock;
-        }
-        loop {
-            let Some((pending, lost)) = ({
-                let mut state = self.state.lock();
-                let next = state.queue.pop_first();
-                if let Some(p) = &next {
-                    state.clock = state.clock.max(p.node.ended_ns);
-                    self.machine.advance(p.node.ended_ns);
-                    let nth = state.executed;
-                    state.executed += 1;
-                    if self.faults.has(Fault::DeviceLost { nth }) {
-                        state.lost = true;
-                    }
-                }
-                next.map(|p| (p, state.lost))
-            }) else {
-                break;
-            };
-            let (Pending { node, work, preserve, waits }, lost) = (pending, lost);
-            let failed = waits.iter().find_map(|w| match w.outcome.get() {
-                Some(Ok(())) => None,
-                Some(Err(e)) => Some(e.as_dependency_of(format!("op {}", w.id.0).into())),
-                None => unreachable!("a wait-list entry ends before its waiter"),
+        let mut state = self.state.lock();
+        state.horizon = state.clock;
+        while let Some(Pending { node, work, preserve, waits }) = state.queue.pop_first() {
+            state.clock = state.clock.max(node.ended_ns);
+            self.machine.advance(node.ended_ns);
+            let nth = state.executed;
+            state.executed += 1;
+            if self.faults.has(Fault::DeviceLost { nth }) {
+                state.lost = true;
+            }
+            let lost = state.lost;
+            drop(state);
+            let failed = waits.iter().find_map(|w| {
+                assert!(w.done.load(Ordering::Acquire), "a wait-list entry ends before its waiter");
+                let e = w.failure.get()?;
+                Some(e.as_dependency_of(format!("op {}", w.id.0).into()))
             });
             drop(waits);
             let result = match (lost, failed) {
@@ -1267,7 +1303,10 @@ impl Driver for SimDriver {
                 (false, Some(e)) => Err(e),
                 (false, None) => self.execute(work, preserve, &mut arena),
             };
-            let _ = node.outcome.set(result.clone());
+            if let Err(e) = &result {
+                let _ = node.failure.set(e.clone());
+            }
+            node.done.store(true, Ordering::Release);
             self.ctx.complete(Completion {
                 op: node.id,
                 result,
@@ -1275,6 +1314,8 @@ impl Driver for SimDriver {
                 ended_ns: node.ended_ns,
                 lane: node.lane,
             });
+            state = self.state.lock();
+            state.recycle(node);
         }
     }
 }
