@@ -389,6 +389,27 @@ fn key_parts(request: &FusionRequest, buffers: &[u64], key: &mut SmallVec<[KeyPa
     }
 }
 
+/// The hash a key is filed under: its length, its phases' code and its slots' byte
+/// ranges. Equal keys hash equally; keys that differ only elsewhere (geometry,
+/// scratch, element sizes) share a bucket and are told apart by comparison, which
+/// stops at the first differing part. Hashing every part, the 80-byte geometries
+/// most of all, cost more than the comparison of a hit.
+fn key_hash(key: &[KeyPart]) -> u64 {
+    let mut h = FxHasher::default();
+    h.write_usize(key.len());
+    for part in key {
+        match part {
+            KeyPart::Phase(code, _) => code.hash(&mut h),
+            KeyPart::Slot { start, end, .. } => {
+                h.write_usize(*start);
+                h.write_usize(*end);
+            }
+            _ => {}
+        }
+    }
+    h.finish()
+}
+
 /// A cached plan, with the fused kernel's name for the kernel names it was last
 /// asked for (names are not part of the key: the same code may run under others).
 struct Cached {
@@ -979,11 +1000,7 @@ impl ClosureFusion {
     ) -> Result<(Arc<Plan>, Arc<str>, bool), FusionError> {
         let mut key: SmallVec<[KeyPart; 16]> = SmallVec::new();
         key_parts(request, buffers, &mut key);
-        let hash = {
-            let mut h = FxHasher::default();
-            key.hash(&mut h);
-            h.finish()
-        };
+        let hash = key_hash(&key);
         let same_names =
             |names: &[Arc<str>]| names.iter().zip(&request.kernels).all(|(n, k)| *n == k.kernel.name);
         let mut cache = self.cache.lock().expect("fusion cache");
@@ -1694,5 +1711,15 @@ mod tests {
         assert!(!fuse(&chain(["a", "b"], [1, 1], Promotion::Private, true)).0, "promoted");
         assert!(!fuse(&chain(["a", "b"], [1, 1], none, false)).0, "without barriers");
         assert_eq!(fusion.stats(), CacheStats { hits: 2, misses: 4 });
+        // Those keys differ only in parts the hash leaves out, so they share a bucket:
+        // each hit must still find its own plan.
+        let layout = |r: &FusionRequest| {
+            let f = fusion.fuse(r).unwrap();
+            (f.cached, f.args.len(), f.internal.len())
+        };
+        assert_eq!(layout(&chain(["a", "b"], [1, 2], none, true)), (true, 2, 0));
+        assert_eq!(layout(&chain(["a", "b"], [1, 1], Promotion::Private, true)), (true, 0, 1));
+        assert_eq!(layout(&chain(["a", "b"], [3, 3], none, true)), (true, 1, 0));
+        assert_eq!(fusion.stats(), CacheStats { hits: 5, misses: 4 });
     }
 }
