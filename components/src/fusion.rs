@@ -118,8 +118,11 @@ struct FusionState {
 /// holding it, so both sides agree on which kernels belong to the list.
 #[derive(Debug)]
 pub struct FusionShared {
-    /// The queue's id.
-    pub queue: u64,
+    /// The queue. `start_fusion` sends no message of its own: the scheduler starts
+    /// the fusion's list when the first message about it arrives (its first kernel,
+    /// or its completion or cancellation), so a fusion costs one message, and one
+    /// scheduler wake-up, fewer. Nothing can concern the list before that message.
+    pub queue: Arc<QueueCore>,
     /// The fusion command's event: what `submit` returns while fusing, and
     /// `complete_fusion` after.
     pub event: Arc<EventShared>,
@@ -130,7 +133,7 @@ pub struct FusionShared {
 
 impl FusionShared {
     /// A new, active fusion.
-    pub fn new(queue: u64, event: Arc<EventShared>) -> Self {
+    pub fn new(queue: Arc<QueueCore>, event: Arc<EventShared>) -> Self {
         Self {
             queue,
             event,
@@ -371,7 +374,8 @@ mod tests {
     /// kernel back, and a fused outcome is final.
     #[test]
     fn shared_state_transitions() {
-        let f = FusionShared::new(1, Arc::new(EventShared::new("fusion".into(), 0, 0)));
+        let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
+        let f = FusionShared::new(queue, Arc::new(EventShared::new("fusion".into(), 0, 0)));
         assert_eq!(f.send_kernel(7, |k| k * 2), Ok(14));
         assert_eq!(f.sent(), 1);
         assert!(f.cancel(CancelReason::Requested, || {}));

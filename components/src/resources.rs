@@ -26,8 +26,6 @@ pub enum Message {
     DropQueue(Arc<QueueCore>),
     /// The user released a host access guard (the command entity).
     ReleaseHostAccess(Entity),
-    /// A queue entered fusion mode.
-    StartFusion(Arc<QueueCore>, Arc<FusionShared>),
     /// The user cancelled a fusion (the reason is in its shared state).
     CancelFusion(Arc<FusionShared>),
     /// The user completed a fusion.

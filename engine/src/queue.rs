@@ -261,9 +261,8 @@ impl Queue {
         // Every fusion's event shares one name (a fusion is one allocation fewer).
         static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
         let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.now_ns()));
-        let shared = Arc::new(FusionShared::new(self.handle.core.id, event));
-        rt.send(Message::StartFusion(self.handle.core.clone(), shared.clone()))?;
-        *slot = Some(shared);
+        // No message: the scheduler starts the list at the first one about it.
+        *slot = Some(Arc::new(FusionShared::new(self.handle.core.clone(), event)));
         Ok(())
     }
 

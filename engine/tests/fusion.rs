@@ -114,6 +114,41 @@ fn fusions_in_a_row_are_counted_and_a_fused_one_is_one_command() {
     assert_eq!(rt.stats().live_commands, 0);
 }
 
+/// `start_fusion` sends no message: the scheduler starts the list with the first
+/// message about the fusion, whichever it is (a kernel, the completion, or a
+/// cancellation before any kernel), and each of those ends as it should.
+#[test]
+fn a_fusion_starts_with_its_first_message() {
+    let rt = manual();
+    let q = rt.queue();
+    let a = rt.buffer(&[1u32; 64]);
+    let messages = |rt: &Runtime| rt.stats().messages;
+    rt.wait_idle().unwrap();
+    let before = messages(&rt);
+    q.start_fusion().unwrap();
+    rt.wait_idle().unwrap();
+    assert_eq!(messages(&rt), before, "start_fusion sent a message");
+    affine(&q, &a, 2, 1);
+    affine(&q, &a, 3, 0);
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert_eq!(messages(&rt) - before, 3, "two kernels and the completion");
+    assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+    assert_eq!(a.to_vec().unwrap(), serial(&[1; 64], &[(2, 1), (3, 0)]));
+
+    // Cancelled before any kernel: the cancellation starts (and ends) the list, and
+    // `complete_fusion` still returns an event that completes.
+    q.start_fusion().unwrap();
+    q.cancel_fusion();
+    assert_eq!(cancelled(&q), CancelReason::Requested);
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    // Completed with no kernel: the completion starts the list, which warns it is empty.
+    q.start_fusion().unwrap();
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert_eq!(cancelled(&q), CancelReason::Empty);
+    rt.wait_idle().unwrap();
+    assert_eq!(rt.stats().live_commands, 0);
+}
+
 #[test]
 fn misuse_is_a_typed_error() {
     let rt = manual();

@@ -87,13 +87,15 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     while let Ok(msg) = rx.try_recv() {
         messages += 1;
         match msg {
-            Message::Submit(desc) => commands.spawn(world, q, *desc),
-            Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
-            Message::StartFusion(queue, shared) => {
-                let seq = commands.next_seq();
-                start_fusion(world, q, queue, shared, seq);
+            Message::Submit(desc) => {
+                if let Some(shared) = &desc.fusion {
+                    started(world, q, shared, commands.next_seq());
+                }
+                commands.spawn(world, q, *desc)
             }
+            Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
             Message::CancelFusion(shared) => {
+                started(world, q, &shared, commands.next_seq());
                 let reason = match shared.outcome() {
                     Some(FusionOutcome::Cancelled(r)) => r,
                     _ => CancelReason::Requested,
@@ -104,6 +106,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
             }
             Message::CompleteFusion(shared, props) => {
                 let seq = commands.next_seq();
+                started(world, q, &shared, seq);
                 request_for(world, q, &shared, |l| l.complete = Some((seq, props)));
             }
             Message::FinalizeGraph(job) => {
@@ -180,6 +183,14 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
 /// has ended and its command is gone (the common case: a frame's fusion after the
 /// last one's was waited for); otherwise it is marked for deletion and a new list is
 /// spawned.
+/// Starts `shared`'s list if this is the first message about the fusion (see
+/// [`FusionShared::queue`]).
+fn started(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, seq: u64) {
+    if shared.list.get().is_none() {
+        start_fusion(world, q, shared.queue.clone(), shared.clone(), seq);
+    }
+}
+
 fn start_fusion(
     world: &mut World,
     q: &mut Queries,
