@@ -52,7 +52,6 @@ mod machine;
 
 pub use machine::{HostPoolConfig, MachineConfig, SimMachine};
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,8 +62,8 @@ use gantry_driver::{
     fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena, Binding,
     Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
     Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
-    HostFn, HostStorage, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp,
-    ScratchKind, SnapshotPool, Submission,
+    HostFn, HostStorage, KernelLaunch, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg,
+    RecordedOp, ScratchKind, SnapshotPool, Submission,
 };
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -399,45 +398,71 @@ impl State {
     }
 }
 
-/// A recorded operation waiting for [`Driver::poll`]. Dropped once executed, so nodes
-/// never keep their predecessors alive.
+/// A recorded operation waiting for [`Driver::poll`], in a box that the queue reuses:
+/// executing it empties it (no node, [`Work::Marker`], no waits), so that nodes never
+/// keep their predecessors alive, and the next operation fills it in place.
+#[derive(Default)]
 struct Pending {
-    node: Arc<Node>,
+    node: Option<Arc<Node>>,
     work: Work,
     preserve: bool,
     waits: SmallVec<[Arc<Node>; 4]>,
 }
 
+/// A queued operation under its key, (virtual end, submission sequence), ordered so
+/// that the smallest key is the greatest (the top of a max-heap).
+struct Queued {
+    ended_ns: u64,
+    seq: u64,
+    op: Box<Pending>,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.ended_ns, self.seq) == (other.ended_ns, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.ended_ns, other.seq).cmp(&(self.ended_ns, self.seq))
+    }
+}
+
 /// Recorded operations, taken in order of (virtual end, submission sequence): a
-/// binary heap of those keys and slab slots over a slab of operations, so that
-/// queueing one moves 24 bytes, not a tree node's worth of operations.
+/// binary heap of those keys, each with its operation in a box of its own, so that
+/// queueing one moves 24 bytes and executing it moves none of it. Executed operations
+/// leave their boxes for new ones: once the queue has been as long before, recording
+/// an operation allocates nothing.
 #[derive(Default)]
 struct PendingQueue {
-    order: BinaryHeap<Reverse<(u64, u64, u32)>>,
-    slots: Vec<Option<Pending>>,
-    free: Vec<u32>,
+    order: BinaryHeap<Queued>,
+    /// The emptied boxes of executed operations (boxes, not values: they move to and
+    /// from the heap without copying their operations).
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Pending>>,
 }
 
 impl PendingQueue {
-    fn insert(&mut self, (ended_ns, seq): (u64, u64), pending: Pending) {
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slots[slot as usize] = Some(pending);
-                slot
-            }
-            None => {
-                self.slots.push(Some(pending));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.order.push(Reverse((ended_ns, seq, slot)));
+    /// An empty box for an operation.
+    fn vacant(&mut self) -> Box<Pending> {
+        self.spare.pop().unwrap_or_default()
     }
 
-    /// The operation with the smallest key.
-    fn pop_first(&mut self) -> Option<Pending> {
-        let Reverse((_, _, slot)) = self.order.pop()?;
-        self.free.push(slot);
-        self.slots[slot as usize].take()
+    /// Empties a box and keeps it for a later operation.
+    fn release(&mut self, mut op: Box<Pending>) {
+        op.node = None;
+        op.work = Work::Marker;
+        op.waits.clear();
+        self.spare.push(op);
     }
 }
 
@@ -459,8 +484,8 @@ impl Region {
 }
 
 /// A kernel launch and the resolved memory of its global slots. Kept inline in its
-/// [`Pending`] (the slab reuses slots, so recording a kernel allocates nothing for
-/// it); four slots inline, like [`gantry_driver::KernelLaunch::args`].
+/// [`Pending`] (whose box is reused, so recording a kernel allocates nothing for it);
+/// four slots inline, like [`gantry_driver::KernelLaunch::args`].
 struct KernelWork {
     kernel: Arc<ClosureKernel>,
     geometry: Geometry,
@@ -549,8 +574,9 @@ struct HostWork {
 struct PlanWork {
     buffer: CommandBuffer,
     bound: Arc<BoundPlan>,
-    /// The bound entries' memory, alive until the replay has executed.
-    memory: SmallVec<[Arc<HostStorage>; 4]>,
+    /// The bound entries' memory, alive until the replay has executed (held, never
+    /// read).
+    _memory: SmallVec<[Arc<HostStorage>; 4]>,
     /// Operations that drew a fault at submission, with their errors, in plan order.
     faulted: Vec<(u32, ExecError)>,
     /// Engine and work time of the operations that can run.
@@ -558,7 +584,9 @@ struct PlanWork {
 }
 
 /// An operation with its memory resolved at submission.
+#[derive(Default)]
 enum Work {
+    #[default]
     Marker,
     Copy {
         src: Region,
@@ -839,7 +867,7 @@ impl SimDriver {
         };
         let memory = entries.into_iter().map(|(r, _)| r.storage).collect();
         let buffer = launch.buffer.clone();
-        Ok(Work::Plan(Box::new(PlanWork { buffer, bound, memory, faulted, cost })))
+        Ok(Work::Plan(Box::new(PlanWork { buffer, bound, _memory: memory, faulted, cost })))
     }
 
     /// Binds every operation of `plan` to the resolved argument table `entries` (each
@@ -918,6 +946,47 @@ impl SimDriver {
         }
     }
 
+    /// Resolves an operation's memory against the allocation table into `work` (an
+    /// emptied [`Pending`]'s), or records why it cannot run. A kernel's work is built
+    /// in place; `op` is taken by reference so that a kernel launch is not moved
+    /// (copied) first.
+    fn prepare_into(&self, state: &mut State, op: &mut DeviceOp, work: &mut Work) {
+        let result = match op {
+            DeviceOp::Kernel(launch) if !self.host_pool => self.prepare_kernel(state, launch, work),
+            _ => {
+                self.prepare(state, std::mem::replace(op, DeviceOp::Marker)).map(|prepared| *work = prepared)
+            }
+        };
+        if let Err(e) = result {
+            *work = Work::Invalid(e);
+        }
+    }
+
+    /// Resolves a kernel launch's arguments into `work` (which may be left half-built
+    /// on error).
+    fn prepare_kernel(
+        &self,
+        state: &mut State,
+        launch: &KernelLaunch,
+        work: &mut Work,
+    ) -> Result<(), ExecError> {
+        self.count_fault(state, Faulting::Kernel)?;
+        self.check_kernel(&launch.kernel, launch.args.len())?;
+        *work = Work::Kernel(KernelWork {
+            kernel: launch.kernel.clone(),
+            geometry: launch.geometry,
+            args: SmallVec::new(),
+        });
+        let Work::Kernel(kernel) = work else { unreachable!("just set") };
+        // One look-up in the allocation table for all the arguments.
+        let mut memory = None;
+        for a in &launch.args {
+            let host = Some("kernel arguments in host memory");
+            kernel.args.push((self.locate_in(&mut memory, &a.mem, host, false)?.0, a.mode));
+        }
+        Ok(())
+    }
+
     /// Resolves an operation's memory against the allocation table.
     fn prepare(&self, state: &mut State, op: DeviceOp) -> Result<Work, ExecError> {
         match op {
@@ -952,16 +1021,9 @@ impl SimDriver {
             DeviceOp::Kernel(_) if self.host_pool => Err(self.unsupported("kernels")),
             DeviceOp::CommandBuffer(_) if self.host_pool => Err(self.unsupported("command buffers")),
             DeviceOp::Kernel(launch) => {
-                self.count_fault(state, Faulting::Kernel)?;
-                self.check_kernel(&launch.kernel, launch.args.len())?;
-                // One look-up in the allocation table for all the arguments.
-                let mut memory = None;
-                let mut args = SmallVec::with_capacity(launch.args.len());
-                for a in &launch.args {
-                    let host = Some("kernel arguments in host memory");
-                    args.push((self.locate_in(&mut memory, &a.mem, host, false)?.0, a.mode));
-                }
-                Ok(Work::Kernel(KernelWork { kernel: launch.kernel, geometry: launch.geometry, args }))
+                let mut work = Work::Marker;
+                self.prepare_kernel(state, &launch, &mut work)?;
+                Ok(work)
             }
             DeviceOp::CommandBuffer(launch) => self.prepare_plan(state, launch),
             DeviceOp::HostTask(task) if self.host_pool => {
@@ -983,9 +1045,9 @@ impl SimDriver {
     }
 
     /// Runs one operation on the calling thread.
-    fn execute(&self, work: Work, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
+    fn execute(&self, work: &mut Work, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
         match work {
-            Work::Invalid(e) => Err(e),
+            Work::Invalid(e) => Err(e.clone()),
             Work::Marker => Ok(()),
             Work::Copy { src, dst, .. } => {
                 let (s, d) = (src.binding(), dst.binding());
@@ -1000,34 +1062,34 @@ impl SimDriver {
                 let d = dst.binding();
                 // SAFETY: bounds-checked live region, its length a multiple of the
                 // pattern's (checked at submission); exclusive by scheduling.
-                unsafe { fill_bytes(d.ptr, d.len, &pattern) };
+                unsafe { fill_bytes(d.ptr, d.len, pattern) };
                 Ok(())
             }
             Work::Kernel(KernelWork { kernel, geometry, args }) => {
-                let mut bindings = SmallVec::<[Binding; 4]>::with_capacity(args.len());
-                for (region, _) in &args {
+                let mut bindings = SmallVec::<[Binding; 4]>::new();
+                for (region, _) in args.iter() {
                     bindings.push(region.binding());
                 }
                 let modes = args.iter().map(|&(_, mode)| mode);
                 // SAFETY: the bindings are live (held by `args`).
-                unsafe { self.run_kernel(&kernel, &geometry, modes, &bindings, preserve, arena) }
+                unsafe { self.run_kernel(kernel, geometry, modes, &bindings, preserve, arena) }
             }
-            Work::Plan(plan) => self.replay(*plan, preserve, arena),
+            Work::Plan(plan) => self.replay(plan, preserve, arena),
             Work::Host(task) => {
-                let HostWork { name, tag, mut run, modes, regions, .. } = *task;
+                let HostWork { name, tag, run, modes, regions, .. } = &mut **task;
                 let bindings: SmallVec<[Binding; 4]> = regions.iter().map(Region::binding).collect();
                 // SAFETY: live regions (held by `regions`), exclusive to this task by
                 // scheduling.
                 let snapshot = preserve.then(|| unsafe {
                     self.snapshots.take_modes(modes.iter().copied().zip(bindings.iter().copied()))
                 });
-                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
+                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, *tag))));
                 outcome.map_err(|p| {
                     if let Some(s) = snapshot {
                         // SAFETY: the task has returned; nothing else touches the ranges.
                         unsafe { s.restore() };
                     }
-                    ExecError::HostTaskPanicked { task: name, message: panic_message(&*p) }
+                    ExecError::HostTaskPanicked { task: name.clone(), message: panic_message(&*p) }
                 })
             }
         }
@@ -1119,7 +1181,7 @@ impl SimDriver {
 
     /// Runs a replay's steps in plan order (see [`SimDriver::replay_steps`]); its
     /// result is the first step's error.
-    fn replay(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
+    fn replay(&self, plan: &PlanWork, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
         self.replay_steps(plan, preserve, arena).into_iter().flatten().next().map_or(Ok(()), Err)
     }
 
@@ -1128,17 +1190,17 @@ impl SimDriver {
     /// with a dependency error naming it; independent steps still run. Each step
     /// follows the failure rules of its single operation (a panicking kernel restores
     /// what it wrote when `preserve` is set).
-    fn replay_steps(&self, plan: PlanWork, preserve: bool, arena: &mut Arena) -> Vec<Option<ExecError>> {
-        // `memory` keeps the bindings' memory alive until every step has run.
-        let PlanWork { buffer, bound, memory: _memory, faulted, .. } = plan;
-        let recorded = &sim_plan(&buffer).expect("checked at submission").plan;
+    fn replay_steps(&self, plan: &PlanWork, preserve: bool, arena: &mut Arena) -> Vec<Option<ExecError>> {
+        // `plan._memory` keeps the bindings' memory alive until every step has run.
+        let PlanWork { buffer, bound, faulted, .. } = plan;
+        let recorded = &sim_plan(buffer).expect("checked at submission").plan;
         recorded.replay(|i, op| {
             // `faulted` is sorted by step: an injected fault fails its step.
             if let Ok(f) = faulted.binary_search_by_key(&(i as u32), |&(f, _)| f) {
                 return Err(faulted[f].1.clone());
             }
-            // SAFETY: the bindings point into `_memory`, as the bound plan's key is
-            // this replay's table.
+            // SAFETY: the bindings point into `plan._memory`, as the bound plan's key
+            // is this replay's table.
             unsafe { self.run_step(op, &bound.steps[i], &bound.bindings, preserve, arena) }
         })
     }
@@ -1222,29 +1284,32 @@ impl Driver for SimDriver {
             .map_err(|e| self.driver_error(e))
     }
 
-    fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
+    fn submit(&self, mut sub: Submission<'_>) -> Result<Accepted, ExecError> {
         if matches!(sub.op, DeviceOp::HostTask(_)) && !self.host_pool {
             return Err(self.unsupported("host tasks"));
         }
-        let mut waits = SmallVec::<[Arc<Node>; 4]>::with_capacity(sub.waits.len());
+        let mut state = self.state.lock();
+        // The operation is recorded in place, in an executed one's box.
+        let mut op = state.queue.vacant();
         for wait in sub.waits {
-            match wait.downcast_ref::<Node>() {
-                Some(node) if node.instance == self.instance => {
-                    waits.push(Arc::clone(wait).downcast::<Node>().expect("checked above"));
+            match Arc::clone(wait).downcast::<Node>() {
+                Ok(node) if node.instance == self.instance => op.waits.push(node),
+                _ => {
+                    state.queue.release(op);
+                    return Err(self.driver_error("wait-list names an operation of another driver".into()));
                 }
-                _ => return Err(self.driver_error("wait-list names an operation of another driver".into())),
             }
         }
-        let mut state = self.state.lock();
         if state.lost {
+            state.queue.release(op);
             return Err(self.lost());
         }
         let floor = state.horizon.max(sub.not_before_ns);
-        let ready_ns = waits.iter().map(|w| w.ended_ns).fold(floor, u64::max);
+        let ready_ns = op.waits.iter().map(|w| w.ended_ns).fold(floor, u64::max);
         let seq = state.next_seq;
         state.next_seq += 1;
-        let work = self.prepare(&mut state, sub.op).unwrap_or_else(Work::Invalid);
-        let (engine, work_ns) = self.cost_of(&work);
+        self.prepare_into(&mut state, &mut sub.op, &mut op.work);
+        let (engine, work_ns) = self.cost_of(&op.work);
         let engines = match engine {
             Engine::Compute => &mut state.compute_free,
             Engine::Copy => &mut state.copy_free,
@@ -1271,8 +1336,9 @@ impl Driver for SimDriver {
             done: AtomicBool::new(false),
             failure: OnceLock::new(),
         });
-        let pending = Pending { node: node.clone(), work, preserve: sub.preserve_on_failure, waits };
-        state.queue.insert((ended_ns, seq), pending);
+        op.node = Some(node.clone());
+        op.preserve = sub.preserve_on_failure;
+        state.queue.order.push(Queued { ended_ns, seq, op });
         Ok(Accepted::Pending(node))
     }
 
@@ -1282,7 +1348,8 @@ impl Driver for SimDriver {
         let mut arena = self.poller.lock();
         let mut state = self.state.lock();
         state.horizon = state.clock;
-        while let Some(Pending { node, work, preserve, waits }) = state.queue.pop_first() {
+        while let Some(Queued { mut op, .. }) = state.queue.order.pop() {
+            let node = op.node.take().expect("queued operations are recorded");
             state.clock = state.clock.max(node.ended_ns);
             self.machine.advance(node.ended_ns);
             let nth = state.executed;
@@ -1292,17 +1359,19 @@ impl Driver for SimDriver {
             }
             let lost = state.lost;
             drop(state);
-            let failed = waits.iter().find_map(|w| {
+            let failed = op.waits.iter().find_map(|w| {
                 assert!(w.done.load(Ordering::Acquire), "a wait-list entry ends before its waiter");
                 let e = w.failure.get()?;
                 Some(e.as_dependency_of(format!("op {}", w.id.0).into()))
             });
-            drop(waits);
+            op.waits.clear();
             let result = match (lost, failed) {
                 (true, _) => Err(self.lost()),
                 (false, Some(e)) => Err(e),
-                (false, None) => self.execute(work, preserve, &mut arena),
+                (false, None) => self.execute(&mut op.work, op.preserve, &mut arena),
             };
+            // The work and its memory go before the completion is reported.
+            op.work = Work::Marker;
             if let Err(e) = &result {
                 let _ = node.failure.set(e.clone());
             }
@@ -1315,6 +1384,8 @@ impl Driver for SimDriver {
                 lane: node.lane,
             });
             state = self.state.lock();
+            // Already empty: no node, no waits, no work.
+            state.queue.spare.push(op);
             state.recycle(node);
         }
     }
@@ -2226,8 +2297,8 @@ mod tests {
             d.prepare(&mut state, launch).unwrap()
         };
         let errors = d.replay_steps(
-            match work {
-                Work::Plan(plan) => *plan,
+            match &work {
+                Work::Plan(plan) => plan,
                 _ => unreachable!("a replay prepares to a plan"),
             },
             true,
