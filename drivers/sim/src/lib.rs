@@ -52,6 +52,8 @@ mod machine;
 
 pub use machine::{HostPoolConfig, MachineConfig, SimMachine};
 
+use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -333,11 +335,9 @@ struct State {
     /// The clock when the latest poll began: an operation submitted since then reacts
     /// to completions reported no earlier, so it never starts before it.
     horizon: u64,
-    /// Submission sequence number of the next operation.
-    next_seq: u64,
     /// Bytes held by live allocations (in the machine's table).
     allocated: usize,
-    /// Recorded, not yet executed operations, keyed by (virtual end, sequence).
+    /// Recorded, not yet executed operations, in order of (virtual end, submission).
     queue: PendingQueue,
     /// Kernels and copies (indexed by [`Faulting`]) and allocations so far, and
     /// operations executed (fault plans count these).
@@ -409,44 +409,33 @@ struct Pending {
     waits: SmallVec<[Arc<Node>; 4]>,
 }
 
-/// A queued operation under its key, (virtual end, submission sequence), ordered so
-/// that the smallest key is the greatest (the top of a max-heap).
-struct Queued {
-    ended_ns: u64,
-    seq: u64,
-    op: Box<Pending>,
-}
+/// A bucket of [`PendingQueue`]: operations with one virtual end, in submission order.
+type Bucket = VecDeque<Box<Pending>>;
 
-impl PartialEq for Queued {
-    fn eq(&self, other: &Self) -> bool {
-        (self.ended_ns, self.seq) == (other.ended_ns, other.seq)
-    }
-}
-
-impl Eq for Queued {}
-
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Queued {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.ended_ns, other.seq).cmp(&(self.ended_ns, self.seq))
-    }
-}
-
-/// Recorded operations, taken in order of (virtual end, submission sequence): a
-/// binary heap of those keys, each with its operation in a box of its own, so that
-/// queueing one moves 24 bytes and executing it moves none of it. Executed operations
-/// leave their boxes for new ones: once the queue has been as long before, recording
-/// an operation allocates nothing.
+/// Recorded operations, taken in order of (virtual end, submission). Each waits in a
+/// box of its own, so that queueing it moves a pointer and executing it moves none
+/// of it; executed operations leave their boxes for new ones (once the queue has been
+/// as long before, recording an operation allocates nothing).
+///
+/// Operations with the same virtual end share a bucket, a FIFO in submission order
+/// (submissions push under the state lock, so appending keeps it in order), and a
+/// min-heap orders the distinct ends. With the default cost model every operation
+/// takes the latency and a batch ends at few distinct times, so the bucket being
+/// drained is kept out of the map and taking the next operation usually pops a deque,
+/// where a heap of all the operations cost a sift through all its levels.
 #[derive(Default)]
 struct PendingQueue {
-    order: BinaryHeap<Queued>,
+    /// The distinct ends of queued operations: each has a non-empty bucket, in
+    /// `buckets` or `front`.
+    ends: BinaryHeap<Reverse<u64>>,
+    /// The buckets by end, but for `front`'s.
+    buckets: FxHashMap<u64, Bucket>,
+    /// The bucket being drained and its end; empty when there is none.
+    front: (u64, Bucket),
+    /// Emptied buckets, for new ends.
+    spare_buckets: Vec<Bucket>,
     /// The emptied boxes of executed operations (boxes, not values: they move to and
-    /// from the heap without copying their operations).
+    /// from the buckets without copying their operations).
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Pending>>,
 }
@@ -463,6 +452,46 @@ impl PendingQueue {
         op.work = Work::Marker;
         op.waits.clear();
         self.spare.push(op);
+    }
+
+    /// Queues an operation that ends at `ended_ns`, after every queued one (it is the
+    /// latest submitted).
+    fn push(&mut self, ended_ns: u64, op: Box<Pending>) {
+        let (front_ns, front) = &mut self.front;
+        if *front_ns == ended_ns && !front.is_empty() {
+            front.push_back(op);
+            return;
+        }
+        match self.buckets.entry(ended_ns) {
+            Entry::Occupied(mut bucket) => bucket.get_mut().push_back(op),
+            Entry::Vacant(slot) => {
+                let mut bucket = self.spare_buckets.pop().unwrap_or_default();
+                bucket.push_back(op);
+                slot.insert(bucket);
+                self.ends.push(Reverse(ended_ns));
+            }
+        }
+    }
+
+    /// The operation with the earliest end, the first submitted among equals.
+    fn pop(&mut self) -> Option<Box<Pending>> {
+        let &Reverse(first) = self.ends.peek()?;
+        if self.front.0 != first || self.front.1.is_empty() {
+            // The earliest end's bucket becomes the front; the old front goes back to
+            // the map if something ends earlier (submitted while it was drained).
+            let bucket = self.buckets.remove(&first).expect("every queued end has a bucket");
+            let (old_ns, old) = std::mem::replace(&mut self.front, (first, bucket));
+            if old.is_empty() {
+                self.spare_buckets.push(old);
+            } else {
+                self.buckets.insert(old_ns, old);
+            }
+        }
+        let op = self.front.1.pop_front();
+        if self.front.1.is_empty() {
+            self.ends.pop();
+        }
+        op
     }
 }
 
@@ -1306,8 +1335,6 @@ impl Driver for SimDriver {
         }
         let floor = state.horizon.max(sub.not_before_ns);
         let ready_ns = op.waits.iter().map(|w| w.ended_ns).fold(floor, u64::max);
-        let seq = state.next_seq;
-        state.next_seq += 1;
         self.prepare_into(&mut state, &mut sub.op, &mut op.work);
         let (engine, work_ns) = self.cost_of(&op.work);
         let engines = match engine {
@@ -1338,7 +1365,7 @@ impl Driver for SimDriver {
         });
         op.node = Some(node.clone());
         op.preserve = sub.preserve_on_failure;
-        state.queue.order.push(Queued { ended_ns, seq, op });
+        state.queue.push(ended_ns, op);
         Ok(Accepted::Pending(node))
     }
 
@@ -1348,7 +1375,7 @@ impl Driver for SimDriver {
         let mut arena = self.poller.lock();
         let mut state = self.state.lock();
         state.horizon = state.clock;
-        while let Some(Queued { mut op, .. }) = state.queue.order.pop() {
+        while let Some(mut op) = state.queue.pop() {
             let node = op.node.take().expect("queued operations are recorded");
             state.clock = state.clock.max(node.ended_ns);
             self.machine.advance(node.ended_ns);
@@ -1576,6 +1603,52 @@ mod tests {
         d.poll();
         let ts: Vec<_> = drain(&rx).iter().map(|c| (c.op.0, c.started_ns, c.ended_ns)).collect();
         assert_eq!(ts, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)]);
+    }
+
+    /// The pending queue hands operations out in order of (end, submission) however
+    /// pushes and pops interleave, including pushes that end before the bucket being
+    /// drained (a submission made during a poll).
+    #[test]
+    fn pending_queue_orders_by_end_then_submission() {
+        let mut queue = PendingQueue::default();
+        let mut reference = std::collections::BTreeSet::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = 0u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 5 < 3 {
+                // Few distinct ends, as with the default cost model.
+                let end = (x >> 8) % 16;
+                let mut op = queue.vacant();
+                op.work = Work::Invalid(ExecError::RuntimeDropped);
+                op.node = Some(Arc::new(Node {
+                    instance: 0,
+                    id: OpId(next),
+                    started_ns: 0,
+                    ended_ns: end,
+                    lane: 0,
+                    done: AtomicBool::new(false),
+                    failure: OnceLock::new(),
+                }));
+                queue.push(end, op);
+                reference.insert((end, next));
+                next += 1;
+            } else {
+                let got = queue.pop().map(|mut op| {
+                    let node = op.node.take().unwrap();
+                    queue.release(op);
+                    (node.ended_ns, node.id.0)
+                });
+                assert_eq!(got, reference.pop_first());
+            }
+        }
+        while let Some(mut op) = queue.pop() {
+            let node = op.node.take().unwrap();
+            assert_eq!(Some((node.ended_ns, node.id.0)), reference.pop_first());
+        }
+        assert!(reference.is_empty());
     }
 
     /// A submission starts at the latest of its `not_before_ns` (which the scheduler
