@@ -25,7 +25,9 @@
 //! fusion adds one command to the kernels it saves, not two. Replacing leaves in
 //! place is the same as the seed's "restore the leaves and add the fused kernel":
 //! nothing resolved between the listed kernels depends on them (it would have
-//! cancelled the fusion), so the fused kernel stands exactly where they did.
+//! cancelled the fusion), so the fused kernel stands exactly where they did. Last,
+//! fuse lets go of the fusion command of every list that ended (fused or cancelled,
+//! in either stage) once all the kernels its queue sent have been ingested.
 //!
 //! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists
@@ -60,14 +62,15 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
     for e in resolved {
         sync_command(world, q, e);
     }
-    let pending = take_pending(world);
-    for &list in &pending {
+    // Cancellations asked for by messages. (Cancelling adds the list to `pending`;
+    // the fuse stage, next in the flush, lets go of the commands of lists that ended.)
+    let asked: SmallVec<[Entity; 4]> = world.resource::<Fusions>().pending.iter().copied().collect();
+    for list in asked {
         let reason = q.list_mut(world, list).and_then(|mut l| l.cancel.take());
         if let Some(reason) = reason {
             cancel(world, q, list, reason);
         }
     }
-    release_commands(world, q, pending);
 }
 
 /// The fuse stage system.
@@ -117,8 +120,12 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
 /// The list whose held kernel `e` is, if that list is still collecting kernels.
 fn held_in(world: &World, q: &mut Queries, e: Entity) -> Option<Entity> {
     let list = q.in_fusion(world, e)?;
-    let l = q.list(world, list)?;
-    (l.status == ListStatus::Active && l.held.contains(&e)).then_some(list)
+    holds(world, q, list, e).then_some(list)
+}
+
+/// Whether `list` is collecting kernels and holds `e`.
+fn holds(world: &World, q: &mut Queries, list: Entity, e: Entity) -> bool {
+    q.list(world, list).is_some_and(|l| l.status == ListStatus::Active && l.held.contains(&e))
 }
 
 /// Whether a command numbered `seq` depending on `list` cancels it: not if it was
@@ -153,10 +160,10 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
     let Some(cmd) = q.command(world, e) else {
         return;
     };
-    let (kind, seq, name) = (cmd.kind, cmd.seq, cmd.name.clone());
+    let (kind, seq) = (cmd.kind, cmd.seq);
     let preds = q.edges(world, e).map(|x| x.preds.clone()).unwrap_or_default();
     let own = q.in_fusion(world, e).filter(|_| kind == CommandKind::Kernel);
-    let held = own.filter(|&l| held_in(world, q, e) == Some(l));
+    let held = own.filter(|&l| holds(world, q, l, e));
     if let (Some(list), None) = (own, held) {
         // A listed kernel that runs unfused: the fusion command completes after it.
         // (Held kernels get that edge when their list is cancelled, maybe already.)
@@ -184,7 +191,10 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
                 }
             }
         }
-        None => dependent_cancels(world, q, &preds, seq, &name, kind.name()),
+        None => {
+            let name = q.command(world, e).expect("command").name.clone();
+            dependent_cancels(world, q, &preds, seq, &name, kind.name())
+        }
     }
 }
 
@@ -278,13 +288,7 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
     }
 }
 
-/// The lists with a pending action, taken out to be walked while the stage adds to
-/// them (no copy per flush).
-fn take_pending(world: &mut World) -> Vec<Entity> {
-    std::mem::take(&mut world.resource_mut::<Fusions>().pending)
-}
-
-/// Puts back what [`take_pending`] took, before the lists added meanwhile.
+/// Puts back the pending lists a stage took out, before the lists added meanwhile.
 fn restore_pending(world: &mut World, mut pending: Vec<Entity>) {
     let mut fusions = world.resource_mut::<Fusions>();
     pending.append(&mut fusions.pending);
@@ -293,8 +297,8 @@ fn restore_pending(world: &mut World, mut pending: Vec<Entity>) {
 
 /// Lets go of the fusion commands of ended lists once every kernel their queue sent
 /// has been ingested (and so has an edge to the command). `pending` is what the
-/// caller took with [`take_pending`]; the lists added since join it, and all that
-/// still wait are put back.
+/// caller took out of [`Fusions::pending`] (walked while the stage adds to it, not
+/// copied); the lists added since join it, and all that still wait are put back.
 fn release_commands(world: &mut World, q: &mut Queries, mut pending: Vec<Entity>) {
     pending.append(&mut world.resource_mut::<Fusions>().pending);
     let mut kept = 0;
