@@ -1038,8 +1038,25 @@ impl FusionCompiler for ClosureFusion {
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
         let buffers = canonical_buffers(request);
         let (plan, name, cached) = self.plan_for(request, &buffers)?;
-        let parts =
-            request.kernels.iter().map(|k| Part { kernel: k.kernel.clone(), geometry: k.geometry }).collect();
+        // Plain loops: collecting these short lists through `SmallVec`'s `extend` cost
+        // more than the pushes themselves (a cache hit builds all of them).
+        let mut parts = SmallVec::new();
+        for k in &request.kernels {
+            parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry });
+        }
+        let mut args = SmallVec::new();
+        for (c, start, end, uses) in &plan.args {
+            args.push(FusedArg { buffer: buffers[*c], start: *start, end: *end, uses: uses.clone() });
+        }
+        let mut internal = SmallVec::new();
+        for (c, kind, bytes, uses) in &plan.internal {
+            internal.push(InternalArg {
+                buffer: buffers[*c],
+                kind: *kind,
+                bytes: *bytes,
+                uses: uses.clone(),
+            });
+        }
         // The closure owns the body: one allocation for both.
         let body = FusedBody { parts, plan: plan.clone(), barriers: request.barriers };
         let kernel = ClosureKernel {
@@ -1058,26 +1075,8 @@ impl FusionCompiler for ClosureFusion {
         Ok(Fused {
             kernel: Arc::new(kernel),
             geometry: plan.geometry,
-            args: plan
-                .args
-                .iter()
-                .map(|(c, start, end, uses)| FusedArg {
-                    buffer: buffers[*c],
-                    start: *start,
-                    end: *end,
-                    uses: uses.clone(),
-                })
-                .collect(),
-            internal: plan
-                .internal
-                .iter()
-                .map(|(c, kind, bytes, uses)| InternalArg {
-                    buffer: buffers[*c],
-                    kind: *kind,
-                    bytes: *bytes,
-                    uses: uses.clone(),
-                })
-                .collect(),
+            args,
+            internal,
             warnings: plan
                 .warnings
                 .iter()
