@@ -64,7 +64,7 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
     }
     // Cancellations asked for by messages. (Cancelling adds the list to `pending`;
     // the fuse stage, next in the flush, lets go of the commands of lists that ended.)
-    let asked: SmallVec<[Entity; 4]> = world.resource::<Fusions>().pending.iter().copied().collect();
+    let asked: SmallVec<[Entity; 4]> = pushed(world.resource::<Fusions>().pending.iter().copied());
     for list in asked {
         let reason = q.list_mut(world, list).and_then(|mut l| l.cancel.take());
         if let Some(reason) = reason {
@@ -330,13 +330,10 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
     let kernels = std::mem::take(&mut q.list_mut(world, list).expect("list").kernels);
     match fusion_request(world, q, list, &kernels, props) {
         Err(reason) => cancel(world, q, list, reason),
-        Ok(request) => {
-            let compiler = world.resource::<Fusions>().compiler.clone();
-            match compiler.fuse(&request) {
-                Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
-                Ok(fused) => replace(world, q, list, &kernels, fused),
-            }
-        }
+        Ok(request) => match world.resource::<Fusions>().compiler.fuse(&request) {
+            Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
+            Ok(fused) => replace(world, q, list, &kernels, fused),
+        },
     }
     q.list_mut(world, list).expect("list").kernels = kernels;
 }
@@ -363,10 +360,21 @@ fn fusion_request(
             return Err(CancelReason::KernelFailed);
         };
         let (kernel, geometry) = (kernel.clone(), *geometry);
-        let args = q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg).collect();
+        let args = pushed(q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg));
         request.kernels.push(FusionKernel { kernel, geometry, args });
     }
     Ok(request)
+}
+
+/// `items` collected by pushes. `SmallVec`'s `extend` (so `collect`) reserves first,
+/// which for the few items of a fusion's lists costs more than pushing them; a fused
+/// round collects a dozen such lists.
+fn pushed<A: smallvec::Array>(items: impl Iterator<Item = A::Item>) -> SmallVec<A> {
+    let mut out = SmallVec::new();
+    for item in items {
+        out.push(item);
+    }
+    out
 }
 
 pub(crate) fn fusion_arg(r: &Requirement) -> FusionArg {
@@ -409,10 +417,10 @@ fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: 
 /// `reqs[k]` are kernel `k`'s requirements.
 pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> SmallVec<[Requirement; 4]> {
     let pick = |uses: &[(u32, u32)]| -> SmallVec<[&Requirement; 4]> {
-        uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]).collect()
+        pushed(uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]))
     };
     let mut out: SmallVec<[Requirement; 4]> =
-        fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)).collect();
+        pushed(fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)));
     for i in &fused.internal {
         let uses = pick(&i.uses);
         let start = uses.iter().map(|r| r.range.start).min().expect("a use");
@@ -430,7 +438,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     let listed = |e: Entity| kernels.contains(&e);
     let reqs = {
         let all: SmallVec<[&[Requirement]; 8]> =
-            kernels.iter().map(|&k| &q.requirements(world, k).expect("requirements").0[..]).collect();
+            pushed(kernels.iter().map(|&k| &q.requirements(world, k).expect("requirements").0[..]));
         fused_requirements(&fused, &all)
     };
 
@@ -439,7 +447,9 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     let mut succs: SmallVec<[Entity; 4]> = SmallVec::new();
     for &k in kernels {
         let edges = q.edges(world, k).expect("edges");
-        preds.extend(edges.preds.iter().copied().filter(|&p| !listed(p)));
+        for &p in edges.preds.iter().filter(|&&p| !listed(p)) {
+            preds.push(p);
+        }
         for s in edges.succs.iter().filter(|s| !listed(s.entity)) {
             if !succs.contains(&s.entity) {
                 succs.push(s.entity);
@@ -498,13 +508,8 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
 
     // The listed kernels' leaves become the fused kernel's.
-    let placed: SmallVec<[(Arc<gantry_components::BufferCore>, ByteRange); 4]> = q
-        .requirements(world, e)
-        .expect("requirements")
-        .0
-        .iter()
-        .map(|r| (r.buffer.clone(), r.range))
-        .collect();
+    let placed: SmallVec<[(Arc<gantry_components::BufferCore>, ByteRange); 4]> =
+        pushed(q.requirements(world, e).expect("requirements").0.iter().map(|r| (r.buffer.clone(), r.range)));
     for (buffer, range) in placed {
         let Some(mut record) = buffer.record.get().and_then(|r| q.record_mut(world, r)) else { continue };
         if record.writes.remove_commands(listed).is_some() {
@@ -538,7 +543,6 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         stats.live_commands -= kernels.len() as u64;
         stats.fusions_fused += 1;
     }
-    let budget = budget(world);
     let mut l = q.list_mut(world, list).expect("list");
     l.status = ListStatus::Completed;
     l.held.clear();
@@ -549,10 +553,10 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         cached: fused.cached,
         warnings: fused.warnings.clone(),
     });
-    for w in &fused.warnings {
-        warn_fusion(&budget, format_args!("fusion on queue {queue_id}: {w}"));
-    }
     let mut fusions = world.resource_mut::<Fusions>();
+    for w in &fused.warnings {
+        warn_fusion(&fusions.warnings, format_args!("fusion on queue {queue_id}: {w}"));
+    }
     fusions.active.retain(|&a| a != list);
     fusions.pending.push(list);
     // The fused kernel may itself depend on kernels still held by another list.
