@@ -55,4 +55,6 @@ pub use op::{
     fill_bytes, fill_fits, Accepted, Completion, DeviceOp, HostFn, HostTask, KernelLaunch, MemArg, OpHandle,
     OpId, Snapshot, SnapshotPool, Submission,
 };
-pub use range::{delinearize, linearize, Geometry, NdRange, Range, RANGE_CHUNK};
+pub use range::{
+    delinearize, linearize, Geometry, NdRange, Range, MAX_RANGE_CHUNK, RANGE_CHUNK, RANGE_GROUPS,
+};

@@ -6,10 +6,22 @@
 
 use crate::error::RangeError;
 
-/// Number of work-items a plain (non-ND) range kernel puts in one driver work-group,
-/// along its fastest dimension. Plain ranges carry no work-group semantics; this is
-/// only the unit of parallel scheduling.
+/// Fewest work-items a plain (non-ND) range kernel puts in one driver work-group,
+/// along its fastest dimension (fewer only when the range is shorter). Plain ranges
+/// carry no work-group semantics; a group is only the unit of parallel scheduling.
 pub const RANGE_CHUNK: usize = 1024;
+
+/// Most work-items a plain range kernel puts in one group: ranges long enough to
+/// keep [`RANGE_GROUPS`] groups of more items get groups of up to this many, which
+/// spreads each group's fixed cost (its bindings, a fused kernel's plan walk and
+/// stream set-up) over more items. On the GPU machine's Xeon, an internalized chain
+/// of 16M elements ran at 0.72–0.75 of the hand-written loop with K = 4 kernels in
+/// groups of 4,096, against 0.59–0.60 in groups of 1,024.
+pub const MAX_RANGE_CHUNK: usize = 4 * RANGE_CHUNK;
+
+/// Groups a long plain range keeps at least (see [`MAX_RANGE_CHUNK`]), so that every
+/// worker of a many-core CPU still has several to take.
+pub const RANGE_GROUPS: usize = 64;
 
 /// A 1-, 2- or 3-dimensional extent. Unused trailing dimensions are 1.
 ///
@@ -166,8 +178,9 @@ pub struct Geometry {
 const _: () = assert!(std::mem::size_of::<Geometry>() <= 80);
 
 impl Geometry {
-    /// The geometry of a plain range kernel: groups of up to [`RANGE_CHUNK`] items along
-    /// the fastest dimension.
+    /// The geometry of a plain range kernel: groups of [`RANGE_CHUNK`] items along the
+    /// fastest dimension, or of a multiple of it up to [`MAX_RANGE_CHUNK`] where that
+    /// still leaves [`RANGE_GROUPS`] groups (fewer items where the range is shorter).
     pub fn for_range(global: Range) -> Result<Self, RangeError> {
         Self::for_range_with_offset(global, [0; 3])
     }
@@ -178,7 +191,9 @@ impl Geometry {
         let dims = global.dims();
         let mut local = [1; 3];
         let last = dims - 1;
-        local[last] = global.get(last).min(RANGE_CHUNK);
+        let extent = global.get(last);
+        let chunk = (extent / RANGE_GROUPS / RANGE_CHUNK * RANGE_CHUNK).clamp(RANGE_CHUNK, MAX_RANGE_CHUNK);
+        local[last] = extent.min(chunk);
         Ok(Self { dims: global.dims, global: global.extent, local, offset, nd: false })
     }
 
@@ -295,6 +310,14 @@ mod tests {
         assert_eq!(g.local_range(), [1, 5, 1]);
         assert_eq!(g.group_count(), 7);
         assert!(!g.is_nd());
+        // Long ranges get larger groups while they keep `RANGE_GROUPS` of them.
+        let chunk = |n: usize| Geometry::for_range(Range::d1(n)).unwrap().local_range()[0];
+        assert_eq!(chunk(RANGE_GROUPS * RANGE_CHUNK * 2 - 1), RANGE_CHUNK);
+        assert_eq!(chunk(RANGE_GROUPS * RANGE_CHUNK * 2), 2 * RANGE_CHUNK);
+        assert_eq!(chunk(RANGE_GROUPS * RANGE_CHUNK * 3 + 5), 3 * RANGE_CHUNK);
+        assert_eq!(chunk(1 << 24), MAX_RANGE_CHUNK);
+        let g = Geometry::for_range(Range::d2(3, 1 << 24)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([1, MAX_RANGE_CHUNK, 1], 3 << 12));
     }
 
     /// Group ids (computed, not stored) enumerate the group grid in linear order for
