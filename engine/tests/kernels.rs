@@ -203,3 +203,49 @@ fn host_discard_write() {
     assert_eq!(buf.to_vec().unwrap(), vec![9; 8]);
     assert_eq!(rt.stats().moves, 0, "nothing moved back for a discard-write");
 }
+
+/// A long plain range runs in larger groups (3,072 items here, the last one partial)
+/// on several workers: every element is written once, ids agree with the group
+/// layout, and a fused chain with its intermediate promoted to private memory gives
+/// the serial result.
+#[test]
+fn long_ranges_run_in_larger_groups() {
+    use gantry::{FusionProps, Promotion};
+    let rt = Runtime::builder().worker_threads(3).build();
+    let q = rt.queue();
+    let n = 64 * 3072 + 123;
+    let out = rt.buffer_zeroed::<[u32; 2]>(n);
+    q.submit(|cg| {
+        let o = cg.elements_out(&out);
+        cg.parallel_for(n, move |it| {
+            let consistent = it.global_id(0) == it.group_id(0) * it.local_range(0) + it.local_id(0);
+            *o.elem(it) =
+                [it.global_id(0) as u32 * 3 + 1, (it.local_range(0) as u32) << 1 | consistent as u32];
+        });
+    })
+    .unwrap();
+    let v = out.to_vec().unwrap();
+    assert!(v.iter().enumerate().all(|(i, &[x, _])| x == i as u32 * 3 + 1));
+    assert!(v.iter().all(|&[_, g]| g == 3072 << 1 | 1), "groups of 3,072 with consistent ids");
+
+    let input: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.5).collect();
+    let (x, tmp, y) = (rt.buffer(&input), rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(n));
+    q.start_fusion().unwrap();
+    q.submit(|cg| {
+        let (a, t) = (cg.read(&x), cg.elements_out(&tmp));
+        cg.promote(&t, Promotion::Private);
+        cg.map(&a, &t, |v| v * 2.0 + 1.0);
+    })
+    .unwrap();
+    q.submit(|cg| {
+        let (t, b) = (cg.read(&tmp), cg.elements_out(&y));
+        cg.promote(&t, Promotion::Private);
+        cg.map(&t, &b, |v| v - 3.0);
+    })
+    .unwrap();
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(q.fusion_outcome(), Some(gantry::FusionOutcome::Fused { kernels: 2, .. })));
+    let want: Vec<f32> = input.iter().map(|v| v * 2.0 + 1.0 - 3.0).collect();
+    assert_eq!(y.to_vec().unwrap(), want);
+    assert!(tmp.to_vec().unwrap().iter().all(|&v| v == 0.0), "the promoted buffer is not written back");
+}
