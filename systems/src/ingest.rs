@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use crate::queries::Queries;
 use gantry_components::{
     CancelReason, Command, CommandDesc, CommandKind, Devices, Edges, Execution, Finished, FusionList,
-    FusionOutcome, FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, QueueCore, Requirements,
+    FusionOutcome, FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, Requirements,
     SchedulerConfig, Stats, Status, Work, WorkLists,
 };
 
@@ -89,13 +89,13 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
         match msg {
             Message::Submit(desc) => {
                 if let Some(shared) = &desc.fusion {
-                    started(world, q, shared, commands.next_seq());
+                    start_fusion(world, q, shared, commands.next_seq());
                 }
                 commands.spawn(world, q, *desc)
             }
             Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
             Message::CancelFusion(shared) => {
-                started(world, q, &shared, commands.next_seq());
+                start_fusion(world, q, &shared, commands.next_seq());
                 let reason = match shared.outcome() {
                     Some(FusionOutcome::Cancelled(r)) => r,
                     _ => CancelReason::Requested,
@@ -106,7 +106,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
             }
             Message::CompleteFusion(shared, props) => {
                 let seq = commands.next_seq();
-                started(world, q, &shared, seq);
+                start_fusion(world, q, &shared, seq);
                 request_for(world, q, &shared, |l| l.complete = Some((seq, props)));
             }
             Message::FinalizeGraph(job) => {
@@ -178,26 +178,17 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     }
 }
 
-/// Puts a queue in fusion mode: spawns its fusion command (held until the list ends)
-/// and gives it a list. The queue's previous list is reset for this fusion once it
-/// has ended and its command is gone (the common case: a frame's fusion after the
-/// last one's was waited for); otherwise it is marked for deletion and a new list is
-/// spawned.
-/// Starts `shared`'s list if this is the first message about the fusion (see
-/// [`FusionShared::queue`]).
-fn started(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, seq: u64) {
-    if shared.list.get().is_none() {
-        start_fusion(world, q, shared.queue.clone(), shared.clone(), seq);
+/// Puts `shared`'s queue in fusion mode, if this is the first message about the
+/// fusion (see [`FusionShared::queue`]): spawns its fusion command (held until the
+/// list ends) and gives it a list. The queue's previous list is reset for this fusion
+/// once it has ended and its command is gone (the common case: a frame's fusion after
+/// the last one's was waited for); otherwise it is marked for deletion and a new list
+/// is spawned.
+fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, seq: u64) {
+    if shared.list.get().is_some() {
+        return;
     }
-}
-
-fn start_fusion(
-    world: &mut World,
-    q: &mut Queries,
-    queue: Arc<QueueCore>,
-    shared: Arc<FusionShared>,
-    seq: u64,
-) {
+    let (queue, shared) = (shared.queue.clone(), shared.clone());
     let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
     let mut reused = None;
     if let Some(old) = previous {
