@@ -288,17 +288,11 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
     }
 }
 
-/// Puts back the pending lists a stage took out, before the lists added meanwhile.
-fn restore_pending(world: &mut World, mut pending: Vec<Entity>) {
-    let mut fusions = world.resource_mut::<Fusions>();
-    pending.append(&mut fusions.pending);
-    fusions.pending = pending;
-}
-
 /// Lets go of the fusion commands of ended lists once every kernel their queue sent
 /// has been ingested (and so has an edge to the command). `pending` is what the
 /// caller took out of [`Fusions::pending`] (walked while the stage adds to it, not
-/// copied); the lists added since join it, and all that still wait are put back.
+/// copied); the lists added since join it, and all that still wait are put back
+/// (releasing a command adds none).
 fn release_commands(world: &mut World, q: &mut Queries, mut pending: Vec<Entity>) {
     pending.append(&mut world.resource_mut::<Fusions>().pending);
     let mut kept = 0;
@@ -321,7 +315,7 @@ fn release_commands(world: &mut World, q: &mut Queries, mut pending: Vec<Entity>
         }
     }
     pending.truncate(kept);
-    restore_pending(world, pending);
+    world.resource_mut::<Fusions>().pending = pending;
 }
 
 /// Performs `complete_fusion` on an active list.
