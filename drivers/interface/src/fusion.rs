@@ -346,8 +346,9 @@ type Uses = SmallVec<[(u32, u32); 2]>;
 /// yields: the barrier flag, then per kernel its shape, its phases' code (with what
 /// an elementwise phase touches), its geometry, its scratch, and per slot the
 /// canonical buffer, byte range, element size and promotion. A lookup hashes and
-/// collects that sequence on the stack, so a cache hit allocates nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// collects that sequence on the stack, so a cache hit allocates nothing. (Hashed in
+/// part, by [`key_hash`].)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum KeyPart {
     Barriers(bool),
     Kernel { phases: usize, scratch: usize, slots: usize },
