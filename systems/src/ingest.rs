@@ -188,7 +188,7 @@ fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, 
     if shared.list.get().is_some() {
         return;
     }
-    let (queue, shared) = (shared.queue.clone(), shared.clone());
+    let queue = &shared.queue;
     let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
     let mut reused = None;
     if let Some(old) = previous {
@@ -241,7 +241,7 @@ fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, 
     shared.event.command.set(command);
     let mut l = q.list_mut(world, list).expect("fusion list");
     match reused {
-        Some(_) => l.restart(shared.clone(), queue, command),
+        Some(_) => l.restart(shared.clone(), queue.clone(), command),
         None => l.command = command,
     }
     shared.list.set(list);
