@@ -33,7 +33,6 @@
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists
 //! carry the list's epoch, so a reference to an ended fusion never names the next.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
@@ -243,14 +242,9 @@ fn add_edge(world: &mut World, q: &mut Queries, from: Entity, to: Entity) {
     world.resource_mut::<Stats>().edges += 1;
 }
 
-fn budget(world: &World) -> Arc<AtomicUsize> {
-    world.resource::<Fusions>().warnings.clone()
-}
-
 /// Cancels `list` (if still active), releases its kernels unfused, and cancels the
 /// lists those kernels now depend on as ordinary commands.
 pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: CancelReason) {
-    let budget = budget(world);
     let mut work = vec![(list, reason)];
     while let Some((list, reason)) = work.pop() {
         let Some(mut l) = q.list_mut(world, list) else { continue };
@@ -264,8 +258,8 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
         let held = std::mem::take(&mut l.held);
         let (shared, queue, command) = (l.shared.clone(), l.queue.id, l.command);
         shared.cancel(reason.clone(), || {});
-        warn_fusion(&budget, format_args!("fusion on queue {queue} cancelled: {reason}"));
         let mut fusions = world.resource_mut::<Fusions>();
+        warn_fusion(&fusions.warnings, format_args!("fusion on queue {queue} cancelled: {reason}"));
         fusions.active.retain(|&a| a != list);
         fusions.pending.push(list);
         // The fusion command completes after every released kernel.
