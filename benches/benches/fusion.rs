@@ -24,6 +24,11 @@
 //! accesses and the `i % n` mapping of internalized memory, which cannot be
 //! vectorized.
 //!
+//! The hand loops are compiled for the binary's target (SSE2 on a default x86-64
+//! build); Gantry's elementwise loops run the widest instruction set the CPU has
+//! (`gantry::isa`). `GANTRY_CPU_ISA=baseline` compares the two at the hand loop's
+//! instruction set.
+//!
 //! The runtimes are built with `preserve_on_failure(false)`, as the hand loop keeps
 //! no copy to restore on failure either (with it, each kernel first copies the
 //! range it writes: 64 MiB per kernel at 16M).

@@ -76,6 +76,10 @@ pub use gantry_driver::{
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};
 pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 
+/// The vector instruction set Gantry's own loops (elementwise kernels, fused or not)
+/// run with, detected at run time and capped by `GANTRY_CPU_ISA`.
+pub use gantry_driver::isa;
+
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;
 /// Gantry's ECS components and resources, for systems added to its stages.

@@ -12,6 +12,7 @@
 //! * [`driver`]: the [`Driver`] trait itself;
 //! * [`command_buffer`]: command buffers recorded once and replayed (command graphs);
 //! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler;
+//! * [`isa`]: the vector instruction set the runtime's own loops run with;
 //! * [`sync`]: the locks, channels, atomics and threads every crate synchronizes
 //!   with (swapped for `shuttle`'s under `--cfg shuttle`).
 //!
@@ -26,6 +27,7 @@ pub mod driver;
 pub mod elementwise;
 pub mod error;
 pub mod fusion;
+pub mod isa;
 pub mod item;
 pub mod kernel;
 pub mod memory;

@@ -1,0 +1,139 @@
+//! The vector instruction set the runtime's own loops are compiled for, chosen at run
+//! time.
+//!
+//! A GPU runtime compiles kernels for the device it finds; a Rust binary is compiled
+//! for a baseline CPU (x86-64 with SSE2 unless the application sets `target-cpu`),
+//! so a loop the runtime owns would use a quarter of an AVX-512 core's vector width.
+//! The loops Gantry owns — the elementwise loop of [`map`](crate::elementwise::map_phase)
+//! kernels, alone or inside a fused chain — are therefore compiled once per
+//! instruction set and dispatched on the one detected at first use. The user's
+//! closure is inlined into each copy, so it is vectorized for the same width. Results
+//! do not depend on the choice: the copies run the same IEEE operations (Rust never
+//! contracts `a * b + c` into a fused multiply-add), only more lanes at a time.
+//!
+//! `GANTRY_CPU_ISA=baseline|avx2|avx512` caps the choice (read once, at first use),
+//! for reproducing a result or measuring one copy against another; a name the
+//! machine cannot run falls back to the widest it can below it.
+//!
+//! ```
+//! use gantry_driver::isa::{self, Isa};
+//! let isa = isa::active();
+//! assert!(isa <= Isa::detected());
+//! println!("elementwise loops run as {isa}");
+//! ```
+
+use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// An instruction set the runtime's loops have a copy for, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// What the binary was compiled for (SSE2 on a default x86-64 build).
+    Baseline,
+    /// x86-64 AVX2: 256-bit vectors.
+    Avx2,
+    /// x86-64 AVX-512 (foundation): 512-bit vectors.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest instruction set this CPU runs (detected, not capped).
+    pub fn detected() -> Isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Baseline
+    }
+
+    /// The instruction set named `name` (`baseline`, `avx2` or `avx512`, any case).
+    pub fn parse(name: &str) -> Option<Isa> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "baseline" | "none" | "sse2" => Some(Isa::Baseline),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" | "avx512f" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
+    fn from_code(code: u8) -> Isa {
+        match code {
+            1 => Isa::Baseline,
+            2 => Isa::Avx2,
+            _ => Isa::Avx512,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Isa::Baseline => 1,
+            Isa::Avx2 => 2,
+            Isa::Avx512 => 3,
+        }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Isa::Baseline => "baseline",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        })
+    }
+}
+
+/// The environment variable that caps [`active`].
+pub const ISA_ENV: &str = "GANTRY_CPU_ISA";
+
+/// 0 until the first [`active`]; then its answer's code.
+static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+/// The instruction set the runtime's loops run with: [`Isa::detected`], capped by
+/// `GANTRY_CPU_ISA` where that names a narrower one. Decided at the first call;
+/// later calls are one relaxed load.
+#[inline]
+pub fn active() -> Isa {
+    match ACTIVE.load(Ordering::Relaxed) {
+        0 => decide(),
+        code => Isa::from_code(code),
+    }
+}
+
+#[cold]
+fn decide() -> Isa {
+    let cap = std::env::var(ISA_ENV).ok().as_deref().and_then(Isa::parse);
+    let isa = choose(Isa::detected(), cap);
+    // Racing first callers compute the same answer.
+    ACTIVE.store(isa.code(), Ordering::Relaxed);
+    isa
+}
+
+/// The detected instruction set, capped by `cap` if given.
+fn choose(detected: Isa, cap: Option<Isa>) -> Isa {
+    cap.map_or(detected, |cap| cap.min(detected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names parse in any case; a cap never raises the choice above what the CPU runs.
+    #[test]
+    fn a_cap_only_narrows() {
+        assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
+        assert_eq!(Isa::parse(" avx512 "), Some(Isa::Avx512));
+        assert_eq!(Isa::parse("baseline"), Some(Isa::Baseline));
+        assert_eq!(Isa::parse("neon"), None);
+        assert_eq!(choose(Isa::Avx2, Some(Isa::Avx512)), Isa::Avx2);
+        assert_eq!(choose(Isa::Avx512, Some(Isa::Baseline)), Isa::Baseline);
+        assert_eq!(choose(Isa::Avx512, None), Isa::Avx512);
+        assert!(active() <= Isa::detected());
+        assert_eq!(active(), active(), "decided once");
+    }
+}
