@@ -38,6 +38,8 @@ fn shipped_workloads_are_deterministic() {
         assert!(first.contains("failed 0"), "{first}");
         assert!(makespan(&first) > 0.0);
         assert!(first.contains("compute engine 0: busy"), "{first}");
+        // The wall-clock speed goes to stderr, so the report can be compared.
+        assert!(err.contains("commands simulated in") && !first.contains("wall time"), "{err}");
         let (_, second, _) = run(&args);
         assert_eq!(first, second, "{workload}: same files, same report");
     }
@@ -139,4 +141,32 @@ fn machine_file_host_pool_and_peer_links() {
     assert_eq!(line(&with_link, "checksum:"), line(&without, "checksum:"));
     assert!(bytes_moved(&without) > bytes_moved(&with_link), "{with_link}\n{without}");
     let _ = std::fs::remove_file(unlinked);
+}
+
+/// `--timing-only` models time without computing data: every shipped workload, eager
+/// and replayed as a graph, gives the full run's report (timeline, makespan, engine
+/// use, bytes, counts) line for line, but for the checksum it leaves out.
+#[test]
+fn timing_only_reports_the_full_runs_timeline() {
+    for (workload, machine) in [
+        ("workloads/game_frame.json", "workloads/machines/gpu.json"),
+        ("workloads/stencil.json", "workloads/machines/gpu.json"),
+        ("workloads/multi_device.json", "workloads/machines/two_gpus.json"),
+    ] {
+        let (w, m) = (repo(workload), repo(machine));
+        for mode in ["eager", "graph"] {
+            let (code, full, err) = run(&[&w, &m, "--mode", mode, "--frames", "3"]);
+            assert_eq!(code, 0, "{workload} {mode}: {err}");
+            let (code, timed, err) = run(&[&w, &m, "--mode", mode, "--frames", "3", "--timing-only"]);
+            assert_eq!(code, 0, "{workload} {mode} --timing-only: {err}");
+            assert_eq!(without_checksum(&timed), without_checksum(&full), "{workload} {mode}");
+            assert!(line(&full, "checksum:") != line(&timed, "checksum:"), "{timed}");
+            assert!(line(&timed, "checksum:").contains("timing only"), "{timed}");
+            assert!(makespan(&timed) > 0.0);
+        }
+    }
+}
+
+fn without_checksum(report: &str) -> Vec<&str> {
+    report.lines().filter(|l| !l.starts_with("checksum:")).collect()
 }

@@ -90,6 +90,20 @@ pub struct SimConfig {
     pub faults: FaultPlan,
     /// How long work takes and how much of it can overlap.
     pub cost: CostModel,
+    /// Model time only: kernels, copies, fills and command-buffer replays take their
+    /// virtual time and complete (or fail by the fault plan) without running, so
+    /// device memory keeps what it held and no kernel closure is called. Timelines,
+    /// makespans and failures are those of a full run; a scheduling study of
+    /// workloads whose kernels have many work-items runs orders of magnitude faster.
+    /// Host tasks on a modelled host pool still run.
+    ///
+    /// ```
+    /// use gantry_sim::SimConfig;
+    /// let fast = SimConfig { timing_only: true, ..Default::default() };
+    /// assert!(!SimConfig::default().timing_only);
+    /// # let _ = fast;
+    /// ```
+    pub timing_only: bool,
 }
 
 /// The simulated device's cost model. Zero means free (costs) or unlimited (engines).
@@ -296,6 +310,7 @@ impl Default for SimConfig {
             memory_bytes: 1 << 30,
             faults: FaultPlan::default(),
             cost: CostModel::default(),
+            timing_only: false,
         }
     }
 }
@@ -319,6 +334,8 @@ pub struct SimDriver {
     memory_bytes: usize,
     faults: FaultPlan,
     cost: CostModel,
+    /// [`SimConfig::timing_only`].
+    timing_only: bool,
     state: Mutex<State>,
     /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
     /// is the scratch memory every kernel launch reuses.
@@ -667,6 +684,7 @@ impl SimDriver {
             memory_bytes: config.memory_bytes,
             faults: config.faults,
             cost: config.cost,
+            timing_only: config.timing_only,
             state: Mutex::new(State {
                 compute_free: vec![0; config.cost.compute_engines as usize],
                 copy_free: vec![0; config.cost.copy_engines as usize],
@@ -1075,6 +1093,9 @@ impl SimDriver {
 
     /// Runs one operation on the calling thread.
     fn execute(&self, work: &mut Work, preserve: bool, arena: &mut Arena) -> Result<(), ExecError> {
+        if self.timing_only && !matches!(work, Work::Host(_)) {
+            return Self::outcome_without_running(work);
+        }
         match work {
             Work::Invalid(e) => Err(e.clone()),
             Work::Marker => Ok(()),
@@ -1121,6 +1142,17 @@ impl SimDriver {
                     ExecError::HostTaskPanicked { task: name.clone(), message: panic_message(&*p) }
                 })
             }
+        }
+    }
+
+    /// What an operation comes to on a timing-only device: an operation that cannot
+    /// run fails as it would, a replay fails with its first injected fault (as its
+    /// first failed step would end it), anything else succeeds untouched.
+    fn outcome_without_running(work: &Work) -> Result<(), ExecError> {
+        match work {
+            Work::Invalid(e) => Err(e.clone()),
+            Work::Plan(plan) => plan.faulted.first().map_or(Ok(()), |(_, e)| Err(e.clone())),
+            _ => Ok(()),
         }
     }
 
@@ -1541,6 +1573,57 @@ mod tests {
         assert_eq!(read_u32(&output), expect);
         assert_eq!(read_u32(&input), (0..n as u32).collect::<Vec<_>>(), "input unchanged");
         assert_eq!(d.now_ns(), 3_000);
+    }
+
+    /// A timing-only device gives the timeline and the failures of a full one (an
+    /// injected kernel fault included) without running anything: no kernel closure is
+    /// called and no copy or fill touches memory.
+    #[test]
+    fn timing_only_times_without_running() {
+        use std::sync::atomic::AtomicUsize;
+        let run = |timing_only: bool| {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let cost =
+                CostModel { item_ns: 2.0, compute_units: 4, link_bytes_per_ns: 8.0, ..Default::default() };
+            let faults = FaultPlan::default().with(Fault::Kernel { nth: 1 });
+            let (d, rx) = driver(SimConfig { cost, faults, timing_only, ..Default::default() });
+            let n = 1000;
+            let input = host_u32(&vec![3; n]);
+            let output = Arc::new(HostStorage::zeroed(n * 4));
+            let buf = d.alloc(n * 4).unwrap();
+            let up = submit(&d, 0, copy(host(&input, 0, n * 4), dev(buf, 0, n * 4)), &[]);
+            let counted = calls.clone();
+            let square = map_kernel("square", n, dev(buf, 0, n * 4), move |x, _| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                x * x
+            });
+            let k = submit(&d, 1, square, &[up]);
+            // Kernel 1 of the fault plan: it fails without running.
+            submit(&d, 2, add(n, dev(buf, 0, n * 4), 1), std::slice::from_ref(&k));
+            let fill = DeviceOp::Fill { dst: dev(buf, 0, 16), pattern: smallvec::smallvec![7, 0, 0, 0] };
+            let f = submit(&d, 3, fill, &[k]);
+            // The read-back does not wait for the faulted kernel (it would fail with it).
+            submit(&d, 4, copy(dev(buf, 0, n * 4), host(&output, 0, n * 4)), &[f]);
+            d.poll();
+            let done: Vec<_> = drain(&rx)
+                .into_iter()
+                .map(|c| (c.op.0, c.started_ns, c.ended_ns, c.result.is_ok()))
+                .collect();
+            (done, calls.load(Ordering::Relaxed), read_u32(&output))
+        };
+        let (full, full_calls, full_out) = run(false);
+        let (timed, timed_calls, timed_out) = run(true);
+        assert_eq!(timed, full, "same timeline and outcomes");
+        assert_eq!(
+            full.iter().filter(|c| !c.3).count(),
+            1,
+            "the injected fault fails kernel 1 alone: {full:?}"
+        );
+        assert!(full.iter().any(|c| c.2 > 1_000), "the cost model shaped the times: {full:?}");
+        assert_eq!((full_calls, timed_calls), (1000, 0), "only the full run called the kernel");
+        assert_eq!(&full_out[4..8], &[9, 9, 9, 9]);
+        assert_eq!(full_out[0], 7, "the fill ran");
+        assert!(timed_out.iter().all(|&x| x == 0), "nothing reached host memory");
     }
 
     /// A dependent chain handed over in one batch runs link by link, each starting
