@@ -565,15 +565,16 @@ impl Inner {
         let groups = geometry.group_count();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if groups == 1 || self.workers.is_none() {
-                let mut arena = Arena::default();
-                for g in 0..groups {
-                    kernel.run_group(geometry, g, bindings, &mut arena);
-                }
+                with_arena(|arena| {
+                    for g in 0..groups {
+                        kernel.run_group(geometry, g, bindings, arena);
+                    }
+                })
             } else {
                 let run = || {
-                    (0..groups).into_par_iter().for_each_init(Arena::default, |arena, g| {
-                        kernel.run_group(geometry, g, bindings, arena)
-                    })
+                    (0..groups)
+                        .into_par_iter()
+                        .for_each(|g| with_arena(|arena| kernel.run_group(geometry, g, bindings, arena)))
                 };
                 match (&self.workers, rayon::current_thread_index()) {
                     (Some(pool), None) => pool.install(run),
@@ -591,12 +592,41 @@ impl Inner {
     }
 }
 
+/// The most scratch a thread keeps between launches; a launch that needed more gives
+/// it back when it ends.
+const KEPT_ARENA_BYTES: usize = 8 << 20;
+
+thread_local! {
+    /// This thread's scratch for work-groups (local and private memory), kept from
+    /// launch to launch: a kernel with scratch would otherwise allocate, zero and
+    /// fault in its arena anew for every launch inline, and on the pool for every
+    /// split of its groups among the workers (hundreds per launch of a 16M-item
+    /// fused chain).
+    static ARENA: std::cell::RefCell<Arena> = std::cell::RefCell::new(Arena::default());
+}
+
+/// Runs `f` with this thread's arena, or with a fresh one where that is in use (a
+/// kernel that drives a runtime from inside itself).
+fn with_arena<R>(f: impl FnOnce(&mut Arena) -> R) -> R {
+    ARENA.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut arena) => {
+            let out = f(&mut arena);
+            if arena.bytes() > KEPT_ARENA_BYTES {
+                *arena = Arena::default();
+            }
+            out
+        }
+        Err(_) => f(&mut Arena::default()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use gantry_driver::sync::channel::unbounded;
     use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, Range, ReadWrite,
+        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, LocalAccessor, NdRange, Range,
+        ReadWrite, Scratch, ScratchKind,
     };
     use std::time::Instant;
 
@@ -668,6 +698,63 @@ mod tests {
             let v: &[u32] = bytemuck_cast(unsafe { storage.bytes() });
             assert!(v.iter().all(|&x| x == 20), "workers={workers}");
         }
+    }
+
+    /// A kernel of 4 groups of 64 over `out` with one local region of `local` u32s:
+    /// each work-item stores `local[local_id]` (before writing it) to its element,
+    /// then writes 7 there.
+    fn local_probe(out: &Arc<HostStorage>, local: usize) -> DeviceOp {
+        let n = 256;
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
+        let tile = LocalAccessor::<u32>::new(0, 1, local);
+        DeviceOp::Kernel(KernelLaunch {
+            kernel: Arc::new(ClosureKernel {
+                name: "probe".into(),
+                tag: 1,
+                phases: smallvec::smallvec![phase(move |it| {
+                    let (i, l) = (it.global_linear_id(), it.local_id(0));
+                    acc.set(it, i, tile.get(it, l));
+                    tile.set(it, l, 7);
+                })],
+                global_slots: 1,
+                scratch: vec![Scratch::new(ScratchKind::Local, local * 4)],
+                cost: gantry_driver::ItemCost::default(),
+            }),
+            geometry: NdRange::new(n, 64).geometry().unwrap(),
+            args: smallvec::smallvec![MemArg {
+                mem: MemSlice::host(out.clone()),
+                mode: AccessMode::ReadWrite
+            }],
+        })
+    }
+
+    /// Scratch comes from the thread's arena, which outlives a launch: the next launch
+    /// still finds its local memory cleared for each group (not the 7s the last one
+    /// left), and an arena grown past the cap is given back when its launch ends.
+    #[test]
+    fn the_thread_arena_is_kept_between_launches_cleared_and_capped() {
+        let (d, _rx) = driver(0); // inline: every launch runs on this thread
+        let run = |op: DeviceOp| {
+            let sub =
+                Submission { id: OpId(1), op, waits: &[], preserve_on_failure: false, not_before_ns: 0 };
+            match d.submit(sub).unwrap() {
+                Accepted::Done(c) => c.result.unwrap(),
+                Accepted::Pending(_) => panic!("without workers a kernel runs inside submit"),
+            }
+        };
+        let out = Arc::new(HostStorage::zeroed(256 * 4));
+        for _ in 0..2 {
+            run(local_probe(&out, 64));
+            let v = bytemuck_cast(unsafe { out.bytes() });
+            assert!(v.iter().all(|&x| x == 0), "local memory read before written is zero: {v:?}");
+        }
+        let kept = ARENA.with(|a| a.borrow().bytes());
+        assert!(kept >= 64 * 4, "the arena outlives its launch ({kept} bytes)");
+        // A local region larger than the cap: the arena goes when the launch ends.
+        let big = KEPT_ARENA_BYTES / 4 + 1024;
+        run(local_probe(&out, big));
+        assert!(bytemuck_cast(unsafe { out.bytes() }).iter().all(|&x| x == 0));
+        assert_eq!(ARENA.with(|a| a.borrow().bytes()), 0, "an arena over the cap is given back");
     }
 
     fn bytemuck_cast(b: &[u8]) -> &[u32] {

@@ -236,6 +236,11 @@ pub struct Arena {
 }
 
 impl Arena {
+    /// Bytes of scratch it holds (what its largest work-group so far needed).
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * LINE
+    }
+
     /// At least `bytes` of scratch (initialized, not cleared).
     fn reserve(&mut self, bytes: usize) -> *mut u8 {
         let lines = bytes.div_ceil(LINE);
