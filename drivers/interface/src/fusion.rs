@@ -895,10 +895,11 @@ impl FusedBody {
             let window = (windowed(e.input), windowed(e.output));
             runs.push(StreamRun { input, output, e, fast, window });
         }
+        let prefetch = crate::isa::stream_prefetch();
         for lo in (0..ext).step_by(STREAM_SPAN) {
             let count = STREAM_SPAN.min(ext - lo);
             let mut previous_output = std::ptr::null_mut();
-            for r in &runs {
+            for r in runs.iter().filter(|_| prefetch) {
                 if r.input.ptr != previous_output {
                     prefetch_ahead(r.input, base + lo, r.e.input_bytes.into(), false);
                 }
@@ -949,9 +950,9 @@ struct StreamRun<'a> {
 /// the intermediates.
 const STREAM_SPAN: usize = 256;
 
-/// How far ahead of a span a streamed chain requests global memory: 32 KiB per
-/// stream (of input or output), about what the hardware prefetcher runs ahead of a
-/// steady stream.
+/// How far ahead of a span a streamed chain requests global memory (where it does:
+/// [`isa::stream_prefetch`](crate::isa::stream_prefetch)): 32 KiB per stream (of
+/// input or output), about what the hardware prefetcher runs ahead of a steady stream.
 const PREFETCH_AHEAD: usize = 32 << 10;
 
 /// Requests the cache lines of a span's worth of elements, `PREFETCH_AHEAD` bytes

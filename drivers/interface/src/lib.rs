@@ -12,7 +12,8 @@
 //! * [`driver`]: the [`Driver`] trait itself;
 //! * [`command_buffer`]: command buffers recorded once and replayed (command graphs);
 //! * [`fusion`]: the fusion-compiler interface and the closure-kernel fusion compiler;
-//! * [`isa`]: the vector instruction set the runtime's own loops run with;
+//! * [`isa`]: the vector instruction set the runtime's own loops run with, and their
+//!   prefetch policy;
 //! * [`sync`]: the locks, channels, atomics and threads every crate synchronizes
 //!   with (swapped for `shuttle`'s under `--cfg shuttle`).
 //!
