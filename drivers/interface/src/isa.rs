@@ -94,27 +94,44 @@ impl fmt::Display for Isa {
 /// The environment variable that caps [`active`].
 pub const ISA_ENV: &str = "GANTRY_CPU_ISA";
 
-/// 0 until the first [`active`]; then its answer's code.
-static ACTIVE: AtomicU8 = AtomicU8::new(0);
+/// A choice made at first use (it reads the environment and the CPU) and read with
+/// one relaxed load after. It holds the choice's code; 0 means not yet decided.
+struct Decided(AtomicU8);
+
+impl Decided {
+    const fn new() -> Self {
+        Self(AtomicU8::new(0))
+    }
+
+    /// The code, deciding it with `decide` (which never answers 0) the first time.
+    /// Racing first callers compute the same answer.
+    #[inline]
+    fn get(&self, decide: fn() -> u8) -> u8 {
+        match self.0.load(Ordering::Relaxed) {
+            0 => {
+                let code = decide();
+                self.0.store(code, Ordering::Relaxed);
+                code
+            }
+            code => code,
+        }
+    }
+}
+
+static ACTIVE: Decided = Decided::new();
 
 /// The instruction set the runtime's loops run with: [`Isa::detected`], capped by
 /// `GANTRY_CPU_ISA` where that names a narrower one. Decided at the first call;
 /// later calls are one relaxed load.
 #[inline]
 pub fn active() -> Isa {
-    match ACTIVE.load(Ordering::Relaxed) {
-        0 => decide(),
-        code => Isa::from_code(code),
-    }
+    Isa::from_code(ACTIVE.get(decide))
 }
 
 #[cold]
-fn decide() -> Isa {
+fn decide() -> u8 {
     let cap = std::env::var(ISA_ENV).ok().as_deref().and_then(Isa::parse);
-    let isa = choose(Isa::detected(), cap);
-    // Racing first callers compute the same answer.
-    ACTIVE.store(isa.code(), Ordering::Relaxed);
-    isa
+    choose(Isa::detected(), cap).code()
 }
 
 /// The detected instruction set, capped by `cap` if given.
@@ -125,8 +142,8 @@ fn choose(detected: Isa, cap: Option<Isa>) -> Isa {
 /// The environment variable that sets [`stream_prefetch`].
 pub const STREAM_PREFETCH_ENV: &str = "GANTRY_STREAM_PREFETCH";
 
-/// 0 until the first [`stream_prefetch`]; then 1 (off) or 2 (on).
-static STREAM_PREFETCH: AtomicU8 = AtomicU8::new(0);
+/// 1 (off) or 2 (on) once decided.
+static STREAM_PREFETCH: Decided = Decided::new();
 
 /// Whether a fused chain streamed span by span requests its global input and output
 /// a few spans ahead in software. The machines it was measured on want opposite
@@ -138,22 +155,22 @@ static STREAM_PREFETCH: AtomicU8 = AtomicU8::new(0);
 /// `GANTRY_STREAM_PREFETCH=1` or `0` decides instead (read once).
 #[inline]
 pub fn stream_prefetch() -> bool {
-    match STREAM_PREFETCH.load(Ordering::Relaxed) {
-        0 => decide_stream_prefetch(),
-        code => code == 2,
-    }
+    STREAM_PREFETCH.get(decide_stream_prefetch) == 2
 }
 
 #[cold]
-fn decide_stream_prefetch() -> bool {
+fn decide_stream_prefetch() -> u8 {
     let set = std::env::var(STREAM_PREFETCH_ENV).ok();
     let on = match set.as_deref().map(str::trim) {
         Some("1") | Some("on") => true,
         Some("0") | Some("off") => false,
         _ => cpu_vendor() == *b"GenuineIntel",
     };
-    STREAM_PREFETCH.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-    on
+    if on {
+        2
+    } else {
+        1
+    }
 }
 
 /// The CPU vendor string (`GenuineIntel`, `AuthenticAMD`, …), or zeros where there
