@@ -898,13 +898,15 @@ impl FusedBody {
         let prefetch = crate::isa::stream_prefetch();
         for lo in (0..ext).step_by(STREAM_SPAN) {
             let count = STREAM_SPAN.min(ext - lo);
-            let mut previous_output = std::ptr::null_mut();
-            for r in runs.iter().filter(|_| prefetch) {
-                if r.input.ptr != previous_output {
-                    prefetch_ahead(r.input, base + lo, r.e.input_bytes.into(), false);
+            if prefetch {
+                let mut previous_output = std::ptr::null_mut();
+                for r in &runs {
+                    if r.input.ptr != previous_output {
+                        prefetch_ahead(r.input, base + lo, r.e.input_bytes.into(), false);
+                    }
+                    prefetch_ahead(r.output, base + lo, r.e.output_bytes.into(), true);
+                    previous_output = r.output.ptr;
                 }
-                prefetch_ahead(r.output, base + lo, r.e.output_bytes.into(), true);
-                previous_output = r.output.ptr;
             }
             if contiguous {
                 for r in &runs {
