@@ -76,8 +76,9 @@ pub use gantry_driver::{
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};
 pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 
-/// The vector instruction set Gantry's own loops (elementwise kernels, fused or not)
-/// run with, detected at run time and capped by `GANTRY_CPU_ISA`.
+/// The CPU choices Gantry's own loops (elementwise kernels, fused or not) make at run
+/// time: their vector instruction set (capped by `GANTRY_CPU_ISA`) and whether a
+/// streamed chain prefetches in software (`GANTRY_STREAM_PREFETCH`).
 pub use gantry_driver::isa;
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
