@@ -565,16 +565,16 @@ impl Inner {
         let groups = geometry.group_count();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if groups == 1 || self.workers.is_none() {
-                with_arena(|arena| {
+                with_arena(kernel, |arena| {
                     for g in 0..groups {
                         kernel.run_group(geometry, g, bindings, arena);
                     }
                 })
             } else {
                 let run = || {
-                    (0..groups)
-                        .into_par_iter()
-                        .for_each(|g| with_arena(|arena| kernel.run_group(geometry, g, bindings, arena)))
+                    (0..groups).into_par_iter().for_each(|g| {
+                        with_arena(kernel, |arena| kernel.run_group(geometry, g, bindings, arena))
+                    })
                 };
                 match (&self.workers, rayon::current_thread_index()) {
                     (Some(pool), None) => pool.install(run),
@@ -606,8 +606,13 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's arena, or with a fresh one where that is in use (a
-/// kernel that drives a runtime from inside itself).
-fn with_arena<R>(f: impl FnOnce(&mut Arena) -> R) -> R {
+/// kernel that drives a runtime from inside itself). A kernel without scratch never
+/// touches an arena: it gets an empty one, which costs nothing, and most launches (a
+/// frame's small kernels) skip the thread-local look-up.
+fn with_arena<R>(kernel: &ClosureKernel, f: impl FnOnce(&mut Arena) -> R) -> R {
+    if kernel.scratch.is_empty() {
+        return f(&mut Arena::default());
+    }
     ARENA.with(|cell| match cell.try_borrow_mut() {
         Ok(mut arena) => {
             let out = f(&mut arena);
