@@ -21,10 +21,9 @@ use std::sync::Arc;
 use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
-#[cfg(all(target_arch = "x86_64", not(miri)))]
 use crate::isa::Isa;
 use crate::item::{GroupCtx, Item};
-use crate::kernel::{Elementwise, ElementwisePhase, MapLoop, MapRun, Phase};
+use crate::kernel::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -124,40 +123,70 @@ where
     MO: Writable + Send + Sync,
     F: Fn(T) -> U + Send + Sync,
 {
-    unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize) {
-        // SAFETY: `MapLoop::run`'s contract: both runs hold `count` live, aligned
-        // elements of these types, and the output run is the caller's alone.
-        unsafe {
-            let src = std::slice::from_raw_parts(src.cast::<T>(), count);
-            map_slice(&self.f, src, std::slice::from_raw_parts_mut(dst.cast::<U>(), count));
-        }
+    fn resolve(&self) -> (MapFn, *const ()) {
+        (map_fn::<T, U, F>(crate::isa::active()), std::ptr::from_ref(&self.f).cast())
     }
 }
 
-/// `dst[i] = f(src[i])`. A call of its own, so the slices are arguments the compiler
-/// knows do not overlap, and the loop vectorizes without run-time overlap checks
-/// (inlined into the phase it stayed scalar). The loop, with `f` inlined, is compiled
-/// once per instruction set and runs the widest the CPU has ([`isa`](crate::isa)):
-/// on an AVX-512 machine a default build's loop would use a quarter of the vector
-/// width.
-#[inline(never)]
+/// `dst[i] = f(src[i])`, by the loop compiled for the instruction set in use.
 fn map_slice<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    match crate::isa::active() {
-        // SAFETY: `active` only names instruction sets the CPU was detected to run.
-        Isa::Avx512 => return unsafe { x86::map_avx512(f, src, dst) },
-        Isa::Avx2 => return unsafe { x86::map_avx2(f, src, dst) },
-        Isa::Baseline => {}
+    let count = src.len().min(dst.len());
+    // SAFETY: `count` elements of each slice, which cannot overlap (one is `&mut`),
+    // and `f` is an `F`, as `map_fn::<T, U, F>` takes.
+    unsafe {
+        map_fn::<T, U, F>(crate::isa::active())(
+            std::ptr::from_ref(f).cast(),
+            src.as_ptr().cast(),
+            dst.as_mut_ptr().cast(),
+            count,
+        )
     }
-    map_loop(f, src, dst)
 }
 
-/// The loop of [`map_slice`], inlined into each instruction set's copy.
+/// The copy of the map loop for `isa`, with `f` inlined: compiled once per
+/// instruction set, it runs the widest the CPU has ([`isa`](crate::isa)); on an
+/// AVX-512 machine a default build's loop would use a quarter of the vector width.
+/// `isa` must be one the CPU runs.
+fn map_fn<T: Copy, U, F: Fn(T) -> U>(isa: Isa) -> MapFn {
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx512 => x86::map_avx512::<T, U, F>,
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx2 => x86::map_avx2::<T, U, F>,
+        _ => map_baseline::<T, U, F>,
+    }
+}
+
+/// The map loop over raw runs, inlined into each instruction set's copy. A call of
+/// its own (through a [`MapFn`]), it is not inlined into the phase, where it stayed
+/// scalar. The compiler cannot see that the runs are apart, so each call first
+/// compares the two addresses (four instructions) and then runs the vector loop.
+///
+/// # Safety
+/// `f` points to an `F`; `src` to `count` live, aligned `T`s and `dst` to `count`
+/// live, aligned `U`s that nothing else reads or writes meanwhile.
 #[inline(always)]
-fn map_loop<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
+unsafe fn map_loop<T: Copy, U, F: Fn(T) -> U>(f: *const (), src: *const u8, dst: *mut u8, count: usize) {
+    // SAFETY: the caller's contract.
+    let (f, src, dst) = unsafe {
+        (
+            &*f.cast::<F>(),
+            std::slice::from_raw_parts(src.cast::<T>(), count),
+            std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
+        )
+    };
     for (o, &x) in dst.iter_mut().zip(src) {
         *o = f(x);
     }
+}
+
+/// [`map_loop`] for the binary's own target.
+///
+/// # Safety
+/// As [`map_loop`].
+unsafe fn map_baseline<T: Copy, U, F: Fn(T) -> U>(f: *const (), src: *const u8, dst: *mut u8, count: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { map_loop::<T, U, F>(f, src, dst, count) }
 }
 
 /// [`map_loop`] compiled for wider x86-64 vector units.
@@ -166,17 +195,30 @@ mod x86 {
     use super::map_loop;
 
     /// # Safety
-    /// The CPU must run AVX2.
+    /// As [`map_loop`]; and the CPU must run AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn map_avx2<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
-        map_loop(f, src, dst)
+    pub(super) unsafe fn map_avx2<T: Copy, U, F: Fn(T) -> U>(
+        f: *const (),
+        src: *const u8,
+        dst: *mut u8,
+        count: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { map_loop::<T, U, F>(f, src, dst, count) }
     }
 
     /// # Safety
-    /// The CPU must run AVX-512F (and AVX2, which every AVX-512 CPU has).
+    /// As [`map_loop`]; and the CPU must run AVX-512F (and AVX2, which every AVX-512
+    /// CPU has).
     #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn map_avx512<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
-        map_loop(f, src, dst)
+    pub(super) unsafe fn map_avx512<T: Copy, U, F: Fn(T) -> U>(
+        f: *const (),
+        src: *const u8,
+        dst: *mut u8,
+        count: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { map_loop::<T, U, F>(f, src, dst, count) }
     }
 }
 
@@ -265,39 +307,37 @@ mod tests {
         let widen = |x: u32| u64::from(x) * 0x1_0000_0001 + 7;
         let floats: Vec<f32> = (0..1000).map(|i| (i % 97) as f32 * 0.013 - 0.4).collect();
         let ints: Vec<u32> = (0..1000u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        /// `src` mapped by the copy of the loop for `isa` into a fresh vector.
+        fn mapped<T: Copy, U: Copy + Default, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T]) -> Vec<U> {
+            let mut dst = vec![U::default(); src.len()];
+            // SAFETY: callers only name instruction sets the CPU runs; both runs hold
+            // `src.len()` elements.
+            unsafe {
+                map_fn::<T, U, F>(isa)(
+                    std::ptr::from_ref(f).cast(),
+                    src.as_ptr().cast(),
+                    dst.as_mut_ptr().cast(),
+                    src.len(),
+                )
+            };
+            dst
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for n in [0usize, 1, 7, 15, 16, 17, 63, 255, 1000] {
-            let mut want_f = vec![0f32; n];
-            let mut want_i = vec![0u64; n];
-            map_loop(&step, &floats[..n], &mut want_f);
-            map_loop(&widen, &ints[..n], &mut want_i);
+            let want_f: Vec<f32> = floats[..n].iter().map(|&x| step(x)).collect();
+            let want_i: Vec<u64> = ints[..n].iter().map(|&x| widen(x)).collect();
             let mut got_f = vec![0f32; n];
             let mut got_i = vec![0u64; n];
             map_slice(&step, &floats[..n], &mut got_f);
             map_slice(&widen, &ints[..n], &mut got_i);
-            assert!(got_f.iter().zip(&want_f).all(|(a, b)| a.to_bits() == b.to_bits()), "active, n = {n}");
+            assert_eq!(bits(&got_f), bits(&want_f), "active, n = {n}");
             assert_eq!(got_i, want_i, "active, n = {n}");
-            #[cfg(all(target_arch = "x86_64", not(miri)))]
-            for isa in [Isa::Avx2, Isa::Avx512] {
+            for isa in [Isa::Baseline, Isa::Avx2, Isa::Avx512] {
                 if isa > Isa::detected() {
                     continue;
                 }
-                got_f.fill(0.0);
-                got_i.fill(0);
-                // SAFETY: the CPU runs `isa`, checked above.
-                unsafe {
-                    match isa {
-                        Isa::Avx2 => {
-                            x86::map_avx2(&step, &floats[..n], &mut got_f);
-                            x86::map_avx2(&widen, &ints[..n], &mut got_i);
-                        }
-                        _ => {
-                            x86::map_avx512(&step, &floats[..n], &mut got_f);
-                            x86::map_avx512(&widen, &ints[..n], &mut got_i);
-                        }
-                    }
-                }
-                assert!(got_f.iter().zip(&want_f).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa}, n = {n}");
-                assert_eq!(got_i, want_i, "{isa}, n = {n}");
+                assert_eq!(bits(&mapped(isa, &step, &floats[..n])), bits(&want_f), "{isa}, n = {n}");
+                assert_eq!(mapped(isa, &widen, &ints[..n]), want_i, "{isa}, n = {n}");
             }
         }
     }

@@ -65,7 +65,7 @@ use smallvec::SmallVec;
 use crate::elementwise::contiguous_run;
 use crate::item::GroupCtx;
 use crate::kernel::{
-    ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, Scratch, ScratchKind,
+    ClosureKernel, Elementwise, ElementwisePhase, ItemCost, Phase, ResolvedMap, Scratch, ScratchKind,
 };
 use crate::memory::{Binding, Internal};
 use crate::range::{Geometry, NdRange, Range};
@@ -860,8 +860,9 @@ impl FusedBody {
     /// the same ones, then the next span. Work-item `i` of each touches only element
     /// `i`, so this gives what kernel after kernel over the whole group gives,
     /// barriers or not. Where every kernel's input and output are one run over the
-    /// group, each span is one call of the kernel's [`MapLoop`]; otherwise each
-    /// kernel's phase runs with [`GroupCtx::span`] set.
+    /// group, each span is one call of the kernel's loop, resolved once per group
+    /// ([`MapLoop::resolve`](crate::MapLoop::resolve)); otherwise each kernel's phase
+    /// runs with [`GroupCtx::span`] set.
     ///
     /// Why spans: a chain run kernel after kernel over a whole group reads its input
     /// and writes its output in bursts between passes over the intermediates, and
@@ -878,8 +879,8 @@ impl FusedBody {
     ) {
         let plan = &*self.plan;
         let (base, ext) = (grid.base()[0], grid.extent()[0]);
-        let mut runs: SmallVec<[StreamRun<'_>; 8]> = SmallVec::new();
-        let mut contiguous = true;
+        let mut runs: SmallVec<[StreamRun; 8]> = SmallVec::new();
+        let mut calls: SmallVec<[SpanCall<'_>; 8]> = SmallVec::new();
         for k in parts.clone() {
             let phase = self.parts[k].kernel.phases[0].elementwise.as_ref();
             let ElementwisePhase { touches: e, map } = phase.expect("a streaming kernel is elementwise");
@@ -888,13 +889,23 @@ impl FusedBody {
             let (input, output) = (own[e.input as usize], own[e.output as usize]);
             let src = contiguous_run(input, base, 0, ext, e.input_bytes.into());
             let dst = contiguous_run(output, base, 0, ext, e.output_bytes.into());
-            let fast = src.zip(dst).map(|(src, dst)| (map, src, dst));
-            contiguous &= fast.is_some();
-            let windowed =
-                |slot: u16| plan.span_local(plan.slots[plan.slot_start[k] + usize::from(slot)], &parts);
-            let window = (windowed(e.input), windowed(e.output));
-            runs.push(StreamRun { input, output, e, fast, window });
+            // A span-local intermediate lives in the region's first span: every span
+            // starts there.
+            let step = |slot: u16, bytes: u16| {
+                let local = plan.span_local(plan.slots[plan.slot_start[k] + usize::from(slot)], &parts);
+                if local {
+                    0
+                } else {
+                    usize::from(bytes)
+                }
+            };
+            if let Some((src, dst)) = src.zip(dst) {
+                let (src_step, dst_step) = (step(e.input, e.input_bytes), step(e.output, e.output_bytes));
+                calls.push(SpanCall { map: map.resolve(), src, dst, src_step, dst_step });
+            }
+            runs.push(StreamRun { input, output, e });
         }
+        let contiguous = calls.len() == runs.len();
         let prefetch = crate::isa::stream_prefetch();
         for lo in (0..ext).step_by(STREAM_SPAN) {
             let count = STREAM_SPAN.min(ext - lo);
@@ -909,17 +920,13 @@ impl FusedBody {
                 }
             }
             if contiguous {
-                for r in &runs {
-                    let (map, src, dst) = r.fast.expect("contiguous");
-                    // A span-local intermediate lives in the region's first span.
-                    let at = |window: bool, bytes: u16| if window { 0 } else { lo * usize::from(bytes) };
-                    let (i, o) = (at(r.window.0, r.e.input_bytes), at(r.window.1, r.e.output_bytes));
+                for c in &calls {
                     // SAFETY: `contiguous_run` found `ext` elements at `src` and `dst`
                     // for the group; this span is `lo..lo + count` of them (or, for a
                     // span-local intermediate, the first `count`). The output run is
                     // the group's own elements of the kernel's element accessor, as in
                     // `map_phase`.
-                    unsafe { map.run(src.add(i), dst.add(o), count) };
+                    unsafe { c.map.run(c.src.add(lo * c.src_step), c.dst.add(lo * c.dst_step), count) };
                 }
             } else {
                 // Some run is not contiguous (an internalized region of another
@@ -933,18 +940,26 @@ impl FusedBody {
     }
 }
 
-/// One kernel of a streamed chain, for one group.
-struct StreamRun<'a> {
-    /// Its input and output bindings, and what it touches of them.
+/// One kernel of a streamed chain, for one group: its input and output bindings,
+/// and what it touches of them.
+struct StreamRun {
     input: Binding,
     output: Binding,
     e: Elementwise,
-    /// Its loop and where its input and output runs over the group start, when both
-    /// are one run.
-    fast: Option<(&'a MapLoop, *mut u8, *mut u8)>,
-    /// Whether its input and output are span-local intermediates
-    /// ([`Plan::span_local`]): every span uses the region's first span of elements.
-    window: (bool, bool),
+}
+
+/// A streamed kernel's loop, when its input and output are each one run over the
+/// group, and where its spans are: span `lo..lo + count` of the
+/// group maps `count` elements from `src + lo * src_step` to `dst + lo * dst_step`.
+/// A step is the element size, or 0 for a span-local intermediate
+/// ([`Plan::span_local`]), which every span reads or writes at the region's start.
+#[derive(Clone, Copy)]
+struct SpanCall<'a> {
+    map: ResolvedMap<'a>,
+    src: *mut u8,
+    dst: *mut u8,
+    src_step: usize,
+    dst_step: usize,
 }
 
 /// Work-items per span of a streamed elementwise chain: 1 KiB of `f32` per stream,

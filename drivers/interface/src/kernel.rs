@@ -3,6 +3,7 @@
 //! work-group of them.
 
 use std::any::TypeId;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -48,24 +49,48 @@ pub struct ElementwisePhase {
 #[derive(Clone)]
 pub struct MapLoop(pub(crate) Arc<dyn MapRun>);
 
-/// What [`MapLoop`] calls: implemented by the map phase's body.
+/// What [`MapLoop`] resolves: implemented by the map phase's body.
 pub(crate) trait MapRun: Send + Sync {
-    /// # Safety
-    /// As [`MapLoop::run`].
-    unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize);
+    /// The loop compiled for the instruction set in use, and the closure it takes.
+    fn resolve(&self) -> (MapFn, *const ());
 }
 
+/// A map loop with its closure and element types erased: `(f, src, dst, count)`.
+pub(crate) type MapFn = unsafe fn(*const (), *const u8, *mut u8, usize);
+
 impl MapLoop {
+    /// The loop for the instruction set in use ([`isa`](crate::isa)), bound to its
+    /// closure: resolved once, then one indirect call per run of elements. A fused
+    /// chain calls each kernel's loop once per span of a few hundred elements, where
+    /// a virtual call, the instruction-set dispatch and a slice-building layer per
+    /// call were more instructions than an AVX-512 span's arithmetic.
+    #[inline]
+    pub fn resolve(&self) -> ResolvedMap<'_> {
+        let (call, f) = self.0.resolve();
+        ResolvedMap { call, f, _loop: PhantomData }
+    }
+}
+
+/// A [`MapLoop`] bound to its closure and instruction set ([`MapLoop::resolve`]).
+#[derive(Clone, Copy)]
+pub struct ResolvedMap<'a> {
+    call: MapFn,
+    f: *const (),
+    _loop: PhantomData<&'a MapLoop>,
+}
+
+impl ResolvedMap<'_> {
     /// Maps `count` elements.
     ///
     /// # Safety
     /// `src` must point to `count` live, aligned input elements and `dst` to `count`
     /// live, aligned output elements that nothing else reads or writes meanwhile
     /// (the input may be read concurrently), of the phase's element types.
-    #[inline]
-    pub unsafe fn run(&self, src: *const u8, dst: *mut u8, count: usize) {
-        // SAFETY: the caller's contract.
-        unsafe { self.0.run(src, dst, count) }
+    #[inline(always)]
+    pub unsafe fn run(self, src: *const u8, dst: *mut u8, count: usize) {
+        // SAFETY: the caller's contract; `f` is the closure `call` was compiled for,
+        // alive while the `MapLoop` is borrowed.
+        unsafe { (self.call)(self.f, src, dst, count) }
     }
 }
 

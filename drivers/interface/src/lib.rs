@@ -50,8 +50,8 @@ pub use elementwise::map_phase;
 pub use error::{panic_message, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
 pub use kernel::{
-    phase, Arena, ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, Scratch,
-    ScratchKind,
+    phase, Arena, ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, ResolvedMap,
+    Scratch, ScratchKind,
 };
 pub use memory::{AllocId, Binding, HostStorage, Internal, MemRef, MemSlice, MemSpace, HOST_ALIGN};
 pub use op::{
