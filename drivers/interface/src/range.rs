@@ -14,10 +14,15 @@ pub const RANGE_CHUNK: usize = 1024;
 /// Most work-items a plain range kernel puts in one group: ranges long enough to
 /// keep [`RANGE_GROUPS`] groups of more items get groups of up to this many, which
 /// spreads each group's fixed cost (its bindings, a fused kernel's plan walk and
-/// stream set-up) over more items. On the GPU machine's Xeon, an internalized chain
-/// of 16M elements ran at 0.72–0.75 of the hand-written loop with K = 4 kernels in
-/// groups of 4,096, against 0.59–0.60 in groups of 1,024.
-pub const MAX_RANGE_CHUNK: usize = 4 * RANGE_CHUNK;
+/// stream set-up) over more items. That cost is more than its instructions where
+/// memory is the limit: on an AMD EPYC, a hand-blocked K = 8 chain at 16M elements
+/// slowed by a quarter when each group of 4,096 also wrote 64 words of its stack.
+/// Internalized chains of 16M elements there ran at 0.60 (K = 2), 0.42 (K = 4) and
+/// 0.67 (K = 8) of the hand-written loop in groups of 4,096, and at 0.81, 0.76 and
+/// 1.17 in groups of 65,536 (min of 3 alternated runs). A streamed chain touches
+/// one span of each private region whatever the group's size
+/// (`Plan::span_local`), so the larger groups cost it no cache.
+pub const MAX_RANGE_CHUNK: usize = 64 * RANGE_CHUNK;
 
 /// Groups a long plain range keeps at least (see [`MAX_RANGE_CHUNK`]), so that every
 /// worker of a many-core CPU still has several to take.
@@ -317,7 +322,10 @@ mod tests {
         assert_eq!(chunk(RANGE_GROUPS * RANGE_CHUNK * 3 + 5), 3 * RANGE_CHUNK);
         assert_eq!(chunk(1 << 24), MAX_RANGE_CHUNK);
         let g = Geometry::for_range(Range::d2(3, 1 << 24)).unwrap();
-        assert_eq!((g.local_range(), g.group_count()), ([1, MAX_RANGE_CHUNK, 1], 3 << 12));
+        assert_eq!(
+            (g.local_range(), g.group_count()),
+            ([1, MAX_RANGE_CHUNK, 1], 3 * ((1 << 24) / MAX_RANGE_CHUNK))
+        );
     }
 
     /// Group ids (computed, not stored) enumerate the group grid in linear order for
