@@ -346,10 +346,10 @@ impl Plan {
     /// for a group). Streamed, each of its elements is written and read within one
     /// span, so every span can use the same span of the region: the chain's
     /// intermediates stay in the few kilobytes of L1 a span needs, where walking the
-    /// group's region (16 KiB per intermediate for groups of 4,096) sent them to L2
-    /// and back between spans once a chain had several. A hand-blocked K = 8 chain at
-    /// 16M elements ran in 0.69 of its one-loop speed walking a region, 1.13 reusing
-    /// one span.
+    /// group's region (16 KiB per intermediate in a group of 4,096, 256 KiB in one of
+    /// 65,536) sent them to L2 and back between spans once a chain had several. A
+    /// hand-blocked K = 8 chain at 16M elements in groups of 4,096 ran in 0.69 of its
+    /// one-loop speed walking a region, 1.13 reusing one span.
     fn span_local(&self, source: SlotSource, parts: &std::ops::Range<usize>) -> bool {
         let SlotSource::Internal { index } = source else { return false };
         let (_, kind, _, uses) = &self.internal[index as usize];
@@ -949,10 +949,10 @@ struct StreamRun {
 }
 
 /// A streamed kernel's loop, when its input and output are each one run over the
-/// group, and where its spans are: span `lo..lo + count` of the
-/// group maps `count` elements from `src + lo * src_step` to `dst + lo * dst_step`.
-/// A step is the element size, or 0 for a span-local intermediate
-/// ([`Plan::span_local`]), which every span reads or writes at the region's start.
+/// group, and where its spans are: span `lo..lo + count` of the group maps `count`
+/// elements from `src + lo * src_step` to `dst + lo * dst_step`. A step is the
+/// element size, or 0 for a span-local intermediate ([`Plan::span_local`]), which
+/// every span reads or writes at the region's start.
 #[derive(Clone, Copy)]
 struct SpanCall<'a> {
     map: ResolvedMap<'a>,
