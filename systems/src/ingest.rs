@@ -241,7 +241,7 @@ fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, 
     shared.event.command.set(command);
     let mut l = q.list_mut(world, list).expect("fusion list");
     match reused {
-        Some(_) => l.restart(shared.clone(), queue.clone(), command),
+        Some(_) => l.restart(shared.clone(), queue, command),
         None => l.command = command,
     }
     shared.list.set(list);
