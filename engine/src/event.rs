@@ -31,28 +31,50 @@ use crate::runtime::Shared;
 /// ```
 #[derive(Clone)]
 pub struct Event {
-    pub(crate) shared: Arc<EventShared>,
-    pub(crate) rt: Weak<Shared>,
-    /// Set for the event of a fusion: waiting on it while the fusion is collecting
-    /// kernels cancels the fusion (seed 000).
-    pub(crate) fusion: Option<Arc<FusionShared>>,
+    source: Source,
+    rt: Weak<Shared>,
     /// Set for the event of a command recorded into a graph: it never runs by itself.
     pub(crate) node: Option<crate::graph::Node>,
 }
 
+/// Whose completion an [`Event`] stands for.
+#[derive(Clone)]
+enum Source {
+    Command(Arc<EventShared>),
+    /// A fusion, whose event is its fusion command's (`FusionShared::event`): waiting
+    /// on it while the fusion is collecting kernels cancels the fusion (seed 000).
+    /// Held once, not next to a clone of its event: a fused round hands out an event
+    /// per submit, and each shared count taken and dropped is two locked operations.
+    Fusion(Arc<FusionShared>),
+}
+
 impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Event").field("name", &self.shared.name).field("status", &self.status()).finish()
+        f.debug_struct("Event").field("name", &self.shared().name).field("status", &self.status()).finish()
     }
 }
 
 impl Event {
-    pub(crate) fn of_fusion(fusion: &Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
-        Self {
-            shared: fusion.event.clone(),
-            rt: Arc::downgrade(rt),
-            fusion: Some(fusion.clone()),
-            node: None,
+    /// The event of a command.
+    pub(crate) fn of_command(shared: Arc<EventShared>, rt: &Arc<Shared>) -> Self {
+        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: None }
+    }
+
+    /// The event of a command recorded into a graph as `node`.
+    pub(crate) fn of_node(shared: Arc<EventShared>, rt: &Arc<Shared>, node: crate::graph::Node) -> Self {
+        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: Some(node) }
+    }
+
+    /// The event of a fusion.
+    pub(crate) fn of_fusion(fusion: Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
+        Self { source: Source::Fusion(fusion), rt: Arc::downgrade(rt), node: None }
+    }
+
+    /// The state the scheduler completes.
+    pub(crate) fn shared(&self) -> &Arc<EventShared> {
+        match &self.source {
+            Source::Command(e) => e,
+            Source::Fusion(f) => &f.event,
         }
     }
 
@@ -67,16 +89,18 @@ impl Event {
         if self.node.is_some() {
             return Err(Error::RecordedEvent(self.name().to_string()));
         }
-        if let (Some(f), Some(rt)) = (&self.fusion, self.rt.upgrade()) {
+        if let Source::Fusion(f) = &self.source {
             if f.status() == FusionStatus::Active {
-                f.cancel(CancelReason::HostWait, || {
-                    let _ = rt.send(Message::CancelFusion(f.clone()));
-                });
+                if let Some(rt) = self.rt.upgrade() {
+                    f.cancel(CancelReason::HostWait, || {
+                        let _ = rt.send(Message::CancelFusion(f.clone()));
+                    });
+                }
             }
         }
         if !self.status().is_final() {
             match self.rt.upgrade() {
-                Some(rt) => rt.wait_for(&self.shared, EventStatus::Complete)?,
+                Some(rt) => rt.wait_for(self.shared(), EventStatus::Complete)?,
                 None => return Err(Error::RuntimeDropped),
             }
         }
@@ -90,7 +114,7 @@ impl Event {
     }
 
     fn result(&self) -> Result<()> {
-        match self.shared.error() {
+        match self.shared().error() {
             Some(e) => Err(Error::Exec(e.clone())),
             None => Ok(()),
         }
@@ -98,7 +122,7 @@ impl Event {
 
     /// Current status, without blocking.
     pub fn status(&self) -> EventStatus {
-        self.shared.status()
+        self.shared().status()
     }
 
     /// Whether it finished successfully.
@@ -108,12 +132,12 @@ impl Event {
 
     /// The execution error, once failed.
     pub fn error(&self) -> Option<ExecError> {
-        self.shared.error().cloned()
+        self.shared().error().cloned()
     }
 
     /// Profiling timestamps in nanoseconds (zero until known).
     pub fn timestamps(&self) -> Timestamps {
-        self.shared.timestamps()
+        self.shared().timestamps()
     }
 
     /// The graph node this event's command was recorded as (while a queue records
@@ -125,6 +149,6 @@ impl Event {
 
     /// The command's name.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared().name
     }
 }

@@ -561,7 +561,7 @@ impl CommandGraph {
             rec.since_barrier.push(index);
         }
         let shared = Arc::new(EventShared::new(name, self.inner.rt.id, self.inner.rt.now_ns()));
-        Ok(Event { shared, rt: Arc::downgrade(&self.inner.rt), fusion: None, node: Some(self.node(index)) })
+        Ok(Event::of_node(shared, &self.inner.rt, self.node(index)))
     }
 
     /// A dynamic parameter whose value starts as `buffer`.
@@ -902,6 +902,6 @@ impl ExecutableGraph {
         let event = Arc::new(EventShared::new(launch.event_name.clone(), rt.id, submitted_ns));
         let submission = GraphSubmission { launch, event: event.clone(), submitted_ns };
         rt.send(Message::SubmitGraph(submission))?;
-        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None, node: None })
+        Ok(Event::of_command(event, rt))
     }
 }

@@ -251,7 +251,7 @@ impl Handler {
     /// dependency becomes an edge); an event of a recorded node is an error anywhere
     /// else.
     pub fn depends_on(&mut self, event: &Event) -> &mut Self {
-        if event.shared.runtime != self.runtime {
+        if event.shared().runtime != self.runtime {
             self.fail(Error::ForeignObject("an event"));
             return self;
         }
@@ -259,7 +259,7 @@ impl Handler {
             (Some(node), Some(g)) if node.graph == g => self.graph_waits.push(node),
             (Some(_), _) => self.fail(Error::RecordedEvent(event.name().to_string())),
             (None, Some(_)) => self.fail(Error::EventOutsideGraph(event.name().to_string())),
-            (None, None) => self.waits.push(event.shared.clone()),
+            (None, None) => self.waits.push(event.shared().clone()),
         }
         self
     }

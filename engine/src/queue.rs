@@ -180,46 +180,38 @@ impl Queue {
         };
         build(&mut cg);
         self.check_device()?;
-        let built = cg.finish(&rt.devices[self.device() as usize])?;
+        let mut built = cg.finish(&rt.devices[self.device() as usize])?;
         if let Some(graph) = recording {
             return graph.record(&self.handle.core, built);
         }
         let on_host = built.kind == CommandKind::HostTask;
-        let fusion = if built.kind == CommandKind::Kernel { self.active_fusion() } else { None };
-        let built = match fusion {
-            // Sent under the fusion's lock, so the scheduler counts it in the list; if the
-            // fusion was cancelled meanwhile, it is submitted as an ordinary kernel.
-            Some(fusion) => match fusion.send_kernel(built, |b| {
-                self.send(
-                    b.kind,
-                    b.name,
-                    b.work,
-                    b.requirements,
-                    b.waits,
-                    false,
-                    Some(fusion.clone()),
-                    |_| {},
-                )
-            }) {
-                Ok(sent) => return sent.map(|_| Event::of_fusion(&fusion, rt)),
-                Err(built) => built,
-            },
-            None => built,
-        };
-        self.send(
-            built.kind,
-            built.name,
-            built.work,
-            built.requirements,
-            built.waits,
-            on_host,
-            None,
-            |event| {
-                if let Some((slot, storage)) = built.readback {
-                    *slot.lock() = Some((storage, event.clone()));
+        if built.kind == CommandKind::Kernel {
+            let slot = self.handle.fusion.lock();
+            if let Some(fusion) = slot.as_ref().filter(|f| f.status() == FusionStatus::Active) {
+                // Sent under the fusion's lock, so the scheduler counts it in the list;
+                // if the fusion was cancelled meanwhile, it is submitted as an ordinary
+                // kernel. The kernel's own event goes to the scheduler only (it
+                // completes the kernel should the fusion be cancelled); `submit`
+                // returns the fusion's.
+                let sent = fusion.send_kernel(built, |b| {
+                    let event = self.new_event(&b.name);
+                    let fusion = Some(fusion.clone());
+                    self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, fusion, event)
+                });
+                match sent {
+                    Ok(sent) => return sent.map(|()| Event::of_fusion(fusion.clone(), rt)),
+                    Err(b) => built = b,
                 }
-            },
-        )
+            }
+        }
+        let event = self.new_event(&built.name);
+        if let Some((slot, storage)) = built.readback {
+            *slot.lock() = Some((storage, event.clone()));
+        }
+        let (kind, name, work, reqs, waits) =
+            (built.kind, built.name, built.work, built.requirements, built.waits);
+        self.send(kind, name, work, reqs, waits, on_host, None, event.clone())?;
+        Ok(Event::of_command(event, rt))
     }
 
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {
@@ -308,12 +300,16 @@ impl Queue {
     /// kernels.
     pub fn complete_fusion(&self, props: FusionProps) -> Result<Event> {
         let rt = &self.handle.rt;
-        let fusion = self.handle.fusion.lock().clone().ok_or(Error::NotFusing(self.handle.core.id))?;
-        match fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props))) {
+        let slot = self.handle.fusion.lock();
+        let fusion = slot.as_ref().ok_or(Error::NotFusing(self.handle.core.id))?;
+        let completed = fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props)));
+        let event = Event::of_fusion(fusion.clone(), rt);
+        drop(slot);
+        match completed {
             Some(sent) => sent?,
             None => self.warn_not_fusing("complete_fusion"),
         }
-        Ok(Event::of_fusion(&fusion, rt))
+        Ok(event)
     }
 
     /// How the queue's latest fusion ended: fused (with the compiler's warnings) or
@@ -328,16 +324,11 @@ impl Queue {
         if let Some(graph) = self.recording_graph() {
             return graph.record_barrier(&self.handle.core);
         }
-        self.send(
-            CommandKind::Barrier,
-            "barrier".into(),
-            Work::Marker,
-            SmallVec::new(),
-            SmallVec::new(),
-            false,
-            None,
-            |_| {},
-        )
+        let name: Arc<str> = "barrier".into();
+        let event = self.new_event(&name);
+        let (kind, work) = (CommandKind::Barrier, Work::Marker);
+        self.send(kind, name, work, SmallVec::new(), SmallVec::new(), false, None, event.clone())?;
+        Ok(Event::of_command(event, &self.handle.rt))
     }
 
     /// Blocks until everything submitted to this queue so far has finished; returns
@@ -352,6 +343,13 @@ impl Queue {
         self.barrier()?.wait()
     }
 
+    /// The event of a new command named `name`.
+    fn new_event(&self, name: &Arc<str>) -> Arc<EventShared> {
+        let rt = &self.handle.rt;
+        Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()))
+    }
+
+    /// Sends a command, whose event is `event`, to the scheduler.
     #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
@@ -362,11 +360,9 @@ impl Queue {
         waits: SmallVec<[Arc<EventShared>; 1]>,
         on_host: bool,
         fusion: Option<Arc<FusionShared>>,
-        with_event: impl FnOnce(&Arc<EventShared>),
-    ) -> Result<Event> {
+        event: Arc<EventShared>,
+    ) -> Result<()> {
         let rt = &self.handle.rt;
-        let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
-        with_event(&event);
         let device = if on_host { rt.host_task_device(self.device()) } else { self.device() };
         rt.send(Message::Submit(Box::new(CommandDesc {
             kind,
@@ -376,10 +372,9 @@ impl Queue {
             requirements,
             work,
             waits,
-            event: event.clone(),
+            event,
             fusion,
         })))
-        .map_err(|_| Error::RuntimeDropped)?;
-        Ok(Event { shared: event, rt: Arc::downgrade(rt), fusion: None, node: None })
+        .map_err(|_| Error::RuntimeDropped)
     }
 }
