@@ -33,8 +33,6 @@
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists
 //! carry the list's epoch, so a reference to an ended fusion never names the next.
 
-use std::sync::Arc;
-
 use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
@@ -190,27 +188,30 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
                 }
             }
         }
-        None => {
-            let name = q.command(world, e).expect("command").name.clone();
-            dependent_cancels(world, q, &preds, seq, &name, kind.name())
-        }
+        None => dependent_cancels(world, q, &preds, seq, e, kind.name()),
     }
 }
 
-/// A command that is not a held kernel, depending on `preds`, cancels every list
+/// A command `e` that is not a held kernel, depending on `preds`, cancels every list
 /// holding one of them (unless it came after that list's completion).
 fn dependent_cancels(
     world: &mut World,
     q: &mut Queries,
     preds: &[Entity],
     seq: u64,
-    name: &Arc<str>,
+    e: Entity,
     kind: &'static str,
 ) {
+    // (The name is looked up only for a cancellation: most commands cancel nothing.)
+    let reason = |world: &World, q: &mut Queries| {
+        let command = q.command(world, e).map_or_else(|| "?".into(), |c| c.name.clone());
+        CancelReason::Dependent { command, kind }
+    };
     for &p in preds {
         let Some(list) = held_in(world, q, p) else { continue };
         if cancels(world, q, list, seq) {
-            cancel(world, q, list, CancelReason::Dependent { command: name.clone(), kind });
+            let reason = reason(world, q);
+            cancel(world, q, list, reason);
             continue;
         }
         // Submitted after `list`'s completion, the command will wait for its fused
@@ -218,7 +219,8 @@ fn dependent_cancels(
         // the command too (otherwise a kernel listed there after it would close a cycle).
         for dep in upstream(world, q, list) {
             if cancels(world, q, dep, seq) {
-                cancel(world, q, dep, CancelReason::Dependent { command: name.clone(), kind });
+                let reason = reason(world, q);
+                cancel(world, q, dep, reason);
             }
         }
     }
@@ -446,7 +448,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     let (device, queue, seq) = {
         let first = q.command(world, kernels[0]).expect("command");
-        (first.device, first.queue.clone(), first.seq)
+        (first.device, first.queue.as_ref().and_then(|q| q.entity.get()), first.seq)
     };
     let (e, command_held) = {
         let l = q.list(world, list).expect("list");
@@ -495,11 +497,13 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         }
     }
 
-    // The listed kernels' leaves become the fused kernel's.
-    let placed: SmallVec<[(Arc<gantry_components::BufferCore>, ByteRange); 4]> =
-        pushed(q.requirements(world, e).expect("requirements").0.iter().map(|r| (r.buffer.clone(), r.range)));
-    for (buffer, range) in placed {
-        let Some(mut record) = buffer.record.get().and_then(|r| q.record_mut(world, r)) else { continue };
+    // The listed kernels' leaves become the fused kernel's. (By record entity, not
+    // buffer handle: each handle cloned and dropped is two locked operations.)
+    let placed: SmallVec<[(Option<Entity>, ByteRange); 4]> = pushed(
+        q.requirements(world, e).expect("requirements").0.iter().map(|r| (r.buffer.record.get(), r.range)),
+    );
+    for (record, range) in placed {
+        let Some(mut record) = record.and_then(|r| q.record_mut(world, r)) else { continue };
         if record.writes.remove_commands(listed).is_some() {
             record.writes.push(Leaf { cmd: e, range });
         }
@@ -508,7 +512,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         }
     }
     // Queue order follows the fused kernel.
-    if let Some(qe) = queue.as_ref().and_then(|q| q.entity.get()) {
+    if let Some(qe) = queue {
         if let Some(mut state) = q.queue_mut(world, qe) {
             if state.last.is_some_and(listed) {
                 state.last = Some(e);
@@ -549,7 +553,6 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     fusions.pending.push(list);
     // The fused kernel may itself depend on kernels still held by another list.
     let preds = q.edges(world, e).map(|x| x.preds.clone()).unwrap_or_default();
-    let name = q.command(world, e).expect("command").name.clone();
     // (It comes after every completion already asked for: those lists fuse too.)
-    dependent_cancels(world, q, &preds, u64::MAX, &name, "fused kernel");
+    dependent_cancels(world, q, &preds, u64::MAX, e, "fused kernel");
 }

@@ -57,7 +57,6 @@
 use rustc_hash::{FxHashMap, FxHasher};
 use std::any::TypeId;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
@@ -1018,9 +1017,15 @@ pub struct CacheStats {
 pub struct ClosureFusion {
     /// Plans by the Fx hash of their key (hashed on every fusion, hit or not; no
     /// untrusted keys here), equal hashes compared part by part.
-    cache: Mutex<FxHashMap<u64, SmallVec<[Cached; 1]>>>,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    cache: Mutex<PlanCache>,
+}
+
+/// A [`ClosureFusion`]'s cached plans and counters (counted under the cache's lock,
+/// which a fusion takes anyway: an atomic counter would add a locked operation).
+#[derive(Default)]
+struct PlanCache {
+    plans: FxHashMap<u64, SmallVec<[Cached; 1]>>,
+    stats: CacheStats,
 }
 
 impl std::fmt::Debug for ClosureFusion {
@@ -1037,7 +1042,7 @@ impl ClosureFusion {
 
     /// Cache hits and misses so far.
     pub fn stats(&self) -> CacheStats {
-        CacheStats { hits: self.hits.load(Ordering::Relaxed), misses: self.misses.load(Ordering::Relaxed) }
+        self.cache.lock().expect("fusion cache").stats
     }
 
     /// The request's plan and fused kernel name, and whether the plan was cached.
@@ -1051,20 +1056,20 @@ impl ClosureFusion {
         let hash = key_hash(&key);
         let same_names =
             |names: &[Arc<str>]| names.iter().zip(&request.kernels).all(|(n, k)| *n == k.kernel.name);
-        let mut cache = self.cache.lock().expect("fusion cache");
+        let mut guard = self.cache.lock().expect("fusion cache");
+        let cache = &mut *guard;
         if let Some(hit) =
-            cache.get_mut(&hash).and_then(|entries| entries.iter_mut().find(|c| c.key[..] == key[..]))
+            cache.plans.get_mut(&hash).and_then(|entries| entries.iter_mut().find(|c| c.key[..] == key[..]))
         {
-            self.hits.fetch_add(1, Ordering::Relaxed);
+            cache.stats.hits += 1;
             if !same_names(&hit.names) {
                 hit.names = request.kernels.iter().map(|k| k.kernel.name.clone()).collect();
                 hit.name = fused_name(request);
             }
             return Ok((hit.plan.clone(), hit.name.clone(), true));
         }
-        drop(cache);
+        drop(guard);
         let plan = Arc::new(plan(request, buffers)?);
-        self.misses.fetch_add(1, Ordering::Relaxed);
         let name = fused_name(request);
         let cached = Cached {
             key: key.into_iter().collect(),
@@ -1073,7 +1078,8 @@ impl ClosureFusion {
             name: name.clone(),
         };
         let mut cache = self.cache.lock().expect("fusion cache");
-        let entries = cache.entry(hash).or_default();
+        cache.stats.misses += 1;
+        let entries = cache.plans.entry(hash).or_default();
         // (Another thread may have planned the same chain meanwhile.)
         if !entries.iter().any(|c| c.key == cached.key) {
             entries.push(cached);
