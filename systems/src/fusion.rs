@@ -467,7 +467,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     q.requirements_mut(world, e).expect("requirements").0 = reqs;
     {
         let mut exec = q.execution_mut(world, e).expect("execution");
-        exec.work = Some(Work::Kernel { kernel: fused.kernel.clone(), geometry: fused.geometry });
+        exec.work = Some(Work::Kernel { kernel: fused.kernel, geometry: fused.geometry });
         exec.not_before_ns = not_before_ns;
     }
     debug_assert!(q.edges(world, e).is_some_and(|x| x.preds.is_empty()), "held kernels have no edge to it");

@@ -1111,8 +1111,18 @@ impl FusionCompiler for ClosureFusion {
                 uses: uses.clone(),
             });
         }
-        // The closure owns the body: one allocation for both.
-        let body = FusedBody { parts, plan: plan.clone(), barriers: request.barriers };
+        let warnings = plan
+            .warnings
+            .iter()
+            .map(|(c, reason)| FusionWarning::PromotionDropped {
+                buffer: buffers[*c],
+                reason: reason.clone(),
+            })
+            .collect();
+        let (global_slots, scratch, cost, geometry) =
+            (plan.args.len(), plan.scratch.clone(), plan.cost, plan.geometry);
+        // The closure owns the body (one allocation for both), and the body the plan.
+        let body = FusedBody { parts, plan, barriers: request.barriers };
         let kernel = ClosureKernel {
             name,
             tag: 0,
@@ -1122,25 +1132,11 @@ impl FusionCompiler for ClosureFusion {
                 code: TypeId::of::<FusedBody>(),
                 elementwise: None,
             }],
-            global_slots: plan.args.len(),
-            scratch: plan.scratch.clone(),
-            cost: plan.cost,
+            global_slots,
+            scratch,
+            cost,
         };
-        Ok(Fused {
-            kernel: Arc::new(kernel),
-            geometry: plan.geometry,
-            args,
-            internal,
-            warnings: plan
-                .warnings
-                .iter()
-                .map(|(c, reason)| FusionWarning::PromotionDropped {
-                    buffer: buffers[*c],
-                    reason: reason.clone(),
-                })
-                .collect(),
-            cached,
-        })
+        Ok(Fused { kernel: Arc::new(kernel), geometry, args, internal, warnings, cached })
     }
 }
 
