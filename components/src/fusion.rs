@@ -116,20 +116,14 @@ pub enum FusionOutcome {
     Cancelled(CancelReason),
 }
 
-#[derive(Debug)]
-struct FusionState {
-    status: FusionStatus,
-    outcome: Option<FusionOutcome>,
-}
-
 /// One fusion of one queue, shared by the queue (user threads) and the scheduler.
 /// Transitions happen under its lock, and the queue sends a kernel to the list while
 /// holding it, so both sides agree on which kernels belong to the list.
 ///
-/// The status and the kernel count are also kept in atomics, written under the lock
-/// and read without it: every kernel submit and every host wait asks for the status,
-/// and a locked operation costs about 9 ns on the Xeon of the GPU machine (a lock and
-/// an unlock are two). A read without the lock sees the value before or after a
+/// The status and the kernel count are atomics, written under the lock and read
+/// without it: every kernel submit and every host wait asks for the status, and a
+/// locked operation costs about 9 ns on the Xeon of the GPU machine (a lock and an
+/// unlock are two). A read without the lock sees the value before or after a
 /// concurrent transition, as a read under the lock would.
 #[derive(Debug)]
 pub struct FusionShared {
@@ -143,8 +137,9 @@ pub struct FusionShared {
     pub event: Arc<EventShared>,
     /// The fusion-list entity, once ingested.
     pub list: EntitySlot,
-    state: Mutex<FusionState>,
-    /// `state.status`, as a [`FusionStatus`] discriminant.
+    /// The outcome, once known; its lock orders the transitions.
+    outcome: Mutex<Option<FusionOutcome>>,
+    /// The [`FusionStatus`], as its discriminant.
     status: AtomicU8,
     /// Kernels the queue sent to the list.
     sent: AtomicU64,
@@ -157,7 +152,7 @@ impl FusionShared {
             queue,
             event,
             list: EntitySlot::default(),
-            state: Mutex::new(FusionState { status: FusionStatus::Active, outcome: None }),
+            outcome: Mutex::new(None),
             status: AtomicU8::new(FusionStatus::Active as u8),
             sent: AtomicU64::new(0),
         }
@@ -168,15 +163,14 @@ impl FusionShared {
         FusionStatus::from_u8(self.status.load(Ordering::Acquire))
     }
 
-    /// Sets the status; the caller holds the state lock.
-    fn set_status(&self, state: &mut FusionState, status: FusionStatus) {
-        state.status = status;
+    /// Sets the status; the caller holds the outcome's lock.
+    fn set_status(&self, status: FusionStatus) {
         self.status.store(status as u8, Ordering::Release);
     }
 
     /// The outcome, once known.
     pub fn outcome(&self) -> Option<FusionOutcome> {
-        self.state.lock().outcome.clone()
+        self.outcome.lock().clone()
     }
 
     /// Kernels sent to the list so far.
@@ -187,8 +181,8 @@ impl FusionShared {
     /// Runs `send(item)` (which sends a kernel to the list) if the fusion is active,
     /// counting the kernel; hands `item` back (and runs nothing) otherwise.
     pub fn send_kernel<T, R>(&self, item: T, send: impl FnOnce(T) -> R) -> Result<R, T> {
-        let s = self.state.lock();
-        if s.status != FusionStatus::Active {
+        let _transitions = self.outcome.lock();
+        if self.status() != FusionStatus::Active {
             return Err(item);
         }
         let r = send(item);
@@ -200,12 +194,12 @@ impl FusionShared {
     /// Runs `send` (which sends the completion) and marks the fusion completed, if it is
     /// active.
     pub fn complete<R>(&self, send: impl FnOnce() -> R) -> Option<R> {
-        let mut s = self.state.lock();
-        if s.status != FusionStatus::Active {
+        let _transitions = self.outcome.lock();
+        if self.status() != FusionStatus::Active {
             return None;
         }
         let r = send();
-        self.set_status(&mut s, FusionStatus::Completed);
+        self.set_status(FusionStatus::Completed);
         Some(r)
     }
 
@@ -213,19 +207,19 @@ impl FusionShared {
     /// scheduler) under the lock. A completed fusion not yet fused can still be
     /// cancelled (by the scheduler). Returns whether this call cancelled it.
     pub fn cancel(&self, reason: CancelReason, send: impl FnOnce()) -> bool {
-        let mut s = self.state.lock();
-        if s.status == FusionStatus::Cancelled || s.outcome.is_some() {
+        let mut outcome = self.outcome.lock();
+        if self.status() == FusionStatus::Cancelled || outcome.is_some() {
             return false;
         }
         send();
-        self.set_status(&mut s, FusionStatus::Cancelled);
-        s.outcome = Some(FusionOutcome::Cancelled(reason));
+        self.set_status(FusionStatus::Cancelled);
+        *outcome = Some(FusionOutcome::Cancelled(reason));
         true
     }
 
     /// Records a successful fusion.
     pub fn fused(&self, outcome: FusionOutcome) {
-        self.state.lock().outcome = Some(outcome);
+        *self.outcome.lock() = Some(outcome);
     }
 }
 

@@ -204,7 +204,7 @@ fn dependent_cancels(
 ) {
     // (The name is looked up only for a cancellation: most commands cancel nothing.)
     let reason = |world: &World, q: &mut Queries| {
-        let command = q.command(world, e).map_or_else(|| "?".into(), |c| c.name.clone());
+        let command = q.command(world, e).expect("command").name.clone();
         CancelReason::Dependent { command, kind }
     };
     for &p in preds {

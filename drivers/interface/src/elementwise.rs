@@ -130,11 +130,20 @@ where
 
 /// `dst[i] = f(src[i])`, by the loop compiled for the instruction set in use.
 fn map_slice<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
+    // SAFETY: the active instruction set is one the CPU runs.
+    unsafe { map_slice_with(crate::isa::active(), f, src, dst) }
+}
+
+/// `dst[i] = f(src[i])`, by the loop compiled for `isa`.
+///
+/// # Safety
+/// The CPU must run `isa`.
+unsafe fn map_slice_with<T: Copy, U, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T], dst: &mut [U]) {
     let count = src.len().min(dst.len());
     // SAFETY: `count` elements of each slice, which cannot overlap (one is `&mut`),
-    // and `f` is an `F`, as `map_fn::<T, U, F>` takes.
+    // `f` is an `F`, as `map_fn::<T, U, F>` takes, and the caller's contract.
     unsafe {
-        map_fn::<T, U, F>(crate::isa::active())(
+        map_fn::<T, U, F>(isa)(
             std::ptr::from_ref(f).cast(),
             src.as_ptr().cast(),
             dst.as_mut_ptr().cast(),
@@ -310,16 +319,8 @@ mod tests {
         /// `src` mapped by the copy of the loop for `isa` into a fresh vector.
         fn mapped<T: Copy, U: Copy + Default, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T]) -> Vec<U> {
             let mut dst = vec![U::default(); src.len()];
-            // SAFETY: callers only name instruction sets the CPU runs; both runs hold
-            // `src.len()` elements.
-            unsafe {
-                map_fn::<T, U, F>(isa)(
-                    std::ptr::from_ref(f).cast(),
-                    src.as_ptr().cast(),
-                    dst.as_mut_ptr().cast(),
-                    src.len(),
-                )
-            };
+            // SAFETY: callers only name instruction sets the CPU runs.
+            unsafe { map_slice_with(isa, f, src, &mut dst) };
             dst
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
