@@ -855,8 +855,9 @@ impl FusedBody {
     }
 
     /// Runs the elementwise kernels `parts` (whose plan entries stream) span by
-    /// span: each kernel over [`STREAM_SPAN`] work-items, then the next kernel over
-    /// the same ones, then the next span. Work-item `i` of each touches only element
+    /// span: each kernel over a span of work-items ([`span_within`] of
+    /// [`isa::stream_span`](crate::isa::stream_span)), then the next kernel over the
+    /// same ones, then the next span. Work-item `i` of each touches only element
     /// `i`, so this gives what kernel after kernel over the whole group gives,
     /// barriers or not. Where every kernel's input and output are one run over the
     /// group, each span is one call of the kernel's loop, resolved once per group
@@ -880,6 +881,9 @@ impl FusedBody {
         let (base, ext) = (grid.base()[0], grid.extent()[0]);
         let mut runs: SmallVec<[StreamRun; 8]> = SmallVec::new();
         let mut calls: SmallVec<[SpanCall<'_>; 8]> = SmallVec::new();
+        // Bytes per work-item of the span-local intermediates (each counted where it
+        // is written), which a span keeps in L1.
+        let mut local_bytes = 0;
         for k in parts.clone() {
             let phase = self.parts[k].kernel.phases[0].elementwise.as_ref();
             let ElementwisePhase { touches: e, map } = phase.expect("a streaming kernel is elementwise");
@@ -898,23 +902,28 @@ impl FusedBody {
                     usize::from(bytes)
                 }
             };
+            let dst_step = step(e.output, e.output_bytes);
+            if dst_step == 0 {
+                local_bytes += usize::from(e.output_bytes);
+            }
             if let Some((src, dst)) = src.zip(dst) {
-                let (src_step, dst_step) = (step(e.input, e.input_bytes), step(e.output, e.output_bytes));
+                let src_step = step(e.input, e.input_bytes);
                 calls.push(SpanCall { map: map.resolve(), src, dst, src_step, dst_step });
             }
             runs.push(StreamRun { input, output, e });
         }
         let contiguous = calls.len() == runs.len();
         let prefetch = crate::isa::stream_prefetch();
-        for lo in (0..ext).step_by(STREAM_SPAN) {
-            let count = STREAM_SPAN.min(ext - lo);
+        let span = span_within(crate::isa::stream_span(), local_bytes);
+        for lo in (0..ext).step_by(span) {
+            let count = span.min(ext - lo);
             if prefetch {
                 let mut previous_output = std::ptr::null_mut();
                 for r in &runs {
                     if r.input.ptr != previous_output {
-                        prefetch_ahead(r.input, base + lo, r.e.input_bytes.into(), false);
+                        prefetch_ahead(r.input, base + lo, count, r.e.input_bytes.into(), false);
                     }
-                    prefetch_ahead(r.output, base + lo, r.e.output_bytes.into(), true);
+                    prefetch_ahead(r.output, base + lo, count, r.e.output_bytes.into(), true);
                     previous_output = r.output.ptr;
                 }
             }
@@ -961,26 +970,39 @@ struct SpanCall<'a> {
     dst_step: usize,
 }
 
-/// Work-items per span of a streamed elementwise chain: 1 KiB of `f32` per stream,
-/// so a span's global reads and writes interleave finely with its passes over
-/// the intermediates.
-const STREAM_SPAN: usize = 256;
+/// How many bytes a span's span-local intermediates may take: half of a 32 KiB L1
+/// data cache, the rest left to the global input and output streaming through. On
+/// the development machine's AMD EPYC, a chain of 8 kernels over 16M elements with
+/// its 7 intermediates in spans of 1,024 (28 KiB) ran 2.3 times as long as in spans
+/// of 512 (14 KiB).
+const SPAN_LOCAL_BUDGET: usize = 16 << 10;
+
+/// The span a streamed chain runs: `span` (a power of two), halved while its
+/// span-local intermediates, `local_bytes` per work-item, would take more than
+/// [`SPAN_LOCAL_BUDGET`], down to 64 work-items.
+fn span_within(span: usize, local_bytes: usize) -> usize {
+    let mut span = span;
+    while span > 64 && span * local_bytes > SPAN_LOCAL_BUDGET {
+        span /= 2;
+    }
+    span
+}
 
 /// How far ahead of a span a streamed chain requests global memory (where it does:
 /// [`isa::stream_prefetch`](crate::isa::stream_prefetch)): 32 KiB per stream (of
 /// input or output), about what the hardware prefetcher runs ahead of a steady stream.
 const PREFETCH_AHEAD: usize = 32 << 10;
 
-/// Requests the cache lines of a span's worth of elements, `PREFETCH_AHEAD` bytes
+/// Requests the cache lines of a span of `count` elements, `PREFETCH_AHEAD` bytes
 /// on from element `first` of `b` (for writing if `write`), where `b` is ordinary
 /// memory: internalized memory is already close.
 #[inline]
-fn prefetch_ahead(b: Binding, first: usize, elem_bytes: usize, write: bool) {
+fn prefetch_ahead(b: Binding, first: usize, count: usize, elem_bytes: usize, write: bool) {
     if b.internal != Internal::No {
         return;
     }
     let start = first * elem_bytes + PREFETCH_AHEAD;
-    let end = (start + STREAM_SPAN * elem_bytes).min(b.len);
+    let end = (start + count * elem_bytes).min(b.len);
     for offset in (start..end).step_by(64) {
         prefetch(b.ptr.wrapping_add(offset), write);
     }
@@ -1477,7 +1499,7 @@ mod tests {
     /// 3); the same holds.
     #[test]
     fn elementwise_chains_stream_span_by_span() {
-        let n = 2500; // groups of 1,024: the last holds 452, two spans of 256 and 196
+        let n = 2500; // groups of 1,024: the last holds 452, a partial last span
         let counters = Arc::new(Counters::default());
         // `wide`: private buffer 13 holds two elements per work-item.
         let kernels = |wide: usize| {
@@ -1519,12 +1541,27 @@ mod tests {
             let label = format!("{wide} private element(s) per work-item in 13, barriers {barriers}");
             assert_eq!(counters.calls(), vec![n; 4], "{label}: each kernel maps each element once");
             let started = counters.started();
-            assert_eq!(started[1..], [STREAM_SPAN; 3], "{label}: each kernel starts one span after the last");
+            // (Spans of 1,024 at most here: a group holds two at the default ones.)
+            let span = span_within(crate::isa::stream_span(), if wide == 1 { 8 } else { 4 }).min(1024);
+            assert_eq!(started[1..], [span; 3], "{label}: each kernel starts one span after the last");
             let want12: Vec<u32> = (0..n as u32).map(|v| v * 2 + 1).collect();
             let want14: Vec<u32> = want12.iter().map(|v| v * 3 + 7).collect();
             assert!(bufs[&12] == want12 && bufs[&14] == want14, "{label}: wrong results");
             assert!(bufs[&11] == vec![5; n] && bufs[&13] == vec![6; wide * n], "{label}: written back");
         }
+    }
+
+    /// A chain's span-local intermediates keep to the L1 budget: the span halves
+    /// until they fit, never below 64 work-items.
+    #[test]
+    fn spans_shrink_to_keep_intermediates_in_l1() {
+        assert_eq!(span_within(512, 0), 512, "no intermediate");
+        assert_eq!(span_within(512, 4), 512, "one f32 intermediate: 2 KiB");
+        assert_eq!(span_within(512, 7 * 4), 512, "seven: 14 KiB");
+        assert_eq!(span_within(1024, 7 * 4), 512, "seven in 1,024 would take 28 KiB");
+        assert_eq!(span_within(512, 15 * 4), 256, "fifteen: 30 KiB at 512");
+        assert_eq!(span_within(256, 15 * 4), 256);
+        assert_eq!(span_within(512, 1 << 12), 64, "never below 64");
     }
 
     /// Streamed private intermediates live in one span of their region
@@ -1534,7 +1571,7 @@ mod tests {
     /// earlier run filled (so nothing passes by finding zeros).
     #[test]
     fn a_private_intermediate_read_after_the_stream_keeps_its_whole_region() {
-        let n = 2500; // groups of 1,024 in spans of 256, the last group and span partial
+        let n = 2500; // groups of 1,024, the last group and span partial
         let counters = Arc::new(Counters::default());
         let private = |b: u64| FusionArg::new(b, 0..n * 4, 4).promoted(Promotion::Private);
         // 10 -> 11 (private) -> 12 (private) -> 13, streamed; then a per-item kernel

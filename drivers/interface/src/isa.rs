@@ -12,7 +12,8 @@
 //! contracts `a * b + c` into a fused multiply-add), only more lanes at a time.
 //!
 //! The same loops, streamed through a fused chain, also ask whether to request memory
-//! ahead in software ([`stream_prefetch`]): another choice that depends on the CPU.
+//! ahead in software ([`stream_prefetch`]) and how many work-items a span holds
+//! ([`stream_span`]): two more choices that depend on the CPU.
 //!
 //! `GANTRY_CPU_ISA=baseline|avx2|avx512` caps the choice (read once, at first use),
 //! for reproducing a result or measuring one copy against another; a name the
@@ -173,6 +174,47 @@ fn decide_stream_prefetch() -> u8 {
     }
 }
 
+/// The environment variable that sets [`stream_span`].
+pub const STREAM_SPAN_ENV: &str = "GANTRY_STREAM_SPAN";
+
+/// log2 of the span once decided.
+static STREAM_SPAN: Decided = Decided::new();
+
+/// How many work-items a fused chain streamed span by span runs each kernel over
+/// before the next (at most: a chain whose intermediates would not fit in L1 at this
+/// span takes a shorter one). Each machine measured wants its own: 256 where the
+/// chain requests memory ahead in software ([`stream_prefetch`], whose distance was
+/// tuned with it), 512 where the hardware prefetchers run alone. Internalized chains
+/// of 2, 4 and 8 kernels over 16M elements, pinned to one core:
+/// * the GPU machine's Intel Xeon (prefetching): spans of 512 took 1.01–1.12, 1.08–1.27
+///   and 1.03–1.47 of the time of spans of 256 (two cores, two runs each);
+/// * the development machine's AMD EPYC: spans of 512 took 0.76–0.84, 0.89–0.95 and
+///   0.90–0.91 of it (three runs), so the chains of 2 and 4 kernels ran at 0.86–0.93
+///   and 0.79–0.84 of a hand-written loop's speed instead of 0.70–0.76 and 0.74–0.77.
+///
+/// `GANTRY_STREAM_SPAN` (a power of two from 64 to 4096) decides instead (read once).
+///
+/// ```
+/// let span = gantry_driver::isa::stream_span();
+/// assert!(span.is_power_of_two() && (64..=4096).contains(&span));
+/// ```
+#[inline]
+pub fn stream_span() -> usize {
+    1 << STREAM_SPAN.get(decide_stream_span)
+}
+
+#[cold]
+fn decide_stream_span() -> u8 {
+    let set = std::env::var(STREAM_SPAN_ENV).ok();
+    set.as_deref().and_then(parse_span).unwrap_or(if stream_prefetch() { 8 } else { 9 })
+}
+
+/// log2 of a span named in `GANTRY_STREAM_SPAN`: a power of two from 64 to 4096.
+fn parse_span(text: &str) -> Option<u8> {
+    let span: usize = text.trim().parse().ok()?;
+    (span.is_power_of_two() && (64..=4096).contains(&span)).then(|| span.trailing_zeros() as u8)
+}
+
 /// The CPU vendor string (`GenuineIntel`, `AuthenticAMD`, …), or zeros where there
 /// is none to read.
 fn cpu_vendor() -> [u8; 12] {
@@ -218,6 +260,23 @@ mod tests {
         assert_eq!(stream_prefetch(), first);
         if std::env::var_os(STREAM_PREFETCH_ENV).is_none() {
             assert_eq!(first, vendor == *b"GenuineIntel");
+        }
+    }
+
+    /// A span named in the environment is a power of two from 64 to 4096; without
+    /// one, the span follows the prefetch policy.
+    #[test]
+    fn stream_spans_are_powers_of_two_and_follow_prefetching() {
+        assert_eq!(parse_span("512"), Some(9));
+        assert_eq!(parse_span(" 64 "), Some(6));
+        assert_eq!(parse_span("4096"), Some(12));
+        for bad in ["0", "32", "300", "8192", "big", ""] {
+            assert_eq!(parse_span(bad), None, "{bad:?}");
+        }
+        let span = stream_span();
+        assert_eq!(stream_span(), span, "decided once");
+        if std::env::var_os(STREAM_SPAN_ENV).is_none() {
+            assert_eq!(span, if stream_prefetch() { 256 } else { 512 });
         }
     }
 }
