@@ -52,7 +52,11 @@
 //! coming from the fusion cache (checked at setup: the second round is
 //! `Fused { cached: true, .. }`, and after the benchmark every round after the first
 //! was a cache hit); `fusion_overhead/{set}/unfused_overhead` is the same two kernels
-//! submitted unfused and waited for. Their difference is the host cost of fusing.
+//! submitted unfused and waited for. Their difference is the host cost of fusing,
+//! which `fusion_overhead/{set}/fused_minus_unfused` measures directly: each
+//! iteration is a fused round's time minus an unfused round's, the two run in
+//! alternating blocks of 64 (separate benchmarks, seconds apart, see different
+//! machines on a shared VM).
 //!
 //! Every variant's output is checked once at setup, bit for bit, against a plain
 //! serial loop, so no benchmark measures a broken path; `fused_private` also checks
@@ -62,7 +66,7 @@
 
 use std::cell::Cell;
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{
@@ -406,6 +410,9 @@ fn chain_bench(c: &mut Criterion, set: Set, n: usize) {
     group.finish();
 }
 
+/// Rounds per block of `fusion_overhead/{set}/fused_minus_unfused`.
+const BLOCK: u64 = 64;
+
 /// The tiny chain of `fusion_overhead`: two one-work-item kernels.
 struct Tiny {
     rt: Runtime,
@@ -448,6 +455,30 @@ impl Tiny {
         self.submit()?.wait()
     }
 
+    /// The time `rounds` fused rounds take beyond as many unfused ones, run in
+    /// alternating blocks of [`BLOCK`] rounds so that both kinds see the same
+    /// machine: on a shared VM, the same unfused round ran at 4.7 and 8.4 µs within a
+    /// minute, more than the difference measured. (Zero if fusing were cheaper.)
+    fn difference(&mut self, rounds: u64) -> Duration {
+        let (mut fused, mut unfused) = (Duration::ZERO, Duration::ZERO);
+        let mut left = rounds;
+        while left > 0 {
+            let n = left.min(BLOCK);
+            let start = Instant::now();
+            for _ in 0..n {
+                self.fused().expect("fused round");
+            }
+            fused += start.elapsed();
+            let start = Instant::now();
+            for _ in 0..n {
+                self.unfused().expect("unfused round");
+            }
+            unfused += start.elapsed();
+            left -= n;
+        }
+        fused.saturating_sub(unfused)
+    }
+
     /// Two fused rounds: the second must come from the cache, with the right result.
     fn check(&mut self, label: &str) {
         if self.checked {
@@ -484,8 +515,18 @@ fn overhead_bench(c: &mut Criterion) {
             tiny.check(&label);
             b.iter(|| tiny.fused().expect("fused round"));
         });
+        group.bench_function(BenchmarkId::from_parameter(format!("{}/unfused_overhead", set.name())), |b| {
+            b.iter(|| tiny.unfused().expect("unfused round"));
+        });
+        group.bench_function(
+            BenchmarkId::from_parameter(format!("{}/fused_minus_unfused", set.name())),
+            |b| {
+                tiny.check(&label);
+                b.iter_custom(|rounds| tiny.difference(rounds));
+            },
+        );
         if tiny.checked {
-            // Every round after the first was a cache hit.
+            // Every fused round after the first was a cache hit.
             let stats = tiny.rt.fusion_cache_stats().expect("closure fusion cache");
             assert_eq!(
                 (stats.hits, stats.misses),
@@ -494,9 +535,6 @@ fn overhead_bench(c: &mut Criterion) {
                 tiny.rounds
             );
         }
-        group.bench_function(BenchmarkId::from_parameter(format!("{}/unfused_overhead", set.name())), |b| {
-            b.iter(|| tiny.unfused().expect("unfused round"));
-        });
         tiny.rt.wait_idle().expect("wait_idle");
         let stats = tiny.rt.stats();
         assert_eq!(stats.live_commands, 0, "{label}: commands left alive: {stats:?}");
