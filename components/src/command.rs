@@ -37,8 +37,8 @@ pub enum CommandKind {
     Barrier,
     /// A host access guard: runs while the user holds the data.
     HostAccess,
-    /// A fusion command (seed 000): completes after the kernels of its fusion list, or
-    /// after the kernel they were fused into.
+    /// A cancelled fusion list's command (seed 000): completes after the kernels of
+    /// its list, which ran unfused. (A fused list's command is its fused kernel.)
     Fusion,
     /// One partition of a command-graph submission: a recorded command buffer.
     CommandBuffer,

@@ -1,6 +1,8 @@
 //! Fusion lists (seed 000, "Scheduler Integration"): one entity per fusing queue,
-//! holding its kernel commands in order and the fusion command whose event `submit`
-//! returns while fusing; the shared state a queue and the scheduler both change.
+//! holding its kernel commands in order and, once the fusion has ended, the fusion
+//! command whose event `submit` returned while fusing (the fused kernel, or a marker
+//! after the kernels of a cancelled list); the shared state a queue and the scheduler
+//! both change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,8 +134,8 @@ pub struct FusionShared {
     /// or its completion or cancellation), so a fusion costs one message, and one
     /// scheduler wake-up, fewer. Nothing can concern the list before that message.
     pub queue: Arc<QueueCore>,
-    /// The fusion command's event: what `submit` returns while fusing, and
-    /// `complete_fusion` after.
+    /// The fusion's event: what `submit` returns while fusing, and `complete_fusion`
+    /// after; the fused kernel's, or the marker's of a cancelled list.
     pub event: Arc<EventShared>,
     /// The fusion-list entity, once ingested.
     pub list: EntitySlot,
@@ -258,9 +260,14 @@ pub struct FusionList {
     pub queue: Arc<QueueCore>,
     /// Where it is.
     pub status: ListStatus,
-    /// The fusion command: completes after the listed kernels of a cancelled list, and
-    /// becomes the fused kernel of a fused one.
-    pub command: Entity,
+    /// The fusion command, once there is one: a fused list's first kernel becomes the
+    /// fused kernel and stands for it; a cancelled list spawns a marker that completes
+    /// after the listed kernels. (None while the list collects kernels: a fusion that
+    /// is fused never spawns a command of its own.)
+    pub command: Option<Entity>,
+    /// The sequence number of the first message about the fusion (its command's, if
+    /// one is spawned).
+    pub seq: u64,
     /// Whether the fusion command is still held back (until the list ends and every
     /// kernel the queue sent has been ingested).
     pub command_held: bool,
@@ -283,13 +290,14 @@ pub struct FusionList {
 }
 
 impl FusionList {
-    /// A list for the fusion `shared` of `queue`, whose fusion command is `command`.
-    pub fn new(shared: Arc<FusionShared>, queue: Arc<QueueCore>, command: Entity) -> Self {
+    /// A list for the fusion `shared` of `queue`, started by message number `seq`.
+    pub fn new(shared: Arc<FusionShared>, queue: Arc<QueueCore>, seq: u64) -> Self {
         Self {
             shared,
             queue,
             status: ListStatus::Active,
-            command,
+            command: None,
+            seq,
             command_held: true,
             kernels: Vec::new(),
             held: Vec::new(),
@@ -303,7 +311,7 @@ impl FusionList {
 
     /// Makes this list, ended and its command gone, the list of a new fusion: as
     /// [`FusionList::new`], keeping the vectors' memory.
-    pub fn restart(&mut self, shared: Arc<FusionShared>, queue: &Arc<QueueCore>, command: Entity) {
+    pub fn restart(&mut self, shared: Arc<FusionShared>, queue: &Arc<QueueCore>, seq: u64) {
         self.shared = shared;
         // (The same queue, whose list this is, in all but odd cases: a handle cloned
         // and dropped is two locked operations.)
@@ -311,7 +319,8 @@ impl FusionList {
             self.queue = queue.clone();
         }
         self.status = ListStatus::Active;
-        self.command = command;
+        self.command = None;
+        self.seq = seq;
         self.command_held = true;
         self.kernels.clear();
         self.held.clear();

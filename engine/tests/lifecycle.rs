@@ -119,6 +119,25 @@ fn dropped_runtime() {
     assert_eq!(buf.read().err(), Some(Error::RuntimeDropped));
 }
 
+/// A fusion still collecting kernels when its runtime drops fails its event (which
+/// has no command of its own yet) instead of leaving a wait on it to hang.
+#[test]
+fn dropped_runtime_fails_a_collecting_fusion() {
+    let rt = Runtime::new();
+    let q = rt.queue();
+    let buf = rt.buffer(&[1u32; 4]);
+    q.start_fusion().unwrap();
+    let fusion = q
+        .submit(|cg| {
+            let b = cg.elements_mut(&buf);
+            cg.parallel_for(4, move |it| *b.elem(it) += 1);
+        })
+        .unwrap();
+    rt.wait_idle().unwrap();
+    drop(rt);
+    assert_eq!(fusion.wait(), Err(Error::Exec(ExecError::RuntimeDropped)));
+}
+
 /// A pending event of a never-flushed manual runtime is finished when it drops.
 #[test]
 fn manual_runtime_drop_finishes_work() {

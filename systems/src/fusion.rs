@@ -2,9 +2,11 @@
 //!
 //! Kernels submitted to a fusing queue are resolved like any command — they are in
 //! the dependency graph and the memory records' leaves — but *held*: one extra blocker
-//! keeps them from enqueue. The list's fusion command is held the same way; it gets
-//! an edge from each listed kernel only when the list is cancelled and they run as
-//! they are (a fused list needs none).
+//! keeps them from enqueue. While the list collects kernels it has no command: the
+//! fusion's event, which `submit` returned, stands for the kernels listed so far (a
+//! dependency on it is a dependency on them). A cancelled list spawns its fusion
+//! command then (`fusion_command`): a marker, held the same way, with an edge from
+//! each listed kernel, whose completion completes the fusion's event.
 //!
 //! **Fusion-sync** cancels a list early (as `cancel_fusion` would) when it must:
 //! a command that is not fused depends on a held kernel, by a requirement or an event
@@ -20,14 +22,15 @@
 //! failure the list is cancelled with a warning. On success the listed kernels are
 //! replaced: the fused kernel gets the union of their requirements (one per buffer)
 //! and of their edges, minus the edges among them; their memory-record leaves become
-//! the fused kernel's; queue order follows it. The fused kernel *is* the fusion
-//! command from then on (its entity and its event take the kernel's work), so a
-//! fusion adds one command to the kernels it saves, not two. Replacing leaves in
-//! place is the same as the seed's "restore the leaves and add the fused kernel":
-//! nothing resolved between the listed kernels depends on them (it would have
-//! cancelled the fusion), so the fused kernel stands exactly where they did. Last,
-//! fuse lets go of the fusion command of every list that ended (fused or cancelled,
-//! in either stage) once all the kernels its queue sent have been ingested.
+//! the fused kernel's; queue order follows it. The first listed kernel's entity
+//! becomes the fused kernel and the list's command, with the fusion's event: a fused
+//! list spawns nothing (a command spawned for the fusion and retired after the fused
+//! kernel was a fifth of a fused round's host cost). Replacing leaves in place is
+//! the same as the seed's "restore the leaves and add the fused kernel": nothing
+//! resolved between the listed kernels depends on them (it would have cancelled the
+//! fusion), so the fused kernel stands exactly where they did. Last, fuse lets go of
+//! the fusion command of every list that ended (fused or cancelled, in either stage)
+//! once all the kernels its queue sent have been ingested.
 //!
 //! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists
@@ -37,8 +40,9 @@ use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 use gantry_components::{
-    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, FusionOutcome, FusionProps, Fusions,
-    Leaf, ListRef, ListStatus, Requirement, Stats, Status, Successor, Work, WorkLists,
+    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, Execution, FusionOutcome,
+    FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement, Requirements, Stats, Status,
+    Successor, Work, WorkLists,
 };
 use gantry_driver::fusion::{Fused, FusionArg, FusionKernel, FusionRequest};
 use gantry_driver::AccessMode;
@@ -105,7 +109,7 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
         }
         l.status = ListStatus::Delete;
         let command = l.command;
-        if q.command(world, command).is_some() {
+        if command.is_some_and(|c| q.command(world, c).is_some()) {
             keep.push(list);
         } else {
             world.despawn(list);
@@ -164,7 +168,8 @@ fn sync_command(world: &mut World, q: &mut Queries, e: Entity) {
     if let (Some(list), None) = (own, held) {
         // A listed kernel that runs unfused: the fusion command completes after it.
         // (Held kernels get that edge when their list is cancelled, maybe already.)
-        if let Some(command) = q.list(world, list).map(|l| l.command) {
+        if q.list(world, list).is_some() {
+            let command = fusion_command(world, q, list);
             if !q.edges(world, command).is_some_and(|x| x.preds.contains(&e)) {
                 add_edge(world, q, e, command);
             }
@@ -226,6 +231,45 @@ fn dependent_cancels(
     }
 }
 
+/// The fusion command of `list`, spawned if the list has none yet: a marker that
+/// completes after the kernels released to it (a cancelled list's), held until every
+/// kernel the queue sent has been ingested, whose event is the fusion's.
+pub(crate) fn fusion_command(world: &mut World, q: &mut Queries, list: Entity) -> Entity {
+    let l = q.list(world, list).expect("fusion list");
+    if let Some(command) = l.command {
+        return command;
+    }
+    let (shared, seq) = (l.shared.clone(), l.seq);
+    let queue = shared.queue.clone();
+    let command = world
+        .spawn((
+            Command {
+                kind: CommandKind::Fusion,
+                name: shared.event.name.clone(),
+                device: queue.device,
+                queue: Some(queue),
+                seq,
+            },
+            Requirements::default(),
+            Edges { blockers: 1, ..Default::default() },
+            Execution {
+                status: Status::Waiting,
+                work: Some(Work::Marker),
+                handle: None,
+                event: shared.event.clone(),
+                waits: SmallVec::new(),
+                not_before_ns: 0,
+            },
+            InFusion { list },
+        ))
+        .id();
+    q.refresh(world);
+    shared.event.command.set(command);
+    q.list_mut(world, list).expect("fusion list").command = Some(command);
+    world.resource_mut::<Stats>().live_commands += 1;
+    command
+}
+
 /// An edge `from -> to` added after resolution (`to` is not yet enqueued).
 fn add_edge(world: &mut World, q: &mut Queries, from: Entity, to: Entity) {
     let (Some(a), Some(b)) = (q.command(world, from), q.command(world, to)) else {
@@ -258,7 +302,8 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
         world.resource_mut::<Stats>().fusions_cancelled += 1;
         let mut l = q.list_mut(world, list).expect("list");
         let held = std::mem::take(&mut l.held);
-        let (shared, queue, command) = (l.shared.clone(), l.queue.id, l.command);
+        let (shared, queue) = (l.shared.clone(), l.queue.id);
+        let command = fusion_command(world, q, list);
         shared.cancel(reason.clone(), || {});
         let mut fusions = world.resource_mut::<Fusions>();
         warn_fusion(&fusions.warnings, format_args!("fusion on queue {queue} cancelled: {reason}"));
@@ -302,7 +347,7 @@ fn release_commands(world: &mut World, q: &mut Queries, mut pending: Vec<Entity>
             continue;
         }
         if l.status != ListStatus::Active && l.kernels.len() as u64 >= l.shared.sent() {
-            let command = l.command;
+            let command = l.command.expect("an ended list has its command");
             q.list_mut(world, list).expect("list").command_held = false;
             unblock(world, q, command);
         } else {
@@ -420,10 +465,11 @@ pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> Smal
     out
 }
 
-/// Replaces the listed kernels by the fused kernel, which is the list's fusion
-/// command from now on: the command whose event `submit` returned while fusing
-/// becomes the kernel that event stands for (one entity and one event, where a
-/// separate fused kernel would be spawned, run and retired before the command).
+/// Replaces the listed kernels by the fused kernel. The first listed kernel's entity
+/// becomes the fused kernel and the list's fusion command: the fusion's event, which
+/// `submit` returned while fusing, is the fused kernel's from now on (one entity and
+/// one event, where a command spawned for the fusion would be spawned and retired as
+/// well; a fusion spawns one only if it is cancelled).
 fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
     let listed = |e: Entity| kernels.contains(&e);
     let reqs = {
@@ -446,31 +492,35 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             }
         }
     }
-    let (device, queue, seq) = {
-        let first = q.command(world, kernels[0]).expect("command");
-        (first.device, first.queue.as_ref().and_then(|q| q.entity.get()), first.seq)
+    let e = kernels[0];
+    let (device, queue) = {
+        let first = q.command(world, e).expect("command");
+        (first.device, first.queue.as_ref().and_then(|q| q.entity.get()))
     };
-    let (e, command_held) = {
+    let (event, command_held) = {
         let l = q.list(world, list).expect("list");
-        (l.command, l.command_held)
+        debug_assert!(l.command.is_none(), "a list collecting kernels has no command");
+        (l.shared.event.clone(), l.command_held)
     };
     let (not_before_ns, waits) = {
         let d = &world.resource::<Devices>().0[device as usize];
         (d.virtual_now_ns(), d.info.caps.in_driver_waits)
     };
     {
-        let mut command = world.get_mut::<Command>(e).expect("fusion command");
-        command.kind = CommandKind::Kernel;
+        let mut command = world.get_mut::<Command>(e).expect("first listed kernel");
         command.name = fused.kernel.name.clone();
-        command.seq = seq;
     }
     q.requirements_mut(world, e).expect("requirements").0 = reqs;
     {
+        // (The kernel's own event goes: nobody saw it, `submit` returned the fusion's.)
         let mut exec = q.execution_mut(world, e).expect("execution");
         exec.work = Some(Work::Kernel { kernel: fused.kernel, geometry: fused.geometry });
+        exec.event = event.clone();
         exec.not_before_ns = not_before_ns;
     }
-    debug_assert!(q.edges(world, e).is_some_and(|x| x.preds.is_empty()), "held kernels have no edge to it");
+    event.command.set(e);
+    // Its own edges go with the other listed kernels' (below, and by `connect`).
+    *q.edges_mut(world, e).expect("edges") = Edges::default();
 
     // Predecessors forget the listed kernels; `connect` gives them the fused one.
     for &p in &preds {
@@ -518,24 +568,25 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
                 state.last = Some(e);
             }
             // The listed kernels are all in `since_barrier` (a barrier after one of
-            // them would have cancelled the fusion). They stay there, despawned like
-            // retired commands, which the next barrier and the periodic pruning skip.
-            state.since_barrier.push(e);
+            // them would have cancelled the fusion), the first as the fused kernel, the
+            // others despawned like retired commands, which the next barrier and the
+            // periodic pruning skip.
         }
     }
     // Still held (as the fusion command was) until every kernel the queue sent to
     // the list has been ingested.
     connect(world, q, e, preds, waits, command_held);
 
-    for &k in kernels {
+    for &k in &kernels[1..] {
         world.despawn(k);
     }
     {
         let mut stats = world.resource_mut::<Stats>();
-        stats.live_commands -= kernels.len() as u64;
+        stats.live_commands -= kernels.len() as u64 - 1;
         stats.fusions_fused += 1;
     }
     let mut l = q.list_mut(world, list).expect("list");
+    l.command = Some(e);
     l.status = ListStatus::Completed;
     l.held.clear();
     l.deps.clear();

@@ -10,9 +10,9 @@ use smallvec::SmallVec;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CancelReason, Command, CommandDesc, CommandKind, Devices, Edges, Execution, Finished, FusionList,
-    FusionOutcome, FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, Requirements,
-    SchedulerConfig, Stats, Status, Work, WorkLists,
+    CancelReason, Command, CommandDesc, Devices, Edges, Execution, Finished, FusionList, FusionOutcome,
+    FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, Requirements, SchedulerConfig, Stats,
+    Status, WorkLists,
 };
 
 /// The commands one ingest pass spawns, in submission order.
@@ -179,11 +179,11 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
 }
 
 /// Puts `shared`'s queue in fusion mode, if this is the first message about the
-/// fusion (see [`FusionShared::queue`]): spawns its fusion command (held until the
-/// list ends) and gives it a list. The queue's previous list is reset for this fusion
-/// once it has ended and its command is gone (the common case: a frame's fusion after
-/// the last one's was waited for); otherwise it is marked for deletion and a new list
-/// is spawned.
+/// fusion (see [`FusionShared::queue`]): gives it a list, which spawns no command
+/// (see `fusion::fusion_command`). The queue's previous list
+/// is reset for this fusion once it has ended and its command is gone (the common
+/// case: a frame's fusion after the last one's was waited for); otherwise it is
+/// marked for deletion and a new list is spawned.
 fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, seq: u64) {
     if shared.list.get().is_some() {
         return;
@@ -192,60 +192,37 @@ fn start_fusion(world: &mut World, q: &mut Queries, shared: &Arc<FusionShared>, 
     let previous = world.resource::<Fusions>().by_queue.get(&queue.id).copied();
     let mut reused = None;
     if let Some(old) = previous {
-        let command = q.list(world, old).map(|l| l.command);
-        let done = command.is_some_and(|c| q.command(world, c).is_none());
         // A list still waiting for its `complete_fusion` (ingested in this same flush)
-        // is fused first; the fuse stage marks it for deletion after.
-        if let Some(mut l) = q.list_mut(world, old) {
-            if l.status != ListStatus::Active && done {
+        // is fused first; the fuse stage marks it for deletion after. (An ended list
+        // has its command: the fused kernel or the cancelled list's marker.)
+        if let Some((status, command)) = q.list(world, old).map(|l| (l.status, l.command)) {
+            let done = command.is_some_and(|c| q.command(world, c).is_none());
+            if status != ListStatus::Active && done {
                 reused = Some(old);
             } else {
-                if l.status != ListStatus::Active {
-                    l.status = ListStatus::Delete;
+                if status != ListStatus::Active {
+                    q.list_mut(world, old).expect("list").status = ListStatus::Delete;
                 }
                 world.resource_mut::<Fusions>().deleting.push(old);
             }
         }
     }
+    // No command yet: the fusion's event stands for the listed kernels until the list
+    // is fused (its first kernel becomes the fused kernel) or cancelled (a marker is
+    // spawned then).
     let list = match reused {
-        Some(list) => list,
+        Some(list) => {
+            q.list_mut(world, list).expect("fusion list").restart(shared.clone(), queue, seq);
+            list
+        }
         None => {
-            let list = world.spawn(FusionList::new(shared.clone(), queue.clone(), Entity::PLACEHOLDER)).id();
+            let list = world.spawn(FusionList::new(shared.clone(), queue.clone(), seq)).id();
+            q.refresh(world);
             world.resource_mut::<Fusions>().by_queue.insert(queue.id, list);
             list
         }
     };
-    let command = world
-        .spawn((
-            Command {
-                kind: CommandKind::Fusion,
-                name: shared.event.name.clone(),
-                queue: Some(queue.clone()),
-                device: queue.device,
-                seq,
-            },
-            Requirements::default(),
-            Edges { blockers: 1, ..Default::default() },
-            Execution {
-                status: Status::Waiting,
-                work: Some(Work::Marker),
-                handle: None,
-                event: shared.event.clone(),
-                waits: SmallVec::new(),
-                not_before_ns: 0,
-            },
-            InFusion { list },
-        ))
-        .id();
-    q.refresh(world);
-    shared.event.command.set(command);
-    let mut l = q.list_mut(world, list).expect("fusion list");
-    match reused {
-        Some(_) => l.restart(shared.clone(), queue, command),
-        None => l.command = command,
-    }
     shared.list.set(list);
-    world.resource_mut::<Stats>().live_commands += 1;
     world.resource_mut::<Fusions>().active.push(list);
 }
 

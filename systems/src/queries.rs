@@ -90,7 +90,8 @@ impl Queries {
     access!(queue, queue_mut, queue, QueueState);
     access!(list, list_mut, list, FusionList);
 
-    /// The fusion list `e` belongs to (a listed kernel or a fusion command).
+    /// The fusion list `e` belongs to (a listed kernel, the fused kernel or a
+    /// cancelled list's marker).
     #[inline]
     pub fn in_fusion(&mut self, world: &World, e: Entity) -> Option<Entity> {
         self.in_fusion.get_manual(world, e).ok().map(|f| f.list)

@@ -114,11 +114,20 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
                 q.requirements_mut(world, e).expect("command").0 = reqs;
                 return fail_now(world, q, e, cause.as_dependency_of(ev.name.clone()));
             }
-            _ => {
-                if let Some(p) = ev.command.get().filter(|&p| is_live(world, q, p)) {
-                    event_preds(world, q, p, &mut preds, e);
+            _ => match ev.command.get() {
+                Some(p) => {
+                    if is_live(world, q, p) {
+                        event_preds(world, q, p, &mut preds, e);
+                    }
                 }
-            }
+                // A fusion's event before the fusion has a command: it stands for the
+                // kernels listed so far.
+                None => {
+                    if let Some(list) = collecting(world, q, ev) {
+                        listed_before(world, q, list, &mut preds, e);
+                    }
+                }
+            },
         }
     }
 
@@ -178,25 +187,41 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
 /// fusion's rules).
 fn event_preds(world: &World, q: &mut Queries, p: Entity, preds: &mut Preds, this: Entity) {
     if q.command(world, p).is_some_and(|c| c.kind == CommandKind::Fusion) {
-        if let Some(list) = q.in_fusion(world, p).and_then(|l| q.list(world, l)) {
+        if let Some(list) = q.in_fusion(world, p) {
             // Unless the list was fused (its command then waits for the fused kernel),
             // the command waits for every kernel sent to the list, maybe `this` too:
             // the event stands for the kernels submitted before `this`, which is what
             // it stood for when it was named.
-            let fused = matches!(list.shared.outcome(), Some(FusionOutcome::Fused { .. }));
-            if !fused {
-                let seq = q.command(world, this).map_or(u64::MAX, |c| c.seq);
-                let kernels = list.kernels.clone();
-                for k in kernels {
-                    if q.command(world, k).is_some_and(|c| c.seq < seq) {
-                        push_unique(preds, k, this);
-                    }
-                }
+            if listed_before(world, q, list, preds, this) {
                 return;
             }
         }
     }
     push_unique(preds, p, this);
+}
+
+/// The list collecting kernels whose fusion's event is `ev` (which has no command
+/// while it does).
+fn collecting(world: &World, q: &mut Queries, ev: &Arc<EventShared>) -> Option<Entity> {
+    let active = &world.get_resource::<Fusions>()?.active;
+    active.iter().copied().find(|&l| q.list(world, l).is_some_and(|l| Arc::ptr_eq(&l.shared.event, ev)))
+}
+
+/// Adds the kernels of `list` submitted before `this` to `preds`, unless the list was
+/// fused; returns whether it did.
+fn listed_before(world: &World, q: &mut Queries, list: Entity, preds: &mut Preds, this: Entity) -> bool {
+    let Some(l) = q.list(world, list) else { return false };
+    if matches!(l.shared.outcome(), Some(FusionOutcome::Fused { .. })) {
+        return false;
+    }
+    let seq = q.command(world, this).map_or(u64::MAX, |c| c.seq);
+    let kernels = l.kernels.clone();
+    for k in kernels {
+        if q.command(world, k).is_some_and(|c| c.seq < seq) {
+            push_unique(preds, k, this);
+        }
+    }
+    true
 }
 
 /// The queue-state entity of `q`, spawned at first use.

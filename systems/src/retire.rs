@@ -11,8 +11,8 @@ use bevy_ecs::world::{FromWorld, World};
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, DeviceId, Devices, Execution, Finished, Inbox, MemoryRecord, Slice, Stats, Status, Timeline,
-    WorkLists,
+    CommandKind, DeviceId, Devices, Execution, Finished, FusionList, Inbox, MemoryRecord, Slice, Stats,
+    Status, Timeline, WorkLists,
 };
 use gantry_driver::{ExecError, MemSpace};
 use smallvec::SmallVec;
@@ -292,7 +292,8 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
 
 /// Fails every command still alive with [`ExecError::RuntimeDropped`]: used at
 /// shutdown, once drivers are idle, for commands that can never run (blocked behind a
-/// host access the user still holds).
+/// host access the user still holds), and the event of every fusion still collecting
+/// kernels (which has no command yet).
 pub fn abandon_all(world: &mut World) {
     let q = &mut Queries::from_world(world);
     q.refresh(world);
@@ -306,6 +307,10 @@ pub fn abandon_all(world: &mut World) {
     }
     if let Some(t) = timeline {
         world.insert_resource(t);
+    }
+    let mut lists = world.query::<&FusionList>();
+    for l in lists.iter(world).filter(|l| l.command.is_none() && !l.shared.event.status().is_final()) {
+        l.shared.event.finish(Err(ExecError::RuntimeDropped), 0, 0);
     }
 }
 
