@@ -355,3 +355,36 @@ fn manual_mode_waits_on_two_threads() {
         }
     });
 }
+
+/// One thread fills a fusion with three kernels and completes it while another reads
+/// the buffer they update, which cancels the fusion if it arrives while a kernel is
+/// listed. Kernels sent to the fusion before the user side saw the cancellation but
+/// taken by the scheduler after it run unfused on events of their own; those sent
+/// after it are ordinary kernels. The fusion's event completes only after every
+/// kernel sent to the fusion (those whose `submit` returned it), and the read sees
+/// the buffer between two kernels.
+#[test]
+fn a_fusion_cancelled_while_its_kernels_arrive() {
+    check(|| {
+        let rt = runtime();
+        let q = rt.queue();
+        let buf = rt.buffer(&[0u32; 4]);
+        q.start_fusion().unwrap();
+        let reader = {
+            let buf = buf.clone();
+            thread::spawn(move || buf.to_vec().unwrap())
+        };
+        let ran: Vec<_> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        // (Every fusion's event is named "fusion"; a kernel's is named after it.)
+        let listed: Vec<bool> =
+            (1..=3).zip(&ran).map(|(k, ran)| add(&q, &buf, k, ran).name() == "fusion").collect();
+        assert!(listed[0], "the first kernel joins the fusion");
+        q.complete_fusion(gantry::FusionProps::default()).unwrap().wait().unwrap();
+        for (k, ran) in ran.iter().enumerate().filter(|&(k, _)| listed[k]) {
+            assert!(ran.load(Ordering::Relaxed), "the fusion's event completed before its kernel {k} ran");
+        }
+        let seen = reader.join().unwrap();
+        assert!([0, 1, 3, 6].contains(&seen[0]), "the read saw {seen:?}");
+        assert_eq!(buf.to_vec().unwrap(), vec![6; 4]);
+    });
+}

@@ -50,12 +50,17 @@ pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
     q.refresh(world);
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
     // Lists start at ingest and end in later stages: read once per run.
-    let fusing = world.get_resource::<Fusions>().is_some_and(|f| !f.active.is_empty());
+    let (fusing, ending) = world
+        .get_resource::<Fusions>()
+        .map_or((false, false), |f| (!f.active.is_empty(), !f.pending.is_empty()));
     for &e in &list {
         resolve_command(world, q, e, fusing);
     }
-    // Fusion-sync looks at what was resolved while a fusion is collecting kernels.
-    if fusing {
+    // Fusion-sync looks at what was resolved while a fusion is collecting kernels, or
+    // has ended with kernels still to come: a kernel sent while its fusion was active
+    // may arrive after the scheduler cancelled it, and the fusion's command must
+    // then wait for it too.
+    if fusing || ending {
         world.resource_mut::<WorkLists>().resolved.extend_from_slice(&list);
     }
     // Hand the allocation back to keep the list's capacity.
