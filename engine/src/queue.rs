@@ -190,12 +190,11 @@ impl Queue {
             if let Some(fusion) = slot.as_ref().filter(|f| f.status() == FusionStatus::Active) {
                 // Sent under the fusion's lock, so the scheduler counts it in the list;
                 // if the fusion was cancelled meanwhile, it is submitted as an ordinary
-                // kernel. The kernel's own event goes to the scheduler only (it
-                // completes the kernel should the fusion be cancelled); `submit`
-                // returns the fusion's.
+                // kernel. `submit` returns the fusion's event, which the kernel carries
+                // while listed: the scheduler gives it one of its own only if it runs
+                // unfused (nobody sees that one; a fused kernel never needs it).
                 let sent = fusion.send_kernel(built, |b| {
-                    let event = self.new_event(&b.name);
-                    let fusion = Some(fusion.clone());
+                    let (fusion, event) = (Some(fusion.clone()), fusion.event.clone());
                     self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, fusion, event)
                 });
                 match sent {

@@ -39,10 +39,12 @@
 use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
+use std::sync::Arc;
+
 use gantry_components::{
-    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, Execution, FusionOutcome,
-    FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement, Requirements, Stats, Status,
-    Successor, Work, WorkLists,
+    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared, Execution,
+    FusionOutcome, FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement, Requirements,
+    Stats, Status, Successor, Work, WorkLists,
 };
 use gantry_driver::fusion::{Fused, FusionArg, FusionKernel, FusionRequest};
 use gantry_driver::AccessMode;
@@ -270,6 +272,27 @@ pub(crate) fn fusion_command(world: &mut World, q: &mut Queries, list: Entity) -
     command
 }
 
+/// Gives listed kernel `k` an event of its own if it carries its fusion's: a kernel
+/// carries the fusion's event (which `submit` returned) while it is listed, and gets
+/// one of its own only when it runs unfused (its list was cancelled, or had ended
+/// when it arrived) or fails before its list took it. Nobody sees that event: it
+/// completes the kernel, after which the fusion's command completes. A fused
+/// kernel's list makes none (two allocations and four locked operations a kernel).
+pub(crate) fn own_event(world: &mut World, q: &mut Queries, k: Entity) {
+    let Some(list) = q.in_fusion(world, k) else { return };
+    let Some(fusion) = q.list(world, list).map(|l| l.shared.event.clone()) else { return };
+    let Some(name) = q.command(world, k).filter(|c| c.kind == CommandKind::Kernel).map(|c| c.name.clone())
+    else {
+        return;
+    };
+    let Some(mut exec) = q.execution_mut(world, k) else { return };
+    if Arc::ptr_eq(&exec.event, &fusion) {
+        let own = Arc::new(EventShared::new(name, fusion.runtime, fusion.timestamps().submitted_ns));
+        own.command.set(k);
+        exec.event = own;
+    }
+}
+
 /// An edge `from -> to` added after resolution (`to` is not yet enqueued).
 fn add_edge(world: &mut World, q: &mut Queries, from: Entity, to: Entity) {
     let (Some(a), Some(b)) = (q.command(world, from), q.command(world, to)) else {
@@ -311,6 +334,7 @@ pub(crate) fn cancel(world: &mut World, q: &mut Queries, list: Entity, reason: C
         fusions.pending.push(list);
         // The fusion command completes after every released kernel.
         for &k in &held {
+            own_event(world, q, k);
             add_edge(world, q, k, command);
             unblock(world, q, k);
         }
@@ -466,10 +490,11 @@ pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> Smal
 }
 
 /// Replaces the listed kernels by the fused kernel. The first listed kernel's entity
-/// becomes the fused kernel and the list's fusion command: the fusion's event, which
-/// `submit` returned while fusing, is the fused kernel's from now on (one entity and
-/// one event, where a command spawned for the fusion would be spawned and retired as
-/// well; a fusion spawns one only if it is cancelled).
+/// becomes the fused kernel and the list's fusion command, and the fusion's event,
+/// which `submit` returned while fusing and the kernel carried while listed, is the
+/// fused kernel's (one entity and one event, where a command spawned for the fusion
+/// would be spawned and retired as well; a fusion spawns one only if it is
+/// cancelled).
 fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity], fused: Fused) {
     let listed = |e: Entity| kernels.contains(&e);
     let reqs = {
@@ -497,10 +522,10 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         let first = q.command(world, e).expect("command");
         (first.device, first.queue.as_ref().and_then(|q| q.entity.get()))
     };
-    let (event, command_held) = {
+    let (fusion_event, command_held) = {
         let l = q.list(world, list).expect("list");
         debug_assert!(l.command.is_none(), "a list collecting kernels has no command");
-        (l.shared.event.clone(), l.command_held)
+        (Arc::as_ptr(&l.shared.event), l.command_held)
     };
     let (not_before_ns, waits) = {
         let d = &world.resource::<Devices>().0[device as usize];
@@ -512,13 +537,14 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     q.requirements_mut(world, e).expect("requirements").0 = reqs;
     {
-        // (The kernel's own event goes: nobody saw it, `submit` returned the fusion's.)
+        // The kernel already carries the fusion's event (see `own_event`), which is
+        // the fused kernel's from now on.
         let mut exec = q.execution_mut(world, e).expect("execution");
+        debug_assert!(Arc::as_ptr(&exec.event) == fusion_event, "a listed kernel carries its fusion's event");
         exec.work = Some(Work::Kernel { kernel: fused.kernel, geometry: fused.geometry });
-        exec.event = event.clone();
         exec.not_before_ns = not_before_ns;
+        exec.event.command.set(e);
     }
-    event.command.set(e);
     // Its own edges go with the other listed kernels' (below, and by `connect`).
     *q.edges_mut(world, e).expect("edges") = Edges::default();
 

@@ -44,6 +44,9 @@ impl NewCommands {
             Some(_) => requirements.iter().map(|r| r.buffer.id).collect(),
             None => SmallVec::new(),
         };
+        // (Kept to name the command in its event's slot, which a fusion's event
+        // leaves empty: it has no command while its kernels are listed.)
+        let slot = list.is_none().then(|| event.clone());
         let clocks = self.clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
         let bundle = (
             Command { kind, name, queue: Some(queue), device, seq },
@@ -53,7 +56,7 @@ impl NewCommands {
                 status: Status::New,
                 work: Some(work),
                 handle: None,
-                event: event.clone(),
+                event,
                 waits,
                 not_before_ns: clocks[device as usize],
             },
@@ -63,16 +66,24 @@ impl NewCommands {
             Some(list) => world.spawn((bundle, InFusion { list })).id(),
         };
         q.refresh(world);
-        event.command.set(e);
         self.spawned.push(e);
-        if let Some(list) = list {
-            let mut list = q.list_mut(world, list).expect("fusion list");
-            list.kernels.push(e);
-            for b in buffers {
-                if !list.buffers.contains(&b) {
-                    list.buffers.push(b);
-                }
+        let Some(list) = list else {
+            slot.expect("an unlisted command's event").command.set(e);
+            return;
+        };
+        // A kernel sent to a fusion carries the fusion's event: it keeps it while
+        // listed, and gets one of its own if the list has already ended (cancelled by
+        // the scheduler before the kernel arrived), as it will run unfused.
+        let mut l = q.list_mut(world, list).expect("fusion list");
+        let active = l.status == ListStatus::Active;
+        l.kernels.push(e);
+        for b in buffers {
+            if !l.buffers.contains(&b) {
+                l.buffers.push(b);
             }
+        }
+        if !active {
+            crate::fusion::own_event(world, q, e);
         }
     }
 }

@@ -83,7 +83,9 @@ fn is_live(world: &World, q: &mut Queries, e: Entity) -> bool {
     q.execution(world, e).is_some()
 }
 
-fn fail_now(world: &mut World, _q: &mut Queries, e: Entity, error: ExecError) {
+fn fail_now(world: &mut World, q: &mut Queries, e: Entity, error: ExecError) {
+    // (A listed kernel fails on its own, not with its fusion's event.)
+    crate::fusion::own_event(world, q, e);
     let now = world.resource::<SchedulerConfig>().now_ns();
     world.resource_mut::<WorkLists>().finished.push(Finished {
         cmd: e,
