@@ -26,7 +26,8 @@ fn manual_sim() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build()
 }
 
-/// Adds a node `buf[i] = buf[i] * mul + add`.
+/// Adds a node `buf[i] = buf[i] * mul + add` (wrapping: replays run it hundreds of
+/// times).
 fn affine(
     graph: &CommandGraph,
     buf: &Buffer<u32>,
@@ -38,7 +39,9 @@ fn affine(
         .add(
             |cg| {
                 let b = cg.elements_mut(buf);
-                cg.parallel_for(buf.len(), move |it| *b.elem(it) = *b.elem(it) * mul + add);
+                cg.parallel_for(buf.len(), move |it| {
+                    *b.elem(it) = b.elem(it).wrapping_mul(mul).wrapping_add(add)
+                });
             },
             deps,
         )
@@ -407,7 +410,7 @@ fn whole_graph_update_between_submissions_without_waits() {
         let mut expect = 1u32;
         for round in 0..30u32 {
             q.submit_graph(&exec).unwrap();
-            expect = expect * (2 + round % 3) + round;
+            expect = expect.wrapping_mul(2 + round % 3).wrapping_add(round);
             // Update for the next submission while this one may still run.
             exec.update(&build(2 + (round + 1) % 3, round + 1)).unwrap();
         }
