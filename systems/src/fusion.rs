@@ -390,16 +390,26 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
     match fusion_request(world, q, list, &kernels, props) {
         Err(reason) => cancel(world, q, list, reason),
         Ok(request) => match world.resource::<Fusions>().compiler.fuse(&request) {
-            Err(e) => cancel(world, q, list, CancelReason::Failed(e)),
-            Ok(fused) => replace(world, q, list, &kernels, fused),
+            Err(e) => {
+                give_back(world, q, &kernels, request);
+                cancel(world, q, list, CancelReason::Failed(e));
+            }
+            Ok(fused) => {
+                drop(request);
+                replace(world, q, list, &kernels, fused);
+            }
         },
     }
     q.list_mut(world, list).expect("list").kernels = kernels;
 }
 
-/// What the fusion compiler is asked for `kernels`, or why they cannot be fused.
+/// What the fusion compiler is asked for `kernels`, or why they cannot be fused. The
+/// request borrows the kernels' work, taken from their commands (cloning each
+/// kernel's handle and dropping it after is two locked operations): a fused list's
+/// commands are replaced, and a failed fusion gives the work back ([`give_back`])
+/// before its kernels run unfused.
 fn fusion_request(
-    world: &World,
+    world: &mut World,
     q: &mut Queries,
     list: Entity,
     kernels: &[Entity],
@@ -413,16 +423,28 @@ fn fusion_request(
         return Err(CancelReason::KernelFailed);
     }
     let mut request = FusionRequest { kernels: Vec::with_capacity(kernels.len()), barriers: props.barriers };
-    for &k in kernels {
-        let Some(Some(Work::Kernel { kernel, geometry })) = q.execution(world, k).map(|x| x.work.as_ref())
-        else {
-            return Err(CancelReason::KernelFailed);
-        };
-        let (kernel, geometry) = (kernel.clone(), *geometry);
+    for (i, &k) in kernels.iter().enumerate() {
         let args = pushed(q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg));
-        request.kernels.push(FusionKernel { kernel, geometry, args });
+        let mut exec = q.execution_mut(world, k).expect("execution");
+        match exec.work.take() {
+            Some(Work::Kernel { kernel, geometry }) => {
+                request.kernels.push(FusionKernel { kernel, geometry, args })
+            }
+            other => {
+                exec.work = other;
+                give_back(world, q, &kernels[..i], request);
+                return Err(CancelReason::KernelFailed);
+            }
+        }
     }
     Ok(request)
+}
+
+/// Puts the work [`fusion_request`] took back into the listed kernels' commands.
+fn give_back(world: &mut World, q: &mut Queries, kernels: &[Entity], request: FusionRequest) {
+    for (&k, FusionKernel { kernel, geometry, .. }) in kernels.iter().zip(request.kernels) {
+        q.execution_mut(world, k).expect("listed kernel").work = Some(Work::Kernel { kernel, geometry });
+    }
 }
 
 /// `items` collected by pushes. `SmallVec`'s `extend` (so `collect`) reserves first,
