@@ -39,14 +39,15 @@ impl NewCommands {
     fn spawn(&mut self, world: &mut World, q: &mut Queries, desc: CommandDesc) {
         let seq = self.next_seq();
         let CommandDesc { kind, name, queue, device, requirements, work, waits, event, fusion } = desc;
+        // A kernel sent to a fusion carries the fusion's event, which names no command
+        // while its kernels are listed; any other command's event names it.
+        let carries_fusion = fusion.as_ref().is_some_and(|f| Arc::ptr_eq(&f.event, &event));
+        let slot = (!carries_fusion).then(|| event.clone());
         let list = fusion.and_then(|f| f.list.get());
         let buffers: SmallVec<[u64; 4]> = match list {
             Some(_) => requirements.iter().map(|r| r.buffer.id).collect(),
             None => SmallVec::new(),
         };
-        // (Kept to name the command in its event's slot, which a fusion's event
-        // leaves empty: it has no command while its kernels are listed.)
-        let slot = list.is_none().then(|| event.clone());
         let clocks = self.clocks.get_or_insert_with(|| world.resource::<Devices>().virtual_now_ns());
         let bundle = (
             Command { kind, name, queue: Some(queue), device, seq },
@@ -67,13 +68,13 @@ impl NewCommands {
         };
         q.refresh(world);
         self.spawned.push(e);
-        let Some(list) = list else {
-            slot.expect("an unlisted command's event").command.set(e);
-            return;
-        };
-        // A kernel sent to a fusion carries the fusion's event: it keeps it while
-        // listed, and gets one of its own if the list has already ended (cancelled by
-        // the scheduler before the kernel arrived), as it will run unfused.
+        if let Some(event) = slot {
+            event.command.set(e);
+        }
+        let Some(list) = list else { return };
+        // A listed kernel keeps its fusion's event while its list collects kernels,
+        // and gets one of its own if the list has already ended (cancelled by the
+        // scheduler before the kernel arrived), as it will run unfused.
         let mut l = q.list_mut(world, list).expect("fusion list");
         let active = l.status == ListStatus::Active;
         l.kernels.push(e);
