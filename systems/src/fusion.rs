@@ -24,8 +24,8 @@
 //! and of their edges, minus the edges among them; their memory-record leaves become
 //! the fused kernel's; queue order follows it. The first listed kernel's entity
 //! becomes the fused kernel and the list's command, with the fusion's event: a fused
-//! list spawns nothing (a command spawned for the fusion and retired after the fused
-//! kernel was a fifth of a fused round's host cost). Replacing leaves in place is
+//! list spawns nothing (a command spawned for the fusion, turned into the fused
+//! kernel and retired was a sixth of what fusing added to a round's host cost). Replacing leaves in place is
 //! the same as the seed's "restore the leaves and add the fused kernel": nothing
 //! resolved between the listed kernels depends on them (it would have cancelled the
 //! fusion), so the fused kernel stands exactly where they did. Last, fuse lets go of
@@ -276,18 +276,19 @@ pub(crate) fn fusion_command(world: &mut World, q: &mut Queries, list: Entity) -
 /// carries the fusion's event (which `submit` returned) while it is listed, and gets
 /// one of its own only when it runs unfused (its list was cancelled, or had ended
 /// when it arrived) or fails before its list took it. Nobody sees that event: it
-/// completes the kernel, after which the fusion's command completes. A fused
-/// kernel's list makes none (two allocations and four locked operations a kernel).
+/// completes the kernel, after which the fusion's command completes. A fused list
+/// makes none (two allocations and six locked operations a kernel).
 pub(crate) fn own_event(world: &mut World, q: &mut Queries, k: Entity) {
     let Some(list) = q.in_fusion(world, k) else { return };
-    let Some(fusion) = q.list(world, list).map(|l| l.shared.event.clone()) else { return };
+    let Some(fusion_event) = q.list(world, list).map(|l| l.shared.event.clone()) else { return };
     let Some(name) = q.command(world, k).filter(|c| c.kind == CommandKind::Kernel).map(|c| c.name.clone())
     else {
         return;
     };
     let Some(mut exec) = q.execution_mut(world, k) else { return };
-    if Arc::ptr_eq(&exec.event, &fusion) {
-        let own = Arc::new(EventShared::new(name, fusion.runtime, fusion.timestamps().submitted_ns));
+    if Arc::ptr_eq(&exec.event, &fusion_event) {
+        let submitted_ns = fusion_event.timestamps().submitted_ns;
+        let own = Arc::new(EventShared::new(name, fusion_event.runtime, submitted_ns));
         own.command.set(k);
         exec.event = own;
     }
