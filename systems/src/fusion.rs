@@ -25,22 +25,23 @@
 //! the fused kernel's; queue order follows it. The first listed kernel's entity
 //! becomes the fused kernel and the list's command, with the fusion's event: a fused
 //! list spawns nothing (a command spawned for the fusion, turned into the fused
-//! kernel and retired was a sixth of what fusing added to a round's host cost). Replacing leaves in place is
-//! the same as the seed's "restore the leaves and add the fused kernel": nothing
-//! resolved between the listed kernels depends on them (it would have cancelled the
-//! fusion), so the fused kernel stands exactly where they did. Last, fuse lets go of
-//! the fusion command of every list that ended (fused or cancelled, in either stage)
-//! once all the kernels its queue sent have been ingested.
+//! kernel and retired was a sixth of what fusing added to a round's host cost).
+//! Replacing leaves in place is the same as the seed's "restore the leaves and add
+//! the fused kernel": nothing resolved between the listed kernels depends on them (it
+//! would have cancelled the fusion), so the fused kernel stands exactly where they
+//! did. Last, fuse lets go of the fusion command of every list that ended (fused or
+//! cancelled, in either stage) once all the kernels its queue sent have been
+//! ingested.
 //!
 //! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists
 //! carry the list's epoch, so a reference to an ended fusion never names the next.
 
+use std::sync::Arc;
+
 use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
-use std::sync::Arc;
-
 use gantry_components::{
     warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared, Execution,
     FusionOutcome, FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement, Requirements,
@@ -395,10 +396,7 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
                 give_back(world, q, &kernels, request);
                 cancel(world, q, list, CancelReason::Failed(e));
             }
-            Ok(fused) => {
-                drop(request);
-                replace(world, q, list, &kernels, fused);
-            }
+            Ok(fused) => replace(world, q, list, &kernels, fused),
         },
     }
     q.list_mut(world, list).expect("list").kernels = kernels;

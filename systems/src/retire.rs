@@ -292,8 +292,10 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
 
 /// Fails every command still alive with [`ExecError::RuntimeDropped`]: used at
 /// shutdown, once drivers are idle, for commands that can never run (blocked behind a
-/// host access the user still holds), and the event of every fusion still collecting
-/// kernels (which has no command yet).
+/// host access the user still holds). A fusion still collecting kernels has no
+/// command yet: its held kernels carry its event, which failing them fails; the last
+/// loop fails the event of a list that holds none (its kernels failed before it took
+/// them), which would otherwise stay pending.
 pub fn abandon_all(world: &mut World) {
     let q = &mut Queries::from_world(world);
     q.refresh(world);
