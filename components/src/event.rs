@@ -154,17 +154,41 @@ impl EventShared {
     /// Blocks until the status is at least `at_least`, spinning for up to `spin`
     /// first (see [`gantry_driver::sync::spin_until`]).
     pub fn block_until(&self, at_least: EventStatus, spin: std::time::Duration) {
+        self.block_until_or(at_least, spin, None, || false);
+    }
+
+    /// [`block_until`](Self::block_until), but every `check` (when given) it asks
+    /// `give_up` and returns `false` if that says so; `true` once the status is
+    /// reached. For waits on a scheduler that may stop without finishing the event.
+    pub fn block_until_or(
+        &self,
+        at_least: EventStatus,
+        spin: std::time::Duration,
+        check: Option<std::time::Duration>,
+        give_up: impl Fn() -> bool,
+    ) -> bool {
         if gantry_driver::sync::spin_until(spin, || self.status() >= at_least) {
-            return;
+            return true;
         }
         let one = Waiters::one(at_least);
         self.waiters.fetch_add(one, Ordering::SeqCst);
         let mut g = self.lock.lock();
+        let mut reached = true;
         while self.status_seqcst() < at_least {
-            self.cond.wait(&mut g);
+            match check {
+                Some(every) => {
+                    self.cond.wait_for(&mut g, every);
+                    if self.status_seqcst() < at_least && give_up() {
+                        reached = false;
+                        break;
+                    }
+                }
+                None => self.cond.wait(&mut g),
+            }
         }
         drop(g);
         self.waiters.fetch_sub(one, Ordering::AcqRel);
+        reached
     }
 }
 

@@ -281,6 +281,12 @@ pub enum FinalizeError {
         /// The driver's error.
         error: ExecError,
     },
+    /// User code run by finalize (a linearizer, a fusion compiler) panicked.
+    #[error("finalize panicked: {0}")]
+    Panicked(String),
+    /// The scheduler stopped before the graph was finalized.
+    #[error("the scheduler stopped before finalize: {0}")]
+    Stopped(ExecError),
 }
 
 /// Where an argument-table entry's memory comes from at each submission.

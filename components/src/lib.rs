@@ -46,6 +46,8 @@ pub use graph::{
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
 pub use queue::QueueState;
-pub use resources::{Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists};
+pub use resources::{
+    fail_message, Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,
+};
 pub use stage::{Flush, Stage};
 pub use timeline::{Slice, Timeline};

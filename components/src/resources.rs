@@ -42,6 +42,26 @@ pub enum Message {
 // the scheduler's). So a command group is boxed.
 const _: () = assert!(std::mem::size_of::<Message>() <= 32);
 
+/// Fails what `msg` asked for with `error`, without a scheduler: for messages still
+/// queued when the scheduler stops on a failure. Each event it carries reaches a
+/// final status, so no wait on it hangs.
+pub fn fail_message(msg: Message, error: &ExecError) {
+    match msg {
+        Message::Submit(desc) => desc.event.finish(Err(error.clone()), 0, 0),
+        Message::SubmitGraph(submission) => submission.event.finish(Err(error.clone()), 0, 0),
+        Message::CancelFusion(shared) | Message::CompleteFusion(shared, _) => {
+            if !shared.event.status().is_final() {
+                shared.event.finish(Err(error.clone()), 0, 0);
+            }
+        }
+        Message::FinalizeGraph(job) => {
+            *job.result.lock() = Some(Err(crate::graph::FinalizeError::Stopped(error.clone())));
+            job.event.finish(Ok(()), 0, 0);
+        }
+        Message::DropBuffer(_) | Message::DropQueue(_) | Message::ReleaseHostAccess(_) => {}
+    }
+}
+
 /// Channels the scheduler drains each flush.
 #[derive(Resource)]
 pub struct Inbox {
@@ -149,6 +169,9 @@ pub struct SchedulerConfig {
     pub preserve_on_failure: bool,
     /// The runtime's time origin.
     pub epoch: std::time::Instant,
+    /// The most messages one flush ingests: a producer that never pauses must not
+    /// keep a flush from reaching the stages that run and retire its work.
+    pub ingest_limit: usize,
 }
 
 impl SchedulerConfig {
@@ -186,4 +209,7 @@ pub struct Stats {
     /// Fusion lists cancelled (explicitly, early, or by the fusion compiler): their
     /// kernels ran unfused.
     pub fusions_cancelled: u64,
+    /// Systems users added that failed (panicked or returned an error); each is also
+    /// reported by `Runtime::take_system_errors`.
+    pub system_failures: u64,
 }

@@ -10,6 +10,7 @@ use thiserror::Error;
 /// of the failed command and of every command that depended on it as
 /// [`Error::Exec`].
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error {
     /// `start_fusion` on a queue that is already fusing.
     #[error("queue {0} is already in fusion mode")]
@@ -118,6 +119,44 @@ pub enum Error {
     /// The runtime was dropped.
     #[error("the runtime was dropped")]
     RuntimeDropped,
+    /// The scheduler stopped on a failure of its own; the runtime takes no more work
+    /// and everything pending failed with [`ExecError::SchedulerFailed`].
+    #[error("the scheduler failed and stopped: {0}")]
+    SchedulerFailed(String),
+    /// A system added with [`Runtime::add_system`](crate::Runtime::add_system) failed
+    /// (panicked or returned an error) during a flush; the flush went on without it.
+    #[error("a system added to stage {stage:?} failed: {message}")]
+    SystemFailed {
+        /// Its stage.
+        stage: gantry_components::Stage,
+        /// The panic message or the error.
+        message: String,
+    },
+    /// A size computation overflowed (elements times element size, or per work-item
+    /// memory times work-items).
+    #[error("{what}: {count} elements of {elem_size} bytes overflow the address space")]
+    SizeOverflow {
+        /// What was sized.
+        what: &'static str,
+        /// Elements asked for.
+        count: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// The host could not allocate a buffer's memory.
+    #[error("out of host memory: a buffer of {bytes} bytes could not be allocated")]
+    OutOfHostMemory {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// More private memory than the device offers per work-group.
+    #[error("kernel asks for {requested} bytes of private memory per work-group; the device offers {max}")]
+    PrivateMemoryTooLarge {
+        /// Bytes requested (per work-item bytes times work-items per group).
+        requested: usize,
+        /// Bytes available.
+        max: usize,
+    },
     /// A command failed while executing (or a command it depended on did).
     #[error(transparent)]
     Exec(#[from] ExecError),

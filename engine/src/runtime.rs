@@ -63,6 +63,7 @@ pub struct RuntimeBuilder {
     fusion_compiler: Option<Compiler>,
     linearizer: Option<Policy>,
     spin: Duration,
+    max_pending: usize,
 }
 
 /// A graph linearization policy chosen by the user.
@@ -89,6 +90,12 @@ impl std::fmt::Debug for Compiler {
 /// `GANTRY_FUSION_WARNINGS` says.
 const DEFAULT_FUSION_WARNINGS: usize = 16;
 
+/// How many submitted commands may wait for the scheduler before `submit` waits.
+const DEFAULT_MAX_PENDING: usize = 1 << 16;
+
+/// The most messages one flush ingests.
+const INGEST_LIMIT: usize = 4096;
+
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         Self {
@@ -105,6 +112,7 @@ impl Default for RuntimeBuilder {
             fusion_compiler: None,
             linearizer: None,
             spin: sync::SPIN_WINDOW,
+            max_pending: DEFAULT_MAX_PENDING,
         }
     }
 }
@@ -226,6 +234,26 @@ impl RuntimeBuilder {
         self.linearizer = Some(Policy(policy));
         self
     }
+    /// How many commands may be submitted and not yet finished before `submit` waits
+    /// for the scheduler to catch up (default 65,536): a producer that submits faster
+    /// than the devices run keeps memory bounded instead of queueing without end.
+    /// Submissions from inside a host task or kernel never wait (the work they wait
+    /// for could be blocked behind that very task).
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().max_pending_commands(64).build();
+    /// let q = rt.queue();
+    /// let buf = rt.buffer_zeroed::<u32>(1);
+    /// for _ in 0..1_000 {
+    ///     q.submit(|cg| cg.fill(&buf, 1))?;
+    /// }
+    /// q.wait()?;
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn max_pending_commands(mut self, limit: usize) -> Self {
+        self.max_pending = limit.max(1);
+        self
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;
@@ -263,7 +291,11 @@ impl RuntimeBuilder {
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let lost = devices.iter().map(|d| d.lost.clone()).collect();
         let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
-        let config = SchedulerConfig { preserve_on_failure: self.preserve_on_failure, epoch };
+        let config = SchedulerConfig {
+            preserve_on_failure: self.preserve_on_failure,
+            epoch,
+            ingest_limit: INGEST_LIMIT,
+        };
         let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
         if self.timeline {
             world.insert_resource(Timeline::default());
@@ -289,7 +321,11 @@ impl RuntimeBuilder {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             mode: self.mode,
             tx: msg_tx,
-            core: Mutex::new(Some(Core { world, schedule: gantry_systems::flush_schedule() })),
+            core: Mutex::new(Some(Core {
+                world,
+                schedule: gantry_systems::flush_schedule(),
+                user_sections: 0,
+            })),
             senders: Senders::default(),
             epoch,
             next_id: AtomicU64::new(1),
@@ -304,6 +340,10 @@ impl RuntimeBuilder {
             fusion_warnings,
             closure_fusion: self.fusion_compiler.is_none().then_some(closure_fusion),
             spin: self.spin,
+            failure: std::sync::OnceLock::new(),
+            system_errors: Mutex::new(Vec::new()),
+            live: AtomicU64::new(0),
+            max_pending: self.max_pending as u64,
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
         let host_queue =
@@ -323,6 +363,8 @@ impl RuntimeBuilder {
 pub(crate) struct Core {
     pub(crate) world: World,
     pub(crate) schedule: Schedule,
+    /// The stages whose user section the schedule has (a bit per stage).
+    user_sections: u32,
 }
 
 /// What user handles share with the runtime.
@@ -355,6 +397,14 @@ pub(crate) struct Shared {
     closure_fusion: Option<Arc<ClosureFusion>>,
     /// How long a thread about to block spins first.
     spin: Duration,
+    /// Why the scheduler stopped, once it failed: then no flush runs again.
+    failure: std::sync::OnceLock<String>,
+    /// Failures of user systems not yet taken by [`Runtime::take_system_errors`].
+    system_errors: Mutex<Vec<Error>>,
+    /// Commands alive in the scheduler after its last flush.
+    live: AtomicU64,
+    /// Pending commands past which `submit` waits.
+    max_pending: u64,
 }
 
 /// What every message sent writes. On cache lines of its own: the scheduler thread
@@ -445,12 +495,16 @@ impl Shared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sends a message to the scheduler.
+    /// Sends a message to the scheduler. A submission waits first while more than
+    /// the pending limit of messages wait for the scheduler.
     pub(crate) fn send(&self, msg: Message) -> Result<()> {
-        if !self.senders.gate.enter() {
-            return Err(Error::RuntimeDropped);
+        if matches!(msg, Message::Submit(_) | Message::SubmitGraph(_)) {
+            self.throttle();
         }
-        let sent = self.tx.send(msg).map_err(|_| Error::RuntimeDropped);
+        if !self.senders.gate.enter() {
+            return Err(self.stopped());
+        }
+        let sent = self.tx.send(msg).map_err(|_| self.stopped());
         if sent.is_ok() {
             self.senders.sent.fetch_add(1, Ordering::AcqRel);
         }
@@ -458,16 +512,104 @@ impl Shared {
         sent
     }
 
-    /// Runs the schedule once. `None` if the runtime has shut down.
+    /// The error for work the runtime no longer takes: why the scheduler failed, or
+    /// that the runtime was dropped.
+    pub(crate) fn stopped(&self) -> Error {
+        match self.failure.get() {
+            Some(message) => Error::SchedulerFailed(message.clone()),
+            None => Error::RuntimeDropped,
+        }
+    }
+
+    /// Waits while more submitted messages than the pending limit wait for the
+    /// scheduler. Only messages count, not commands the scheduler holds: ingest
+    /// takes messages whatever the devices do, so the wait always ends, while a
+    /// command may wait for the very thread that submits (a fusion it has yet to
+    /// complete, a host access it holds).
+    fn throttle(&self) {
+        let over = || self.msg_rx.len() as u64 >= self.max_pending;
+        if !over() {
+            return;
+        }
+        match self.mode {
+            // Nobody else may flush: the submitter does, unless a flush is already
+            // running (on another thread, or this one: a host task run inline).
+            Mode::Manual => {
+                while over() {
+                    let Some(mut guard) = self.core.try_lock() else { return };
+                    if self.flush_locked(&mut guard).is_none() {
+                        return;
+                    }
+                }
+            }
+            Mode::Threaded => {
+                while over() && self.failure.get().is_none() && !self.senders.gate.is_closed() {
+                    thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Runs the schedule once. `None` if the runtime has shut down or failed.
     fn flush_once(&self) -> Option<Progress> {
         let mut guard = self.core.lock();
+        self.flush_locked(&mut guard)
+    }
+
+    /// [`Shared::flush_once`] with the core's lock held. A user system that fails is
+    /// reported and the flush goes on; a failure of the scheduler's own systems stops
+    /// it for good ([`Shared::fail`]).
+    fn flush_locked(&self, guard: &mut Option<Core>) -> Option<Progress> {
+        if self.failure.get().is_some() {
+            return None;
+        }
         let core = guard.as_mut()?;
-        core.schedule.run(&mut core.world);
-        let has_work = core.world.resource::<WorkLists>().has_work();
-        let in_driver = core.world.resource::<Stats>().in_driver;
-        let idle = !has_work && in_driver == 0 && self.msg_rx.is_empty() && self.done_rx.is_empty();
-        let ingested = core.world.resource::<Stats>().messages;
-        Some(Progress { has_work, idle, ingested })
+        let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
+        if !report.user.is_empty() {
+            core.world.resource_mut::<Stats>().system_failures += report.user.len() as u64;
+            let mut errors = self.system_errors.lock();
+            for fault in report.user {
+                let stage = fault.user_stage.expect("a user fault names its stage");
+                tracing::error!(?stage, "a system added to the flush schedule failed: {}", fault.message);
+                errors.push(Error::SystemFailed { stage, message: fault.message });
+            }
+        }
+        if let Some(message) = report.fatal {
+            self.fail(&mut core.world, message);
+            return None;
+        }
+        let has_work = core.world.resource::<WorkLists>().has_work() || !self.msg_rx.is_empty();
+        let stats = core.world.resource::<Stats>();
+        let idle = !has_work && stats.in_driver == 0 && self.done_rx.is_empty();
+        self.live.store(stats.live_commands, Ordering::Relaxed);
+        Some(Progress { has_work, idle, ingested: stats.messages })
+    }
+
+    /// Stops the scheduler after a failure of its own: refuses new work, fails every
+    /// command it holds and every message still queued, and wakes every waiter. The
+    /// world stays for inspection ([`Runtime::stats`], [`Runtime::with_world`]); no
+    /// flush runs on it again.
+    fn fail(&self, world: &mut World, message: String) {
+        tracing::error!("the Gantry scheduler failed and stops: {message}");
+        let _ = self.failure.set(message.clone());
+        self.senders.gate.close();
+        self.senders.gate.wait_for_senders();
+        let error = gantry_driver::ExecError::SchedulerFailed { message };
+        let abandoned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gantry_systems::retire::abandon_all(world, error.clone())
+        }));
+        if abandoned.is_err() {
+            tracing::error!(
+                "failing the scheduler's commands failed too; waits end on the scheduler's failure"
+            );
+        }
+        while let Ok(msg) = self.msg_rx.try_recv() {
+            gantry_components::fail_message(msg, &error);
+        }
+        let mut state = self.idle.lock();
+        state.idle = true;
+        state.ingested = u64::MAX;
+        self.idle_cv.notify_all();
     }
 
     /// Blocks until a message or completion (or a wake-up) arrives, or `timeout`
@@ -492,12 +634,17 @@ impl Shared {
     /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
     pub(crate) fn wait_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
         if self.mode == Mode::Threaded {
-            ev.block_until(status, self.spin);
+            // A scheduler that fails finishes the events it knows; the check covers
+            // one it could not reach, so the wait ends either way.
+            let check = safety_net(Duration::from_millis(100));
+            if !ev.block_until_or(status, self.spin, check, || self.failure.get().is_some()) {
+                return Err(self.stopped());
+            }
             return Ok(());
         }
         while ev.status() < status {
             let Some(progress) = self.flush_once() else {
-                return if ev.status() >= status { Ok(()) } else { Err(Error::RuntimeDropped) };
+                return if ev.status() >= status { Ok(()) } else { Err(self.stopped()) };
             };
             if ev.status() >= status {
                 break;
@@ -521,8 +668,10 @@ impl Shared {
             let target = self.senders.sent.load(Ordering::Acquire);
             let mut state = self.idle.lock();
             while !(state.idle && state.ingested >= target) {
-                if self.core.lock().is_none() {
-                    return Err(Error::RuntimeDropped);
+                // Never the core's lock under this one: a failing flush takes this
+                // one under the core's.
+                if self.failure.get().is_some() {
+                    return Err(self.stopped());
                 }
                 // The scheduler thread updates `state` under this lock after every
                 // flush and notifies when idle; once idle it has ingested every
@@ -540,7 +689,7 @@ impl Shared {
             return Ok(());
         }
         loop {
-            let progress = self.flush_once().ok_or(Error::RuntimeDropped)?;
+            let progress = self.flush_once().ok_or_else(|| self.stopped())?;
             if progress.idle {
                 return Ok(());
             }
@@ -552,6 +701,19 @@ impl Shared {
     }
 
     fn scheduler_loop(self: Arc<Self>, wake: Receiver<()>) {
+        let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.flush_loop(&wake)));
+        if let Err(payload) = looped {
+            // Nothing in the loop outside a flush is expected to panic; if it does,
+            // the runtime stops as on a failed flush rather than leave waits hanging.
+            let message = gantry_systems::faults::panic_text(&*payload);
+            let mut guard = self.core.lock();
+            if let Some(core) = guard.as_mut() {
+                self.fail(&mut core.world, message);
+            }
+        }
+    }
+
+    fn flush_loop(&self, wake: &Receiver<()>) {
         loop {
             let Some(progress) = self.flush_once() else {
                 return;
@@ -568,7 +730,13 @@ impl Shared {
                 continue;
             }
             if self.senders.gate.is_closed() && progress.idle {
-                return;
+                // The flush that found it idle may have run before the last messages
+                // admitted before the close: stop only once they are in and taken.
+                self.senders.gate.wait_for_senders();
+                if self.msg_rx.is_empty() && self.done_rx.is_empty() {
+                    return;
+                }
+                continue;
             }
             // Everything that lets a flush make progress arrives on one of these
             // channels (user messages, driver completions, the shutdown wake-up), and
@@ -578,7 +746,7 @@ impl Shared {
             // frame) is taken without a sleep and a wake-up.
             let input = || !(self.msg_rx.is_empty() && self.done_rx.is_empty() && wake.is_empty());
             if !spin_until(self.spin, input) {
-                self.block_for_input(Some(&wake), safety_net(Duration::from_millis(100)));
+                self.block_for_input(Some(wake), safety_net(Duration::from_millis(100)));
             }
             while wake.try_recv().is_ok() {}
         }
@@ -698,6 +866,45 @@ impl Runtime {
         let _ = self.shared.flush_once();
     }
 
+    /// [`Runtime::flush`], reporting what went wrong in it: the first failure of a
+    /// system added with [`Runtime::add_system`] (the flush went on without it; all of
+    /// them stay in [`Runtime::take_system_errors`]), or
+    /// [`Error::SchedulerFailed`] if the scheduler has stopped.
+    ///
+    /// ```
+    /// use gantry::{Error, Mode, Runtime, Stage};
+    /// let rt = Runtime::builder().mode(Mode::Manual).build();
+    /// rt.add_system(Stage::Retire, || panic!("policy bug"));
+    /// assert!(matches!(rt.try_flush(), Err(Error::SystemFailed { stage: Stage::Retire, .. })));
+    /// // The runtime goes on.
+    /// let buf = rt.buffer_zeroed::<u32>(2);
+    /// rt.queue().submit(|cg| cg.fill(&buf, 1))?.wait()?;
+    /// assert_eq!(buf.to_vec()?, vec![1, 1]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn try_flush(&self) -> Result<()> {
+        let before = self.shared.system_errors.lock().len();
+        if self.shared.flush_once().is_none() {
+            return Err(self.shared.stopped());
+        }
+        match self.shared.system_errors.lock().get(before) {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The failures of systems added with [`Runtime::add_system`] since the last
+    /// call, oldest first (each also counted in [`Stats::system_failures`]).
+    pub fn take_system_errors(&self) -> Vec<Error> {
+        std::mem::take(&mut *self.shared.system_errors.lock())
+    }
+
+    /// Why the scheduler stopped, if it failed ([`Error::SchedulerFailed`]): every
+    /// command pending then failed, and the runtime takes no more work.
+    pub fn failure(&self) -> Option<Error> {
+        self.shared.failure.get().map(|m| Error::SchedulerFailed(m.clone()))
+    }
+
     /// Flushes until no submitted command is waiting or running.
     pub fn wait_idle(&self) -> Result<()> {
         self.shared.drive_until_idle()
@@ -716,7 +923,9 @@ impl Runtime {
 
     /// Adds a system to a stage of the flush schedule: a custom policy, a tracing or
     /// statistics system. It runs after the stage's built-in system, so it sees that
-    /// stage's results (a system in [`Stage::Resolve`] sees the new edges).
+    /// stage's results (a system in [`Stage::Resolve`] sees the new edges). If it
+    /// panics or returns an error, the flush goes on without it and the failure is
+    /// reported ([`Runtime::try_flush`], [`Runtime::take_system_errors`]).
     ///
     /// # Panics
     /// If the system's own ordering constraints make the schedule invalid (a cycle).
@@ -736,7 +945,12 @@ impl Runtime {
     pub fn add_system<M>(&self, stage: Stage, system: impl IntoScheduleConfigs<ScheduleSystem, M>) {
         let mut guard = self.shared.core.lock();
         let core = guard.as_mut().expect("runtime is alive while its handle exists");
-        core.schedule.add_systems(system.in_set(stage).after(gantry_systems::Builtin(stage)));
+        let bit = 1 << stage as u32;
+        if core.user_sections & bit == 0 {
+            gantry_systems::faults::add_user_section(&mut core.schedule, stage);
+            core.user_sections |= bit;
+        }
+        core.schedule.add_systems(system.in_set(stage).in_set(gantry_systems::faults::UserSection(stage)));
         if let Err(e) = core.schedule.initialize(&mut core.world) {
             panic!("system added to {stage:?} breaks the flush schedule: {e}");
         }
@@ -790,9 +1004,11 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        // Finish what can finish, then refuse new work.
-        let _ = self.shared.drive_until_idle();
+        // Refuse new work, so a thread that keeps submitting cannot keep the runtime
+        // from going idle, then finish what can finish.
         self.shared.senders.gate.close();
+        self.shared.senders.gate.wait_for_senders();
+        let _ = self.shared.drive_until_idle();
         let _ = self.shared.wake_tx.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -803,10 +1019,18 @@ impl Drop for Runtime {
         // on its event would never return.
         self.shared.senders.gate.wait_for_senders();
         let mut guard = self.shared.core.lock();
+        if self.shared.failure.get().is_some() {
+            // The scheduler failed: it already failed everything pending.
+            return;
+        }
         if let Some(mut core) = guard.take() {
             // Apply anything that raced with shutdown, then fail what can never run.
-            core.schedule.run(&mut core.world);
-            gantry_systems::retire::abandon_all(&mut core.world);
+            let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
+            if let Some(message) = report.fatal {
+                self.shared.fail(&mut core.world, message);
+                return;
+            }
+            gantry_systems::retire::abandon_all(&mut core.world, gantry_driver::ExecError::RuntimeDropped);
         }
     }
 }

@@ -94,9 +94,11 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
     let rx = world.resource::<Inbox>().messages.clone();
+    let limit = world.resource::<SchedulerConfig>().ingest_limit as u64;
     let mut commands = NewCommands::new(world);
     let mut messages = 0u64;
-    while let Ok(msg) = rx.try_recv() {
+    while messages < limit {
+        let Ok(msg) = rx.try_recv() else { break };
         messages += 1;
         match msg {
             Message::Submit(desc) => {

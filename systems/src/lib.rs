@@ -12,11 +12,13 @@
 //! | enqueue | [`enqueue`] |
 //! | retire | [`retire`] |
 //!
-//! Systems reach drivers only through [`gantry_driver::Driver`].
+//! Systems reach drivers only through [`gantry_driver::Driver`]. A system that fails
+//! is reported by [`faults::run_flush`], never unwound out of the schedule.
 
 #![warn(missing_docs)]
 
 pub mod enqueue;
+pub mod faults;
 pub mod fusion;
 pub mod ingest;
 pub mod partition;
@@ -69,6 +71,7 @@ pub fn flush_schedule() -> Schedule {
 /// A world holding the scheduler's resources.
 pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) -> World {
     let mut world = World::new();
+    faults::install(&mut world);
     world.insert_resource(devices);
     world.insert_resource(inbox);
     world.insert_resource(config);

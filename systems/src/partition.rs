@@ -124,7 +124,10 @@ pub fn partition(world: &mut World) {
                 compiler: &*fusions.compiler,
                 warnings: &fusions.warnings,
             };
-            ctx.run(&job)
+            // The linearizer and the fusion compiler may be user code: a panic in
+            // them fails this finalize only.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.run(&job)))
+                .unwrap_or_else(|p| Err(FinalizeError::Panicked(crate::faults::panic_text(&*p))))
         };
         *job.result.lock() = Some(result);
         let now = world.resource::<SchedulerConfig>().now_ns();

@@ -290,21 +290,21 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
     }
 }
 
-/// Fails every command still alive with [`ExecError::RuntimeDropped`]: used at
-/// shutdown, once drivers are idle, for commands that can never run (blocked behind a
-/// host access the user still holds). A fusion still collecting kernels has no
+/// Fails every command still alive with `error`: used at shutdown
+/// ([`ExecError::RuntimeDropped`]), once drivers are idle, for commands that can never
+/// run (blocked behind a host access the user still holds), and when the scheduler
+/// fails ([`ExecError::SchedulerFailed`]). A fusion still collecting kernels has no
 /// command yet: its held kernels carry its event, which failing them fails; the last
 /// loop fails the event of a list that holds none (its kernels failed before it took
 /// them), which would otherwise stay pending.
-pub fn abandon_all(world: &mut World) {
+pub fn abandon_all(world: &mut World, error: ExecError) {
     let q = &mut Queries::from_world(world);
     q.refresh(world);
     let mut all = world.query::<(Entity, &Execution)>();
     let live: Vec<Entity> = all.iter(world).map(|(e, _)| e).collect();
     let mut timeline = world.remove_resource::<Timeline>();
     for e in live {
-        let f =
-            Finished { cmd: e, result: Err(ExecError::RuntimeDropped), started_ns: 0, ended_ns: 0, lane: 0 };
+        let f = Finished { cmd: e, result: Err(error.clone()), started_ns: 0, ended_ns: 0, lane: 0 };
         retire_entity(world, q, &f, &mut timeline, &mut Vec::new());
     }
     if let Some(t) = timeline {
@@ -312,7 +312,7 @@ pub fn abandon_all(world: &mut World) {
     }
     let mut lists = world.query::<&FusionList>();
     for l in lists.iter(world).filter(|l| l.command.is_none() && !l.shared.event.status().is_final()) {
-        l.shared.event.finish(Err(ExecError::RuntimeDropped), 0, 0);
+        l.shared.event.finish(Err(error.clone()), 0, 0);
     }
 }
 

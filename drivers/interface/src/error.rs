@@ -96,6 +96,13 @@ pub enum ExecError {
     /// The runtime shut down before the command could run.
     #[error("the runtime was dropped before the command completed")]
     RuntimeDropped,
+    /// The scheduler stopped on an internal failure before the command could finish;
+    /// the runtime takes no more work.
+    #[error("the scheduler failed before the command completed: {message}")]
+    SchedulerFailed {
+        /// What failed.
+        message: String,
+    },
     /// Any other driver-reported failure.
     #[error("driver error on {device}: {message}")]
     Driver {

@@ -1,0 +1,172 @@
+//! What a flush reports when a system fails.
+//!
+//! bevy_ecs catches a panicking system and hands it, like a system's returned error,
+//! to the world's error handler, whose default panics again: out of the middle of
+//! the schedule, which then skips the systems it had already run on every later run.
+//! The flush schedule's handler ([`record_fault`]) never unwinds; it records the
+//! failure, and [`run_flush`] returns it with the flush.
+//!
+//! Contract: a failure inside the systems a user added ([`UserSection`]) concerns
+//! that flush only: the stage's built-in system had finished, and every later stage
+//! still runs. A failure anywhere else (a built-in system, the schedule itself) means
+//! the scheduler's own state can no longer be trusted: the caller stops the runtime
+//! and fails what is pending, so no wait hangs on it.
+
+use std::cell::{Cell, RefCell};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use bevy_ecs::error::{BevyError, ErrorContext, FallbackErrorHandler};
+use bevy_ecs::schedule::{IntoScheduleConfigs, Schedule, SystemSet};
+use bevy_ecs::world::World;
+use gantry_components::Stage;
+
+/// The systems a user added to a stage: they run after the stage's built-in system,
+/// between two markers that tell the error handler whose code failed.
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UserSection(pub Stage);
+
+/// The marker that opens a stage's [`UserSection`].
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct EnterUser(Stage);
+
+/// The marker that closes a stage's [`UserSection`].
+#[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct LeaveUser(Stage);
+
+/// A system that failed during a flush.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemFault {
+    /// The stage of the user system that failed; `None` for Gantry's own systems.
+    pub user_stage: Option<Stage>,
+    /// What it said: the panic message, or the error it returned.
+    pub message: String,
+}
+
+/// What one flush reported.
+#[derive(Debug, Default)]
+pub struct FlushReport {
+    /// Failures of systems users added: the runtime goes on.
+    pub user: Vec<SystemFault>,
+    /// A failure of Gantry's own systems or of the schedule: the scheduler's state
+    /// is suspect and the runtime must stop.
+    pub fatal: Option<String>,
+}
+
+thread_local! {
+    /// The user section running on this thread, if any.
+    static IN_USER: Cell<Option<Stage>> = const { Cell::new(None) };
+    /// Failures recorded during the flush running on this thread.
+    static FAULTS: RefCell<Vec<SystemFault>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The flush schedule's error handler: records, never unwinds.
+fn record_fault(mut error: BevyError, _ctx: ErrorContext) {
+    let message = match error.take_payload() {
+        Some(payload) => panic_text(&*payload),
+        None => error.to_string().trim_end().to_owned(),
+    };
+    let user_stage = IN_USER.with(Cell::get);
+    FAULTS.with(|f| f.borrow_mut().push(SystemFault { user_stage, message }));
+}
+
+/// The text of a panic payload.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_owned(),
+    }
+}
+
+/// Installs the recording error handler on the scheduler's world.
+pub fn install(world: &mut World) {
+    world.insert_resource(FallbackErrorHandler(record_fault));
+}
+
+/// Adds the markers of `stage`'s user section to the schedule (once per stage; a
+/// second call adds nothing). User systems go `in_set(UserSection(stage))`.
+pub fn add_user_section(schedule: &mut Schedule, stage: Stage) {
+    let enter = move || IN_USER.with(|s| s.set(Some(stage)));
+    let leave = || IN_USER.with(|s| s.set(None));
+    schedule.configure_sets(
+        (
+            EnterUser(stage).in_set(stage).after(crate::Builtin(stage)),
+            UserSection(stage).in_set(stage).after(EnterUser(stage)),
+            LeaveUser(stage).in_set(stage).after(UserSection(stage)),
+        )
+            .chain(),
+    );
+    schedule.add_systems((enter.in_set(EnterUser(stage)), leave.in_set(LeaveUser(stage))));
+}
+
+/// Runs one flush, catching whatever fails in it.
+pub fn run_flush(schedule: &mut Schedule, world: &mut World) -> FlushReport {
+    FAULTS.with(|f| f.borrow_mut().clear());
+    let ran = catch_unwind(AssertUnwindSafe(|| schedule.run(world)));
+    IN_USER.with(|s| s.set(None));
+    let faults = FAULTS.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    let mut report = FlushReport::default();
+    if let Err(payload) = ran {
+        report.fatal = Some(panic_text(&*payload));
+    }
+    for fault in faults {
+        match fault.user_stage {
+            Some(_) => report.user.push(fault),
+            None if report.fatal.is_none() => report.fatal = Some(fault.message),
+            None => {}
+        }
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flush_schedule;
+
+    fn world() -> World {
+        let mut world = World::new();
+        install(&mut world);
+        world
+    }
+
+    /// A user system that panics is reported with its stage; the stages after it
+    /// still run, in this flush and the next.
+    #[test]
+    fn a_user_failure_concerns_its_flush_only() {
+        let mut schedule = Schedule::new(crate::Flush);
+        schedule.set_executor(bevy_ecs::schedule::SingleThreadedExecutor::new());
+        schedule.configure_sets((Stage::Resolve, Stage::Retire).chain());
+        schedule.add_systems((|| {}).in_set(Stage::Resolve).in_set(crate::Builtin(Stage::Resolve)));
+        add_user_section(&mut schedule, Stage::Resolve);
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = runs.clone();
+        schedule.add_systems((|| panic!("boom")).in_set(UserSection(Stage::Resolve)));
+        schedule.add_systems(
+            (move || {
+                r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+            .in_set(Stage::Retire),
+        );
+        let mut world = world();
+        for flush in 1..=2 {
+            let report = run_flush(&mut schedule, &mut world);
+            assert!(report.fatal.is_none());
+            assert_eq!(
+                report.user,
+                vec![SystemFault { user_stage: Some(Stage::Resolve), message: "boom".into() }]
+            );
+            assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), flush);
+        }
+    }
+
+    /// A built-in system that fails is fatal: here, one whose resource is gone.
+    #[test]
+    fn a_builtin_failure_is_fatal() {
+        let mut schedule = flush_schedule();
+        let mut world = world();
+        let report = run_flush(&mut schedule, &mut world);
+        assert!(report.fatal.is_some(), "{report:?}");
+        assert!(report.user.is_empty());
+    }
+}
