@@ -86,7 +86,7 @@ fn bad_input_is_a_clear_error() {
     assert!(err.contains("unknown buffer `missing`"), "{err}");
     let (code, _, err) = run(&[]);
     assert_eq!(code, 2);
-    assert!(err.contains("usage"), "{err}");
+    assert!(err.contains("Usage: gantry-sim") && err.contains("<WORKLOAD.json>"), "{err}");
     let _ = std::fs::remove_file(bad);
 }
 
