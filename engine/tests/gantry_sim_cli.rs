@@ -1,6 +1,7 @@
 //! The `gantry-sim` CLI: shipped workloads run deterministically (the same report
 //! twice), a policy system changes the schedule, traces are written, bad input is a
-//! clear error.
+//! clear error, and the command line is a standard one (`--help`, `--version`, exit
+//! status 2 for a bad option or value).
 
 use std::process::Command;
 
@@ -86,7 +87,7 @@ fn bad_input_is_a_clear_error() {
     assert!(err.contains("unknown buffer `missing`"), "{err}");
     let (code, _, err) = run(&[]);
     assert_eq!(code, 2);
-    assert!(err.contains("usage"), "{err}");
+    assert!(err.contains("Usage: gantry-sim") && err.contains("<WORKLOAD.json>"), "{err}");
     let _ = std::fs::remove_file(bad);
 }
 
@@ -169,4 +170,64 @@ fn timing_only_reports_the_full_runs_timeline() {
 
 fn without_checksum(report: &str) -> Vec<&str> {
     report.lines().filter(|l| !l.starts_with("checksum:")).collect()
+}
+
+/// `--help` prints the usage with every option and the values of the enumerated ones,
+/// and exits 0.
+#[test]
+fn help_lists_every_option() {
+    let (code, out, err) = run(&["--help"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Usage: gantry-sim"), "{out}");
+    for item in [
+        "<WORKLOAD.json>",
+        "<MACHINE.json>",
+        "--frames <N>",
+        "--mode <MODE>",
+        "--ready <READY>",
+        "--linearizer <LINEARIZER>",
+        "--trace <OUT.json>",
+        "--timing-only",
+        "--help",
+        "--version",
+    ] {
+        assert!(out.contains(item), "no `{item}` in\n{out}");
+    }
+    for value in ["eager", "graph", "fused-graph", "fifo", "lifo", "reverse-dfs", "breadth-first"] {
+        assert!(out.contains(value), "no `{value}` in\n{out}");
+    }
+}
+
+/// `--version` prints the crate's version and exits 0.
+#[test]
+fn version_prints_the_crate_version() {
+    let (code, out, err) = run(&["--version"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("gantry-sim {}", env!("CARGO_PKG_VERSION")));
+}
+
+/// An unknown option or a bad value exits 2 with an error naming it, before any
+/// file is read.
+#[test]
+fn bad_options_exit_2_naming_them() {
+    let (w, m) = (repo("workloads/stencil.json"), repo("workloads/machines/gpu.json"));
+    for (args, names) in [
+        (vec!["--bogus"], vec!["--bogus"]),
+        (vec!["--mode", "lazy"], vec!["lazy", "--mode"]),
+        (vec!["--ready", "random"], vec!["random", "--ready"]),
+        (vec!["--linearizer", "dfs"], vec!["dfs", "--linearizer"]),
+        (vec!["--frames", "many"], vec!["many", "--frames"]),
+    ] {
+        let args: Vec<&str> = [w.as_str(), m.as_str()].into_iter().chain(args).collect();
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        for name in names {
+            assert!(err.contains(name), "{args:?}: no `{name}` in {err}");
+        }
+    }
+    // The workload file's spelling of a mode is still accepted on the command line.
+    let (code, out, err) = run(&[&w, &m, "--mode", "fused_graph", "--frames", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(", fused-graph,"), "{out}");
 }

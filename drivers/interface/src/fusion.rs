@@ -13,7 +13,9 @@
 //! each kernel's phases in list order (the group barrier between phases is the barrier
 //! fusion inserts), or, without barriers, each work-item's bodies back to back. Its
 //! plans are cached by the kernels' code, ranges and argument layout, so fusing the
-//! same chain every frame costs a lookup. Scalars are baked in already: a closure
+//! same chain every frame costs a lookup; the cache holds a bounded number of plans
+//! and evicts the least recently used one first
+//! ([`ClosureFusion::with_capacity`]). Scalars are baked in already: a closure
 //! captures its arguments by value, so the seed's runtime constants have nothing left
 //! to propagate here; the LLVM JIT will take them through this same request.
 //!
@@ -437,6 +439,9 @@ struct Cached {
     plan: Arc<Plan>,
     names: Vec<Arc<str>>,
     name: Arc<str>,
+    /// The cache's tick when the plan was last inserted or hit: the plan with the
+    /// smallest is the least recently used.
+    used: u64,
 }
 
 /// `fused(a+b+…)` for the request's kernels.
@@ -1026,43 +1031,106 @@ fn prefetch(p: *const u8, write: bool) {
 }
 
 /// Counters of a [`ClosureFusion`]'s plan cache.
+///
+/// Non-exhaustive: read its fields; more counters may be added.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Fusions answered from the cache.
     pub hits: u64,
     /// Fusions planned anew.
     pub misses: u64,
+    /// Plans evicted to keep the cache within its capacity.
+    pub evictions: u64,
+    /// Plans cached now (at most the capacity).
+    pub len: usize,
 }
 
-/// The fusion compiler for closure kernels, with a plan cache.
-#[derive(Default)]
+/// The fusion compiler for closure kernels, with a plan cache bounded to a number
+/// of plans ([`ClosureFusion::with_capacity`]).
 pub struct ClosureFusion {
-    /// Plans by the Fx hash of their key (hashed on every fusion, hit or not; no
-    /// untrusted keys here), equal hashes compared part by part.
+    /// The most plans `cache` keeps; 0 keeps none.
+    capacity: usize,
     cache: Mutex<PlanCache>,
 }
 
 /// A [`ClosureFusion`]'s cached plans and counters (counted under the cache's lock,
 /// which a fusion takes anyway: an atomic counter would add a locked operation).
-#[derive(Default)]
+///
+/// Least recently used first out: a hit stamps its plan with the next tick (no
+/// allocation, no reordering), and an insertion into a full cache scans the plans
+/// for the oldest stamp. The scan is linear in the capacity but only runs on a miss,
+/// which plans a chain anyway.
 struct PlanCache {
+    /// Plans by the Fx hash of their key (hashed on every fusion, hit or not; no
+    /// untrusted keys here), equal hashes compared part by part.
     plans: FxHashMap<u64, SmallVec<[Cached; 1]>>,
+    /// `stats.len` counts the plans in `plans`.
     stats: CacheStats,
+    /// Advanced on every hit and insertion: the recency order of [`Cached::used`].
+    tick: u64,
+}
+
+impl PlanCache {
+    /// Removes the least recently used plan, if any.
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .plans
+            .iter()
+            .flat_map(|(&hash, entries)| entries.iter().enumerate().map(move |(i, c)| (c.used, hash, i)))
+            .min();
+        let Some((_, hash, i)) = oldest else { return };
+        let entries = self.plans.get_mut(&hash).expect("bucket of the oldest plan");
+        entries.swap_remove(i);
+        if entries.is_empty() {
+            self.plans.remove(&hash);
+        }
+        self.stats.len -= 1;
+        self.stats.evictions += 1;
+    }
 }
 
 impl std::fmt::Debug for ClosureFusion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClosureFusion").field("stats", &self.stats()).finish()
+        f.debug_struct("ClosureFusion")
+            .field("capacity", &self.capacity)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Default for ClosureFusion {
+    /// [`ClosureFusion::new`].
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl ClosureFusion {
-    /// A compiler with an empty cache.
+    /// The plan capacity of [`ClosureFusion::new`]: room for the distinct chains a
+    /// program fuses again and again, while a program that fuses ever new ranges
+    /// holds a bounded amount of memory.
+    pub const DEFAULT_CAPACITY: usize = 1_024;
+
+    /// A compiler with an empty cache of [`ClosureFusion::DEFAULT_CAPACITY`] plans.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
     }
 
-    /// Cache hits and misses so far.
+    /// A compiler with an empty cache that keeps at most `plans` plans, evicting the
+    /// least recently used (planned or hit) one to make room for a new one. A
+    /// capacity of 0 caches nothing: every fusion is planned anew.
+    pub fn with_capacity(plans: usize) -> Self {
+        let cache = PlanCache { plans: FxHashMap::default(), stats: CacheStats::default(), tick: 0 };
+        Self { capacity: plans, cache: Mutex::new(cache) }
+    }
+
+    /// The most plans the cache keeps (0: caching is off).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The cache's counters so far, and the plans it holds now.
     pub fn stats(&self) -> CacheStats {
         self.cache.lock().expect("fusion cache").stats
     }
@@ -1084,6 +1152,8 @@ impl ClosureFusion {
             cache.plans.get_mut(&hash).and_then(|entries| entries.iter_mut().find(|c| c.key[..] == key[..]))
         {
             cache.stats.hits += 1;
+            cache.tick += 1;
+            hit.used = cache.tick;
             if !same_names(&hit.names) {
                 hit.names = request.kernels.iter().map(|k| k.kernel.name.clone()).collect();
                 hit.name = fused_name(request);
@@ -1093,18 +1163,30 @@ impl ClosureFusion {
         drop(guard);
         let plan = Arc::new(plan(request, buffers)?);
         let name = fused_name(request);
-        let cached = Cached {
+        // Built before the lock is taken again, so other fusions wait on none of it.
+        let cached = (self.capacity > 0).then(|| Cached {
             key: key.into_iter().collect(),
             plan: plan.clone(),
             names: request.kernels.iter().map(|k| k.kernel.name.clone()).collect(),
             name: name.clone(),
-        };
-        let mut cache = self.cache.lock().expect("fusion cache");
+            used: 0,
+        });
+        let mut guard = self.cache.lock().expect("fusion cache");
+        let cache = &mut *guard;
         cache.stats.misses += 1;
-        let entries = cache.plans.entry(hash).or_default();
-        // (Another thread may have planned the same chain meanwhile.)
-        if !entries.iter().any(|c| c.key == cached.key) {
-            entries.push(cached);
+        if let Some(mut cached) = cached {
+            // (Another thread may have planned the same chain meanwhile.)
+            let present =
+                cache.plans.get(&hash).is_some_and(|entries| entries.iter().any(|c| c.key == cached.key));
+            if !present {
+                if cache.stats.len >= self.capacity {
+                    cache.evict_oldest();
+                }
+                cache.tick += 1;
+                cached.used = cache.tick;
+                cache.plans.entry(hash).or_default().push(cached);
+                cache.stats.len += 1;
+            }
         }
         Ok((plan, name, false))
     }
@@ -1811,7 +1893,7 @@ mod tests {
         let first = fusion.fuse(&chain(1, 100)).unwrap();
         let second = fusion.fuse(&chain(2, 200)).unwrap();
         assert!(!first.cached && second.cached);
-        assert_eq!(fusion.stats(), CacheStats { hits: 1, misses: 1 });
+        assert_eq!(fusion.stats(), CacheStats { hits: 1, misses: 1, evictions: 0, len: 1 });
         let mut bufs = HashMap::from([(200, vec![5; 8])]);
         run(&second, &mut bufs);
         assert_eq!(bufs[&200], vec![7; 8], "the cached plan runs the new closures on the new buffer");
@@ -1856,7 +1938,7 @@ mod tests {
         assert!(!fuse(&chain(["a", "b"], [1, 2], none, true)).0, "two buffers, not one");
         assert!(!fuse(&chain(["a", "b"], [1, 1], Promotion::Private, true)).0, "promoted");
         assert!(!fuse(&chain(["a", "b"], [1, 1], none, false)).0, "without barriers");
-        assert_eq!(fusion.stats(), CacheStats { hits: 2, misses: 4 });
+        assert_eq!(fusion.stats(), CacheStats { hits: 2, misses: 4, evictions: 0, len: 4 });
         // Those keys differ only in parts the hash leaves out, so they share a bucket:
         // each hit must still find its own plan.
         let layout = |r: &FusionRequest| {
@@ -1866,6 +1948,74 @@ mod tests {
         assert_eq!(layout(&chain(["a", "b"], [1, 2], none, true)), (true, 2, 0));
         assert_eq!(layout(&chain(["a", "b"], [1, 1], Promotion::Private, true)), (true, 0, 1));
         assert_eq!(layout(&chain(["a", "b"], [3, 3], none, true)), (true, 1, 0));
-        assert_eq!(fusion.stats(), CacheStats { hits: 5, misses: 4 });
+        assert_eq!(fusion.stats(), CacheStats { hits: 5, misses: 4, evictions: 0, len: 4 });
+    }
+
+    /// A one-kernel request over `n` elements of buffer `b` that adds 1 to each:
+    /// requests of different `n` have different plans.
+    fn inc_over(n: usize, b: u64) -> FusionRequest {
+        let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
+        let k = kernel("inc", 1, 1, move |it| {
+            acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1)
+        });
+        request(vec![FusionKernel { kernel: k, geometry: range(n), args: smallvec::smallvec![whole(b, n)] }])
+    }
+
+    /// More distinct plans than the capacity: the cache keeps at most its capacity,
+    /// counting each plan it evicts, and the oldest plans are the ones gone.
+    #[test]
+    fn the_cache_keeps_at_most_its_capacity() {
+        let fusion = ClosureFusion::with_capacity(4);
+        assert_eq!(fusion.capacity(), 4);
+        for n in 1..=10 {
+            assert!(!fusion.fuse(&inc_over(n, 1)).unwrap().cached, "{n}: a new plan");
+            let stats = fusion.stats();
+            assert_eq!(stats.len, n.min(4), "{n}");
+            assert_eq!(stats.evictions, n.saturating_sub(4) as u64, "{n}");
+        }
+        assert!(fusion.fuse(&inc_over(10, 2)).unwrap().cached, "the newest plan is kept");
+        assert!(!fusion.fuse(&inc_over(1, 2)).unwrap().cached, "the oldest plan was evicted");
+        let stats = fusion.stats();
+        assert_eq!((stats.hits, stats.misses, stats.evictions, stats.len), (1, 11, 7, 4));
+        assert_eq!(ClosureFusion::new().capacity(), ClosureFusion::DEFAULT_CAPACITY);
+    }
+
+    /// Eviction takes the least recently used plan, not the oldest inserted: a plan
+    /// hit since survives while one inserted after it but not used since goes.
+    #[test]
+    fn a_recently_hit_plan_survives_eviction() {
+        let fusion = ClosureFusion::with_capacity(2);
+        let (a, b, c) = (inc_over(8, 1), inc_over(16, 1), inc_over(32, 1));
+        assert!(!fusion.fuse(&a).unwrap().cached);
+        assert!(!fusion.fuse(&b).unwrap().cached);
+        assert!(fusion.fuse(&a).unwrap().cached, "a, hit: b is now the least recently used");
+        assert!(!fusion.fuse(&c).unwrap().cached, "c evicts b");
+        assert!(fusion.fuse(&a).unwrap().cached, "a survived");
+        assert!(fusion.fuse(&c).unwrap().cached, "c was kept");
+        assert!(!fusion.fuse(&b).unwrap().cached, "b was evicted");
+        let stats = fusion.stats();
+        assert_eq!((stats.hits, stats.misses, stats.evictions, stats.len), (3, 4, 2, 2));
+    }
+
+    /// A capacity of 0 caches nothing, and every fusion is still planned and runs
+    /// correctly.
+    #[test]
+    fn capacity_zero_never_caches_but_still_fuses() {
+        let fusion = ClosureFusion::with_capacity(0);
+        let twice = |b: u64| {
+            let mut r = inc_over(8, b);
+            let again = r.kernels[0].clone();
+            r.kernels.push(again);
+            r
+        };
+        for round in 0..3u32 {
+            let fused = fusion.fuse(&twice(7)).unwrap();
+            assert!(!fused.cached, "round {round}");
+            let mut bufs = HashMap::from([(7, vec![round; 8])]);
+            run(&fused, &mut bufs);
+            assert_eq!(bufs[&7], vec![round + 2; 8], "round {round}: both kernels ran");
+        }
+        let stats = fusion.stats();
+        assert_eq!((stats.hits, stats.misses, stats.evictions, stats.len), (0, 3, 0, 0));
     }
 }

@@ -35,10 +35,16 @@
 //! kernels, copies and fills take their virtual time on the devices but do not run, so
 //! the report is the full run's but for the checksum, which is left out; a policy
 //! study of many frames of large kernels runs orders of magnitude faster.
+//!
+//! The command line is clap's: `--help` lists the options and their values,
+//! `--version` prints the version, and a missing file argument, an unknown option or
+//! a bad value exits with status 2 and an error naming it. A file that cannot be read
+//! or holds an invalid workload or machine also exits with status 2.
 
 use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 
+use clap::{Parser, ValueEnum};
 use gantry::components::WorkLists;
 use gantry::ecs::prelude::ResMut;
 use gantry::{
@@ -128,8 +134,9 @@ struct Workload {
     commands: Vec<CommandSpec>,
 }
 
-/// How frames are submitted.
-#[derive(Deserialize, Clone, Copy, Default, PartialEq, Eq)]
+/// How frames are submitted (the workload's `mode`, in snake case, or `--mode`, in
+/// kebab case).
+#[derive(Deserialize, ValueEnum, Clone, Copy, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 enum RunMode {
     /// Every command, every frame.
@@ -138,25 +145,31 @@ enum RunMode {
     /// The frame recorded once into a command graph, replayed each frame.
     Graph,
     /// The same, finalized with graph fusion.
+    #[value(alias = "fused_graph")]
     FusedGraph,
 }
 
-impl RunMode {
-    fn parse(s: &str) -> Option<Self> {
-        match s {
-            "eager" => Some(Self::Eager),
-            "graph" => Some(Self::Graph),
-            "fused-graph" | "fused_graph" => Some(Self::FusedGraph),
-            _ => None,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Self::Eager => "eager",
-            Self::Graph => "graph",
-            Self::FusedGraph => "fused-graph",
-        }
-    }
+/// The order the resolve stage hands ready commands to the drivers (`--ready`).
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum ReadyOrder {
+    /// Oldest first.
+    Fifo,
+    /// Newest first (a policy system reverses the ready list).
+    Lifo,
+}
+
+/// The order graph nodes are linearized in at finalize (`--linearizer`).
+#[derive(ValueEnum, Clone, Copy, PartialEq, Eq)]
+enum Linearizer {
+    /// Reverse depth-first.
+    ReverseDfs,
+    /// Breadth-first.
+    BreadthFirst,
+}
+
+/// The name a value goes by on the command line and in the report.
+fn value_name(value: impl ValueEnum) -> String {
+    value.to_possible_value().expect("no variant is skipped").get_name().to_owned()
 }
 
 fn one() -> usize {
@@ -403,55 +416,35 @@ fn busy_ns(mut spans: Vec<(u64, u64)>) -> u64 {
     total + cur.map_or(0, |(s, e)| e - s)
 }
 
-/// What the command line chose.
+/// Runs a workload file on a simulated machine and reports what the scheduler made
+/// of it, in the devices' virtual time.
+#[derive(Parser)]
+#[command(name = "gantry-sim", version)]
 struct Options {
+    /// The workload: buffers, queues and one frame's commands.
+    #[arg(value_name = "WORKLOAD.json")]
     workload: String,
+    /// The machine: simulated devices, their links and an optional host pool.
+    #[arg(value_name = "MACHINE.json")]
     machine: String,
+    /// Frames to run [default: the workload's `frames`].
+    #[arg(long, value_name = "N")]
     frames: Option<usize>,
+    /// How frames are submitted [default: the workload's `mode`].
+    #[arg(long, value_enum)]
     mode: Option<RunMode>,
-    lifo: bool,
-    breadth_first: bool,
+    /// The order ready commands go to the drivers.
+    #[arg(long, value_enum, default_value_t = ReadyOrder::Fifo)]
+    ready: ReadyOrder,
+    /// The order graph nodes are linearized in at finalize.
+    #[arg(long, value_enum, default_value_t = Linearizer::ReverseDfs)]
+    linearizer: Linearizer,
+    /// Writes the run's timeline as a Chrome trace.
+    #[arg(long, value_name = "OUT.json")]
     trace: Option<String>,
+    /// Models time without computing data (the report leaves out the checksum).
+    #[arg(long)]
     timing_only: bool,
-}
-
-const USAGE: &str =
-    "usage: gantry-sim WORKLOAD.json MACHINE.json [--frames N] [--mode eager|graph|fused-graph] \
-                     [--ready fifo|lifo] [--linearizer reverse-dfs|breadth-first] [--trace OUT.json] \
-                     [--timing-only]";
-
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut positional = Vec::new();
-    let (mut frames, mut mode, mut lifo, mut breadth_first, mut trace) = (None, None, false, false, None);
-    let mut timing_only = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--frames" => {
-                frames = Some(it.next().and_then(|v| v.parse().ok()).ok_or("--frames needs a number")?)
-            }
-            "--mode" => {
-                let m = it.next().and_then(|v| RunMode::parse(v));
-                mode = Some(m.ok_or("--mode takes eager, graph or fused-graph")?);
-            }
-            "--ready" => match it.next().map(String::as_str) {
-                Some("fifo") => lifo = false,
-                Some("lifo") => lifo = true,
-                _ => return Err("--ready takes fifo or lifo".into()),
-            },
-            "--linearizer" => match it.next().map(String::as_str) {
-                Some("reverse-dfs") => breadth_first = false,
-                Some("breadth-first") => breadth_first = true,
-                _ => return Err("--linearizer takes reverse-dfs or breadth-first".into()),
-            },
-            "--trace" => trace = Some(it.next().ok_or("--trace needs a path")?.clone()),
-            "--timing-only" => timing_only = true,
-            flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
-            path => positional.push(path.to_owned()),
-        }
-    }
-    let [workload, machine] = <[String; 2]>::try_from(positional).map_err(|_| USAGE.to_owned())?;
-    Ok(Options { workload, machine, frames, mode, lifo, breadth_first, trace, timing_only })
 }
 
 /// The runtime the machine file describes: device 0 the CPU, then the simulated
@@ -484,18 +477,17 @@ fn build(machine: &Machine, opts: &Options) -> Runtime {
         memory_bytes_per_ns: h.memory_bytes_per_ns,
     });
     builder = builder.sim_machine(MachineConfig { peer_bytes_per_ns: machine.peer_bytes_per_ns, host });
-    if opts.breadth_first {
+    if opts.linearizer == Linearizer::BreadthFirst {
         builder = builder.linearizer(std::sync::Arc::new(BreadthFirst));
     }
     let rt = builder.build();
-    if opts.lifo {
+    if opts.ready == ReadyOrder::Lifo {
         rt.add_system(Stage::Resolve, |mut lists: ResMut<WorkLists>| lists.ready.reverse());
     }
     rt
 }
 
-fn run(args: &[String]) -> Result<String, String> {
-    let opts = parse(args)?;
+fn run(opts: &Options) -> Result<String, String> {
     let workload: Workload = read_json(&opts.workload)?;
     let machine: Machine = read_json(&opts.machine)?;
     if machine.devices.is_empty() {
@@ -507,7 +499,7 @@ fn run(args: &[String]) -> Result<String, String> {
     let frames = opts.frames.unwrap_or(workload.frames);
     let mode = opts.mode.unwrap_or(workload.mode);
 
-    let rt = build(&machine, &opts);
+    let rt = build(&machine, opts);
     let mut queues = HashMap::new();
     for q in &workload.queues {
         if q.device >= machine.devices.len() {
@@ -559,7 +551,7 @@ fn run(args: &[String]) -> Result<String, String> {
     if let Some(path) = &opts.trace {
         rt.write_chrome_trace(path).map_err(|e| format!("{path}: {e}"))?;
     }
-    let mut out = report(&rt, &machine, &opts, frames, mode);
+    let mut out = report(&rt, &machine, opts, frames, mode);
     if let Some(g) = &graph {
         let chains: Vec<String> = g.fused_chains().into_iter().map(|(_, name)| name).collect();
         out += &format!(
@@ -589,13 +581,10 @@ fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: 
         *kinds.entry(s.kind.name()).or_default() += 1;
     }
     let mut out = String::new();
-    let policy = if opts.lifo { "lifo" } else { "fifo" };
-    let order = if opts.breadth_first { "breadth-first" } else { "reverse-dfs" };
+    let (mode, policy, order) = (value_name(mode), value_name(opts.ready), value_name(opts.linearizer));
     out += &format!(
-        "workload {} on {}: {frames} frames, {}, ready order {policy}, graph order {order}\n",
-        opts.workload,
-        opts.machine,
-        mode.name()
+        "workload {} on {}: {frames} frames, {mode}, ready order {policy}, graph order {order}\n",
+        opts.workload, opts.machine
     );
     let counts: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     out += &format!("commands: {} ({}), failed {}\n", timeline.slices.len(), counts.join(", "), stats.failed);
@@ -634,8 +623,9 @@ fn report(rt: &Runtime, machine: &Machine, opts: &Options, frames: usize, mode: 
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    // Help and version exit 0 here, a bad command line exits 2 with clap's error.
+    let opts = Options::parse();
+    match run(&opts) {
         Ok(report) => {
             print!("{report}");
             ExitCode::SUCCESS
