@@ -64,6 +64,7 @@ pub struct RuntimeBuilder {
     linearizer: Option<Policy>,
     spin: Duration,
     max_pending: usize,
+    fusion_cache: usize,
 }
 
 /// A graph linearization policy chosen by the user.
@@ -113,6 +114,7 @@ impl Default for RuntimeBuilder {
             linearizer: None,
             spin: sync::SPIN_WINDOW,
             max_pending: DEFAULT_MAX_PENDING,
+            fusion_cache: ClosureFusion::DEFAULT_CAPACITY,
         }
     }
 }
@@ -222,6 +224,14 @@ impl RuntimeBuilder {
         self.fusion_warnings = Some(limit);
         self
     }
+    /// How many fused plans the default fusion compiler caches (default
+    /// [`ClosureFusion::DEFAULT_CAPACITY`]); the least recently used goes first, and 0
+    /// turns the cache off. [`Runtime::fusion_cache_stats`] counts hits, misses and
+    /// evictions.
+    pub fn fusion_cache_capacity(mut self, plans: usize) -> Self {
+        self.fusion_cache = plans;
+        self
+    }
     /// The fusion compiler (default: [`ClosureFusion`], which fuses closure kernels).
     pub fn fusion_compiler(mut self, compiler: Arc<dyn FusionCompiler>) -> Self {
         self.fusion_compiler = Some(Compiler(compiler));
@@ -307,7 +317,7 @@ impl RuntimeBuilder {
                 .unwrap_or(DEFAULT_FUSION_WARNINGS)
         });
         let fusion_warnings = Arc::new(std::sync::atomic::AtomicUsize::new(warnings));
-        let closure_fusion = Arc::new(ClosureFusion::new());
+        let closure_fusion = Arc::new(ClosureFusion::with_capacity(self.fusion_cache));
         let compiler = match &self.fusion_compiler {
             Some(c) => c.0.clone(),
             None => closure_fusion.clone(),
@@ -989,7 +999,7 @@ impl Runtime {
         std::fs::write(path, json)
     }
 
-    /// Hits and misses of the default fusion compiler's cache (`None` with a compiler
+    /// Hits, misses, evictions and size of the default fusion compiler's cache (`None` with a compiler
     /// set by [`RuntimeBuilder::fusion_compiler`]).
     pub fn fusion_cache_stats(&self) -> Option<CacheStats> {
         self.shared.closure_fusion.as_ref().map(|c| c.stats())
