@@ -24,7 +24,9 @@ struct BufferHandle {
 impl Drop for BufferHandle {
     fn drop(&mut self) {
         // Commands still using the buffer keep its memory alive; the record goes once
-        // they are done. A dropped runtime has nothing to tell.
+        // they are done. A dropped runtime has nothing to tell. A fusion whose kernels
+        // use it is cancelled now (the scheduler would, at its next flush).
+        self.rt.fusing.cancel_users_of(&self.rt, self.core.id);
         let _ = self.rt.send(Message::DropBuffer(self.core.clone()));
     }
 }

@@ -53,6 +53,8 @@ struct Accesses {
 
 /// A dynamic parameter's state in its graph.
 struct Param {
+    /// The runtime of its first buffer: another runtime's cannot be bound.
+    runtime: u64,
     buffer: Arc<BufferCore>,
     keep: KeepAlive,
     elem_size: usize,
@@ -85,7 +87,9 @@ struct GraphState {
 pub(crate) struct GraphShared {
     id: u64,
     rt: Arc<Shared>,
-    device: DeviceId,
+    /// Its nodes' device; `Err` names an unknown device `graph_on` was given, which
+    /// every later call on the graph reports.
+    device: Result<DeviceId, DeviceId>,
     state: Mutex<GraphState>,
 }
 
@@ -163,16 +167,48 @@ impl Runtime {
     }
 
     /// A new, empty command graph whose nodes run on `device` (nodes recorded from
-    /// queues of other devices get partitions of their own).
+    /// queues of other devices get partitions of their own). If no such device
+    /// exists, every call on the graph returns [`Error::UnknownDevice`];
+    /// [`Runtime::try_graph_on`] says so at once.
     pub fn graph_on(&self, device: DeviceId) -> CommandGraph {
         let shared = &self.shared;
+        let known = (device as usize) < shared.devices.len();
         let inner = GraphShared {
             id: shared.next_id(),
             rt: shared.clone(),
-            device,
+            device: if known { Ok(device) } else { Err(device) },
             state: Mutex::new(GraphState::default()),
         };
         CommandGraph { inner: Arc::new(inner) }
+    }
+
+    /// [`Runtime::graph_on`], refusing a device that does not exist.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// assert_eq!(rt.try_graph_on(7).unwrap_err(), gantry::Error::UnknownDevice(7));
+    /// assert!(rt.try_graph_on(0).is_ok());
+    /// ```
+    pub fn try_graph_on(&self, device: DeviceId) -> Result<CommandGraph> {
+        if device as usize >= self.shared.devices.len() {
+            return Err(Error::UnknownDevice(device));
+        }
+        Ok(self.graph_on(device))
+    }
+}
+
+impl std::fmt::Debug for CommandGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandGraph").field("id", &self.inner.id).field("nodes", &self.node_count()).finish()
+    }
+}
+
+impl std::fmt::Debug for ExecutableGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutableGraph")
+            .field("id", &self.inner.id)
+            .field("graph", &self.inner.graph)
+            .finish()
     }
 }
 
@@ -252,6 +288,19 @@ impl CommandGraph {
         Ok(())
     }
 
+    /// The device of its nodes, or the unknown device it was made for.
+    fn device(&self) -> Result<DeviceId> {
+        self.inner.device.map_err(Error::UnknownDevice)
+    }
+
+    /// Refuses an object of another runtime.
+    fn check_runtime(&self, runtime: u64, what: &'static str) -> Result<()> {
+        if runtime != self.inner.rt.id {
+            return Err(Error::ForeignObject(what));
+        }
+        Ok(())
+    }
+
     fn device_info(&self, device: DeviceId) -> &gantry_driver::DeviceInfo {
         &self.inner.rt.devices[device as usize]
     }
@@ -279,14 +328,14 @@ impl CommandGraph {
         if !self.inner.state.lock().recorders.is_empty() {
             return Err(Error::GraphRecording(self.inner.id));
         }
+        let device = self.device()?;
         let rt = &self.inner.rt;
-        let mut cg = Handler::for_graph(rt.id, rt.next_id(), self.inner.id);
+        let mut cg = Handler::for_graph(rt.id, crate::handler::next_tag(), self.inner.id);
         build(&mut cg);
-        let built = cg.finish(self.device_info(self.inner.device))?;
+        let built = cg.finish(self.device_info(device))?;
         let mut st = self.inner.state.lock();
         self.check_nodes(deps, st.nodes.len())?;
-        let index =
-            self.push(&mut st, built, self.inner.device, deps.iter().map(|d| d.index).collect(), false)?;
+        let index = self.push(&mut st, built, device, deps.iter().map(|d| d.index).collect(), false)?;
         Ok(self.node(index))
     }
 
@@ -363,6 +412,9 @@ impl CommandGraph {
 
     fn edge(&self, from: Node, to: Node, check: bool) -> Result<()> {
         let mut st = self.inner.state.lock();
+        if !st.recorders.is_empty() {
+            return Err(Error::GraphRecording(self.inner.id));
+        }
         self.check_nodes(&[from, to], st.nodes.len())?;
         if from.index == to.index {
             return Err(Error::SelfEdge(from.index));
@@ -383,12 +435,14 @@ impl CommandGraph {
     /// that completes after the whole sub-graph; later nodes depend on it. Adding the
     /// same graph twice copies it twice.
     pub fn add_graph(&self, sub: &ExecutableGraph, deps: &[Node]) -> Result<Node> {
+        self.check_runtime(sub.runtime_id(), "an executable graph")?;
+        let device = self.device()?;
         let mut st = self.inner.state.lock();
         if !st.recorders.is_empty() {
             return Err(Error::GraphRecording(self.inner.id));
         }
         self.check_nodes(deps, st.nodes.len())?;
-        let exit = self.insert_subgraph(&mut st, sub, deps.iter().map(|d| d.index).collect(), false);
+        let exit = self.insert_subgraph(&mut st, sub, device, deps.iter().map(|d| d.index).collect(), false);
         Ok(self.node(exit))
     }
 
@@ -398,6 +452,7 @@ impl CommandGraph {
         &self,
         st: &mut GraphState,
         sub: &ExecutableGraph,
+        device: DeviceId,
         mut entry_preds: SmallVec<[NodeId; 4]>,
         recording: bool,
     ) -> NodeId {
@@ -408,7 +463,7 @@ impl CommandGraph {
         let empty = |name: &str, preds: SmallVec<[NodeId; 4]>| GraphNode {
             kind: CommandKind::Marker,
             name: name.into(),
-            device: self.inner.device,
+            device,
             uses: SmallVec::new(),
             params: SmallVec::new(),
             work: NodeWork::Empty,
@@ -465,6 +520,8 @@ impl CommandGraph {
     /// While recording, waiting on the queue or on a recorded event, and host access to
     /// a recorded buffer, are errors.
     pub fn begin_recording(&self, queue: &crate::Queue) -> Result<()> {
+        self.check_runtime(queue.runtime_id(), "a queue")?;
+        self.device()?;
         let mut st = self.inner.state.lock();
         queue.start_recording(self)?;
         st.recorders.push(Recorder {
@@ -520,8 +577,10 @@ impl CommandGraph {
     /// Records the submission of an executable graph to a recording queue: a
     /// sub-graph node.
     pub(crate) fn add_graph_recorded(&self, sub: &ExecutableGraph, queue: &Arc<QueueCore>) -> Result<Event> {
+        self.check_runtime(sub.runtime_id(), "an executable graph")?;
+        let device = self.device()?;
         self.record_with(queue, "subgraph".into(), false, |g, st, preds| {
-            Ok(g.insert_subgraph(st, sub, preds, true))
+            Ok(g.insert_subgraph(st, sub, device, preds, true))
         })
     }
 
@@ -565,10 +624,14 @@ impl CommandGraph {
     }
 
     /// A dynamic parameter whose value starts as `buffer`.
+    ///
+    /// A buffer of another runtime makes a parameter that [`CommandGraph::set_arg`]
+    /// refuses ([`Error::ForeignObject`]).
     pub fn dynamic_buffer<T: Pod>(&self, buffer: &Buffer<T>) -> DynamicBuffer<T> {
         let mut st = self.inner.state.lock();
         let index = st.params.len() as u32;
         st.params.push(Param {
+            runtime: buffer.runtime_id(),
             buffer: buffer.core().clone(),
             keep: buffer.keep_alive(),
             elem_size: std::mem::size_of::<T>(),
@@ -588,6 +651,7 @@ impl CommandGraph {
             return Err(mismatch(format!("belongs to graph {}, not {}", param.graph, self.inner.id)));
         }
         let p = &st.params[param.index as usize];
+        self.check_runtime(p.runtime, "a buffer")?;
         let (bytes, elem, buffer) = (p.buffer.bytes, p.elem_size, p.buffer.clone());
         let n = &st.nodes[node.index as usize];
         if n.kind != CommandKind::Kernel {
@@ -613,15 +677,16 @@ impl CommandGraph {
     /// stage): linearization, partitions, graph fusion if `props` asks, and one
     /// command buffer per partition. The graph stays modifiable.
     pub fn finalize(&self, props: GraphProps) -> Result<ExecutableGraph> {
+        let device = self.device()?;
         let Taken { nodes, keep, params } = self.take()?;
-        let plan = finalize_nodes(&self.inner.rt, nodes, self.inner.device, props, None)?;
+        let plan = finalize_nodes(&self.inner.rt, nodes, device, props, None)?;
         let state = ExecState { plan: Arc::new(plan), keep, params, launch: None };
         let id = self.inner.rt.next_id();
         let exec = ExecShared {
             id,
             name: format!("graph {id}").into(),
             graph: self.inner.id,
-            device: self.inner.device,
+            device,
             rt: self.inner.rt.clone(),
             props,
             order: Default::default(),
@@ -775,6 +840,11 @@ pub struct PartitionInfo {
 }
 
 impl ExecutableGraph {
+    /// The runtime it belongs to.
+    pub(crate) fn runtime_id(&self) -> u64 {
+        self.inner.rt.id
+    }
+
     /// Identifies the executable graph in errors.
     pub fn id(&self) -> u64 {
         self.inner.id
@@ -861,6 +931,9 @@ impl ExecutableGraph {
     /// must be finalized as updatable. `graph` is finalized with this graph's
     /// properties.
     pub fn update(&self, graph: &CommandGraph) -> Result<()> {
+        if graph.inner.rt.id != self.inner.rt.id {
+            return Err(Error::ForeignObject("a command graph"));
+        }
         self.check_updatable()?;
         let Taken { nodes, keep, params } = graph.take()?;
         let mut st = self.inner.state.lock();

@@ -125,6 +125,15 @@ fn bounds(r: impl RangeBounds<usize>, len: usize) -> (usize, usize) {
     (start, end)
 }
 
+/// A tag no other command group of any runtime in this process has: an accessor
+/// carries its group's tag, and a kernel or host task reaches memory only through
+/// accessors whose tag is its own, so one taken out of its group (even into another
+/// runtime) never reaches a buffer.
+pub(crate) fn next_tag() -> u64 {
+    static NEXT_TAG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT_TAG.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Handler {
     pub(crate) fn new(runtime: u64, tag: u64) -> Self {
         Self {
@@ -336,14 +345,25 @@ impl Handler {
     /// Work-group local memory of `len` elements (ND-range kernels only).
     pub fn local<T: Pod>(&mut self, len: usize) -> LocalAccessor<T> {
         let slot = self.scratch.len() as u32;
-        self.scratch.push(Scratch::new(ScratchKind::Local, len * std::mem::size_of::<T>()));
+        let bytes = self.scratch_bytes::<T>(len, "local memory");
+        self.scratch.push(Scratch::new(ScratchKind::Local, bytes));
         LocalAccessor::new(slot, self.tag, len)
+    }
+
+    /// `len` elements of `T` in bytes; an overflow fails the command group.
+    fn scratch_bytes<T: Pod>(&mut self, len: usize, what: &'static str) -> usize {
+        let elem_size = std::mem::size_of::<T>();
+        len.checked_mul(elem_size).unwrap_or_else(|| {
+            self.fail(Error::SizeOverflow { what, count: len, elem_size });
+            0
+        })
     }
 
     /// Private memory of `len` elements per work-item, kept across phases.
     pub fn private<T: Pod>(&mut self, len: usize) -> PrivateAccessor<T> {
         let slot = self.scratch.len() as u32;
-        self.scratch.push(Scratch::new(ScratchKind::Private, len * std::mem::size_of::<T>()));
+        let bytes = self.scratch_bytes::<T>(len, "private memory");
+        self.scratch.push(Scratch::new(ScratchKind::Private, bytes));
         PrivateAccessor::new(slot, self.tag, len)
     }
 
@@ -467,7 +487,11 @@ impl Handler {
         F: FnMut(&HostCtx<'_>) + Send + 'static,
     {
         let name = self.kernel_name(static_name!("host_task"));
-        self.set_action(Action::HostTask { name, run: Box::new(f) });
+        // Dropped wherever its command lets go of it (after running, or on the
+        // scheduler's thread if it never runs): a panicking capture must not unwind
+        // there.
+        let mut f = gantry_driver::contain::Contained::new(f);
+        self.set_action(Action::HostTask { name, run: Box::new(move |ctx: &HostCtx<'_>| (*f)(ctx)) });
     }
 
     /// Copies all of `src` into `dst` (equal lengths).
@@ -563,8 +587,13 @@ impl Handler {
                 if phases.is_empty() {
                     return Err(Error::NoPhases(name.to_string()));
                 }
-                let local_bytes: usize =
-                    self.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
+                let sum = |kind| {
+                    self.scratch
+                        .iter()
+                        .filter(|s| s.kind == kind)
+                        .try_fold(0usize, |a, s| a.checked_add(s.bytes))
+                };
+                let local_bytes = sum(ScratchKind::Local).unwrap_or(usize::MAX);
                 if local_bytes > 0 && !geometry.is_nd() {
                     return Err(Error::LocalMemoryNeedsNdRange);
                 }
@@ -572,6 +601,17 @@ impl Handler {
                     return Err(Error::LocalMemoryTooLarge {
                         requested: local_bytes,
                         max: device.caps.max_local_memory,
+                    });
+                }
+                // A host driver allocates every work-item's private memory of a group
+                // at once.
+                let private_bytes = sum(ScratchKind::Private)
+                    .and_then(|b| b.checked_mul(geometry.local_size()))
+                    .unwrap_or(usize::MAX);
+                if private_bytes > device.caps.max_private_memory {
+                    return Err(Error::PrivateMemoryTooLarge {
+                        requested: private_bytes,
+                        max: device.caps.max_private_memory,
                     });
                 }
                 for e in &self.elems {

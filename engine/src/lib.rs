@@ -45,6 +45,7 @@
 mod buffer;
 mod error;
 mod event;
+mod fusing;
 mod graph;
 mod handler;
 mod queue;

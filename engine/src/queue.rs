@@ -1,6 +1,6 @@
 //! Queues: where command groups are submitted.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Weak};
 
 use gantry_components::{
     warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::graph::{CommandGraph, ExecutableGraph};
+use crate::graph::{CommandGraph, ExecutableGraph, GraphShared};
 use crate::handler::Handler;
 use crate::runtime::{DeviceId, Shared};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,8 +32,12 @@ struct QueueHandle {
     /// late `complete_fusion` still finds its event).
     fusion: Mutex<Option<Arc<FusionShared>>>,
     /// The graph this queue records into, if any (checked first through `recording`).
-    graph: Mutex<Option<CommandGraph>>,
+    /// Weak: a recording ends when the user drops the graph.
+    graph: Mutex<Option<Weak<GraphShared>>>,
     recording: AtomicBool,
+    /// The event of the latest graph submission: its last partition may finish after
+    /// a barrier submitted behind it, which `wait` must not return before.
+    last_graph: Mutex<Option<Event>>,
 }
 
 impl Drop for QueueHandle {
@@ -72,6 +76,7 @@ impl Queue {
             fusion: Mutex::new(None),
             graph: Mutex::new(None),
             recording: AtomicBool::new(false),
+            last_graph: Mutex::new(None),
         };
         Self { handle: Arc::new(handle) }
     }
@@ -81,17 +86,31 @@ impl Queue {
         self.handle.core.id
     }
 
-    /// The graph this queue records into.
+    /// The graph this queue records into. A graph dropped meanwhile ends the
+    /// recording.
     fn recording_graph(&self) -> Option<CommandGraph> {
         if !self.handle.recording.load(Ordering::Acquire) {
             return None;
         }
-        self.handle.graph.lock().clone()
+        let mut slot = self.handle.graph.lock();
+        match slot.as_ref().and_then(Weak::upgrade) {
+            Some(inner) => Some(CommandGraph { inner }),
+            None => {
+                *slot = None;
+                self.handle.recording.store(false, Ordering::Release);
+                None
+            }
+        }
     }
 
-    /// Whether the queue records into a graph.
+    /// Whether the queue records into a graph (a recording ends with its graph).
     pub fn is_recording(&self) -> bool {
-        self.handle.recording.load(Ordering::Acquire)
+        self.recording_graph().is_some()
+    }
+
+    /// The runtime the queue belongs to.
+    pub(crate) fn runtime_id(&self) -> u64 {
+        self.handle.rt.id
     }
 
     /// A lost device takes no new work.
@@ -105,21 +124,21 @@ impl Queue {
     }
 
     pub(crate) fn start_recording(&self, graph: &CommandGraph) -> Result<()> {
-        let mut slot = self.handle.graph.lock();
-        if slot.is_some() {
+        if self.recording_graph().is_some() {
             return Err(Error::AlreadyRecording(self.id()));
         }
+        let mut slot = self.handle.graph.lock();
         if self.active_fusion().is_some() {
             return Err(Error::AlreadyFusing(self.id()));
         }
-        *slot = Some(graph.clone());
+        *slot = Some(Arc::downgrade(&graph.inner));
         self.handle.recording.store(true, Ordering::Release);
         Ok(())
     }
 
     pub(crate) fn stop_recording(&self, graph: &CommandGraph) -> Option<()> {
         let mut slot = self.handle.graph.lock();
-        if !slot.as_ref().is_some_and(|g| Arc::ptr_eq(&g.inner, &graph.inner)) {
+        if !slot.as_ref().is_some_and(|g| std::ptr::eq(g.as_ptr(), Arc::as_ptr(&graph.inner))) {
             return None;
         }
         *slot = None;
@@ -151,12 +170,17 @@ impl Queue {
     /// # Ok::<(), gantry::Error>(())
     /// ```
     pub fn submit_graph(&self, graph: &ExecutableGraph) -> Result<Event> {
+        if graph.runtime_id() != self.handle.rt.id {
+            return Err(Error::ForeignObject("an executable graph"));
+        }
         self.check_device()?;
         if let Some(g) = self.recording_graph() {
             let node = g.add_graph_recorded(graph, &self.handle.core)?;
             return Ok(node);
         }
-        graph.submit(&self.handle.core)
+        let event = graph.submit(&self.handle.core)?;
+        *self.handle.last_graph.lock() = Some(event.clone());
+        Ok(event)
     }
 
     /// The device its commands run on.
@@ -175,8 +199,8 @@ impl Queue {
         let rt = &self.handle.rt;
         let recording = self.recording_graph();
         let mut cg = match &recording {
-            Some(g) => Handler::for_graph(rt.id, rt.next_id(), g.id()),
-            None => Handler::new(rt.id, rt.next_id()),
+            Some(g) => Handler::for_graph(rt.id, crate::handler::next_tag(), g.id()),
+            None => Handler::new(rt.id, crate::handler::next_tag()),
         };
         build(&mut cg);
         self.check_device()?;
@@ -194,6 +218,7 @@ impl Queue {
                 // while listed: the scheduler gives it one of its own only if it runs
                 // unfused (nobody sees that one; a fused kernel never needs it).
                 let sent = fusion.send_kernel(built, |b| {
+                    rt.fusing.listed(fusion, &b.requirements);
                     let (fusion, event) = (Some(fusion.clone()), fusion.event.clone());
                     self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, fusion, event)
                 });
@@ -203,6 +228,12 @@ impl Queue {
                 }
             }
         }
+        // A command that depends on a listed kernel cancels its fusion now, not when
+        // the scheduler sees it: by a buffer or an event, or by queue order.
+        if self.handle.core.in_order {
+            self.cancel_for_dependent(&built.name, built.kind);
+        }
+        rt.fusing.cancel_dependencies(rt, &built.requirements, &built.waits, &built.name, built.kind.name());
         let event = self.new_event(&built.name);
         if let Some((slot, storage)) = built.readback {
             *slot.lock() = Some((storage, event.clone()));
@@ -253,7 +284,9 @@ impl Queue {
         static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
         let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.now_ns()));
         // No message: the scheduler starts the list at the first one about it.
-        *slot = Some(Arc::new(FusionShared::new(self.handle.core.clone(), event)));
+        let fusion = Arc::new(FusionShared::new(self.handle.core.clone(), event));
+        rt.fusing.start(&fusion);
+        *slot = Some(fusion);
         Ok(())
     }
 
@@ -269,6 +302,14 @@ impl Queue {
         match self.active_fusion() {
             Some(f) => self.cancel(&f, CancelReason::Requested),
             None => self.warn_not_fusing("cancel_fusion"),
+        }
+    }
+
+    /// Cancels the queue's fusion for a command that follows its listed kernels in
+    /// queue order (on an in-order queue, or a barrier).
+    fn cancel_for_dependent(&self, name: &Arc<str>, kind: CommandKind) {
+        if let Some(f) = self.active_fusion().filter(|f| f.sent() > 0) {
+            self.cancel(&f, CancelReason::Dependent { command: name.clone(), kind: kind.name() });
         }
     }
 
@@ -324,6 +365,7 @@ impl Queue {
             return graph.record_barrier(&self.handle.core);
         }
         let name: Arc<str> = "barrier".into();
+        self.cancel_for_dependent(&name, CommandKind::Barrier);
         let event = self.new_event(&name);
         let (kind, work) = (CommandKind::Barrier, Work::Marker);
         self.send(kind, name, work, SmallVec::new(), SmallVec::new(), false, None, event.clone())?;
@@ -331,7 +373,9 @@ impl Queue {
     }
 
     /// Blocks until everything submitted to this queue so far has finished; returns
-    /// the first error among them, if any.
+    /// the first error among them, if any. When it returns, every event its submits
+    /// returned has its final status (the events of a fusion it cancelled, of a
+    /// fusion completed before it, of graph submissions).
     pub fn wait(&self) -> Result<()> {
         if self.is_recording() {
             return Err(Error::QueueRecording(self.id()));
@@ -339,7 +383,21 @@ impl Queue {
         if let Some(f) = self.active_fusion() {
             self.cancel(&f, CancelReason::QueueWait);
         }
-        self.barrier()?.wait()
+        let result = self.barrier()?.wait();
+        // A fusion's event completes after its fused kernel, or after the marker a
+        // cancelled list spawns; a graph submission's after its last partition. The
+        // barrier orders the commands themselves (and reports their errors) but may
+        // finish before those events do. A stopped runtime is the one error here.
+        let rt = &self.handle.rt;
+        let fusion = self.handle.fusion.lock().clone().filter(|f| !f.event.status().is_final());
+        if let Some(f) = fusion {
+            rt.wait_for(&f.event, gantry_components::EventStatus::Complete)?;
+        }
+        let graph = self.handle.last_graph.lock().take();
+        if let Some(e) = graph.filter(|e| !e.status().is_final()) {
+            rt.wait_for(e.shared(), gantry_components::EventStatus::Complete)?;
+        }
+        result
     }
 
     /// The event of a new command named `name`.
@@ -374,6 +432,5 @@ impl Queue {
             event,
             fusion,
         })))
-        .map_err(|_| Error::RuntimeDropped)
     }
 }

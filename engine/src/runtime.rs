@@ -354,6 +354,7 @@ impl RuntimeBuilder {
             system_errors: Mutex::new(Vec::new()),
             live: AtomicU64::new(0),
             max_pending: self.max_pending as u64,
+            fusing: Default::default(),
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
         let host_queue =
@@ -415,6 +416,8 @@ pub(crate) struct Shared {
     live: AtomicU64,
     /// Pending commands past which `submit` waits.
     max_pending: u64,
+    /// The active fusions, for cancellations at the call.
+    pub(crate) fusing: crate::fusing::Fusing,
 }
 
 /// What every message sent writes. On cache lines of its own: the scheduler thread
@@ -674,6 +677,9 @@ impl Shared {
     /// access do not count as running). In threaded mode this waits for the scheduler
     /// thread's report; in manual mode the caller flushes.
     pub(crate) fn drive_until_idle(&self) -> Result<()> {
+        if self.failure.get().is_some() {
+            return Err(self.stopped());
+        }
         if self.mode == Mode::Threaded {
             let target = self.senders.sent.load(Ordering::Acquire);
             let mut state = self.idle.lock();
@@ -715,7 +721,7 @@ impl Shared {
         if let Err(payload) = looped {
             // Nothing in the loop outside a flush is expected to panic; if it does,
             // the runtime stops as on a failed flush rather than leave waits hanging.
-            let message = gantry_systems::faults::panic_text(&*payload);
+            let message = gantry_driver::panic_message(&*payload);
             let mut guard = self.core.lock();
             if let Some(core) = guard.as_mut() {
                 self.fail(&mut core.world, message);
@@ -846,15 +852,49 @@ impl Runtime {
     }
 
     /// A buffer holding a copy of `data`.
+    ///
+    /// # Panics
+    /// If the host cannot allocate its memory ([`Runtime::try_buffer`] returns the
+    /// error instead).
     pub fn buffer<T: Pod>(&self, data: &[T]) -> Buffer<T> {
-        let storage = HostStorage::from_bytes(bytemuck::cast_slice(data));
-        self.make_buffer(storage, data.len())
+        self.try_buffer(data).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A buffer holding a copy of `data`, or [`Error::OutOfHostMemory`].
+    pub fn try_buffer<T: Pod>(&self, data: &[T]) -> Result<Buffer<T>> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let storage =
+            HostStorage::try_zeroed(bytes.len()).ok_or(Error::OutOfHostMemory { bytes: bytes.len() })?;
+        // SAFETY: at least `bytes.len()` fresh bytes, not yet shared.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), storage.as_ptr(), bytes.len()) };
+        Ok(self.make_buffer(storage, data.len()))
     }
 
     /// A zero-filled buffer of `len` elements.
+    ///
+    /// # Panics
+    /// If its size overflows or the host cannot allocate it
+    /// ([`Runtime::try_buffer_zeroed`] returns the error instead).
     pub fn buffer_zeroed<T: Pod>(&self, len: usize) -> Buffer<T> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("buffer size overflows usize");
-        self.make_buffer(HostStorage::zeroed(bytes), len)
+        self.try_buffer_zeroed(len).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A zero-filled buffer of `len` elements, or a typed error: its byte size
+    /// overflows ([`Error::SizeOverflow`]) or the host cannot allocate it
+    /// ([`Error::OutOfHostMemory`]). Never aborts the process.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// assert!(matches!(rt.try_buffer_zeroed::<u64>(usize::MAX / 2), Err(gantry::Error::SizeOverflow { .. })));
+    /// assert_eq!(rt.try_buffer_zeroed::<u64>(4)?.to_vec()?, vec![0; 4]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn try_buffer_zeroed<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
+        let elem_size = std::mem::size_of::<T>();
+        let overflow = Error::SizeOverflow { what: "buffer", count: len, elem_size };
+        let bytes = len.checked_mul(elem_size).filter(|&b| b <= isize::MAX as usize).ok_or(overflow)?;
+        let storage = HostStorage::try_zeroed(bytes).ok_or(Error::OutOfHostMemory { bytes })?;
+        Ok(self.make_buffer(storage, len))
     }
 
     fn make_buffer<T: Pod>(&self, storage: HostStorage, len: usize) -> Buffer<T> {

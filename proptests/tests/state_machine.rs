@@ -405,11 +405,10 @@ impl Model {
             let queued = s.queue().is_some_and(|q| q == w.queue && IN_ORDER[q]);
             pre.iter().any(|k| s.conflicts(k)) || (queued && !pre.is_empty())
         });
-        // A host access is the only synchronizing operation that waits (and so
-        // cancels at once); the others cancel when the scheduler next runs, by which
-        // time every kernel of the window is listed.
+        // Every synchronizing operation cancels the fusion when its call returns:
+        // the kernels after it are not listed.
         let guard = matches!(sync, Some(Op::Guard { .. }));
-        let listed = if early && guard { pos } else { w.kernels.len() };
+        let listed = if early { pos } else { w.kernels.len() };
         let fused = !early && matches!(w.end, End::Complete { .. });
         let n = self.buffers.len();
         let mut failed = Vec::new();
@@ -478,9 +477,8 @@ impl Model {
         }
         self.expect.failed = failed;
         self.expect.listed = (0..w.kernels.len()).map(|i| i < listed).collect();
-        // `cancel_fusion` decides the reason at once unless a host access cancelled
-        // the fusion before it.
-        let by_dependent = early && (guard || w.end != End::Cancel);
+        // The synchronizing operation cancelled the fusion before `cancel_fusion`.
+        let by_dependent = early;
         self.expect.fusion = Some(if fused {
             FusionExpect::Fused(w.kernels.len())
         } else if by_dependent {

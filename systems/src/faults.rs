@@ -62,20 +62,11 @@ thread_local! {
 /// The flush schedule's error handler: records, never unwinds.
 fn record_fault(mut error: BevyError, _ctx: ErrorContext) {
     let message = match error.take_payload() {
-        Some(payload) => panic_text(&*payload),
+        Some(payload) => gantry_driver::panic_message(&*payload),
         None => error.to_string().trim_end().to_owned(),
     };
     let user_stage = IN_USER.with(Cell::get);
     FAULTS.with(|f| f.borrow_mut().push(SystemFault { user_stage, message }));
-}
-
-/// The text of a panic payload.
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_owned(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic without a message".to_owned(),
-    }
 }
 
 /// Installs the recording error handler on the scheduler's world.
@@ -107,7 +98,7 @@ pub fn run_flush(schedule: &mut Schedule, world: &mut World) -> FlushReport {
     let faults = FAULTS.with(|f| std::mem::take(&mut *f.borrow_mut()));
     let mut report = FlushReport::default();
     if let Err(payload) = ran {
-        report.fatal = Some(panic_text(&*payload));
+        report.fatal = Some(gantry_driver::panic_message(&*payload));
     }
     for fault in faults {
         match fault.user_stage {

@@ -127,7 +127,7 @@ pub fn partition(world: &mut World) {
             // The linearizer and the fusion compiler may be user code: a panic in
             // them fails this finalize only.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.run(&job)))
-                .unwrap_or_else(|p| Err(FinalizeError::Panicked(crate::faults::panic_text(&*p))))
+                .unwrap_or_else(|p| Err(FinalizeError::Panicked(gantry_driver::panic_message(&*p))))
         };
         *job.result.lock() = Some(result);
         let now = world.resource::<SchedulerConfig>().now_ns();
@@ -1164,6 +1164,7 @@ mod patch_tests {
             closure_kernels: true,
             host_tasks: true,
             max_local_memory: 0,
+            max_private_memory: 0,
             virtual_time: false,
             peer_group: 0,
         };

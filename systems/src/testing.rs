@@ -85,6 +85,7 @@ fn scripted(
                 closure_kernels: true,
                 host_tasks: true,
                 max_local_memory: 0,
+                max_private_memory: 0,
                 virtual_time: false,
                 peer_group: 0,
             },

@@ -124,6 +124,7 @@ impl CpuDriver {
                 closure_kernels: true,
                 host_tasks: true,
                 max_local_memory: 1 << 20,
+                max_private_memory: MAX_PRIVATE_MEMORY,
                 virtual_time: false,
                 peer_group: 0,
             },
@@ -438,13 +439,21 @@ impl Inner {
                 // SAFETY: bindings are live and exclusive to this task by scheduling.
                 let snapshot = preserve.then(|| unsafe { self.snapshots.take(&task.args, &bindings) });
                 let (name, tag, mut run) = (task.name, task.tag, task.run);
-                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, tag))));
-                outcome.map_err(|p| {
+                // The task's closure is dropped here, after it ran: a capture whose
+                // destructor panics fails the task like a panic in its body.
+                let _ = gantry_driver::contain::take_drop_panic();
+                let outcome = catch_unwind(AssertUnwindSafe(move || {
+                    run(&HostCtx::new(&bindings, tag));
+                    drop(run);
+                }))
+                .map_err(|p| panic_message(&*p))
+                .and_then(|()| gantry_driver::contain::take_drop_panic().map_or(Ok(()), Err));
+                outcome.map_err(|message| {
                     if let Some(s) = snapshot {
                         // SAFETY: the task has returned; nothing else touches the ranges.
                         unsafe { s.restore() };
                     }
-                    ExecError::HostTaskPanicked { task: name, message: panic_message(&*p) }
+                    ExecError::HostTaskPanicked { task: name, message }
                 })
             }
         }
@@ -595,6 +604,11 @@ impl Inner {
 /// The most scratch a thread keeps between launches; a launch that needed more gives
 /// it back when it ends.
 const KEPT_ARENA_BYTES: usize = 8 << 20;
+
+/// Private memory per work-group a kernel may ask for: the arena holds a group's
+/// private regions at once, so a request past this is refused at submit rather than
+/// failing (or aborting) the allocation when the kernel runs.
+const MAX_PRIVATE_MEMORY: usize = 1 << 30;
 
 thread_local! {
     /// This thread's scratch for work-groups (local and private memory), kept from

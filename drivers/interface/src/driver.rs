@@ -35,6 +35,9 @@ pub struct Capabilities {
     pub host_tasks: bool,
     /// Largest local (work-group) memory per group, in bytes.
     pub max_local_memory: usize,
+    /// Largest private memory per work-group (each work-item's private bytes times
+    /// the group's work-items), in bytes: a host driver allocates it per group.
+    pub max_private_memory: usize,
     /// Timestamps are virtual time (the simulated machine), not real time: the
     /// scheduler passes each submission the virtual time its finished dependencies
     /// ended ([`Submission::not_before_ns`]).

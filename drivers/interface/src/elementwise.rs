@@ -63,7 +63,7 @@ where
 {
     let touches =
         Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<T>(), size_of::<U>());
-    let body = Arc::new(MapBody { input, output, f });
+    let body = Arc::new(MapBody { input, output, f: crate::contain::Contained::new(f) });
     let elementwise = touches.map(|touches| ElementwisePhase { touches, map: MapLoop(body.clone()) });
     Phase {
         group: Arc::new(move |ctx: &GroupCtx<'_>| body.group(ctx)),
@@ -78,7 +78,9 @@ where
 struct MapBody<T, U, MI, MO, F> {
     input: Accessor<T, MI>,
     output: ElemAccessor<U, MO>,
-    f: F,
+    /// Dropped wherever its last command lets go of it: a panicking capture must not
+    /// unwind there.
+    f: crate::contain::Contained<F>,
 }
 
 impl<T, U, MI, MO, F> MapBody<T, U, MI, MO, F>
@@ -90,7 +92,7 @@ where
     F: Fn(T) -> U,
 {
     fn group(&self, ctx: &GroupCtx<'_>) {
-        let (input, output, f) = (&self.input, &self.output, &self.f);
+        let (input, output, f) = (&self.input, &self.output, &*self.f);
         let runs = group_run(ctx).and_then(|(first, local, count)| {
             let src = contiguous::<T>(ctx, input, first, local, count)?;
             let dst = contiguous::<U>(ctx, output, first, local, count)?;
@@ -124,7 +126,7 @@ where
     F: Fn(T) -> U + Send + Sync,
 {
     fn resolve(&self) -> (MapFn, *const ()) {
-        (map_fn::<T, U, F>(crate::isa::active()), std::ptr::from_ref(&self.f).cast())
+        (map_fn::<T, U, F>(crate::isa::active()), std::ptr::from_ref::<F>(&self.f).cast())
     }
 }
 

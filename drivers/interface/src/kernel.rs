@@ -131,8 +131,11 @@ pub fn phase<F>(f: F) -> Phase
 where
     F: Fn(&mut Item<'_>) + Send + Sync + 'static,
 {
+    // Dropped wherever its last command lets go of it: a panicking capture must not
+    // unwind there.
+    let f = crate::contain::Contained::new(f);
     Phase {
-        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&f)),
+        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&*f)),
         per_item: true,
         code: TypeId::of::<F>(),
         elementwise: None,

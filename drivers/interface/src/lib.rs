@@ -24,6 +24,7 @@
 
 pub mod access;
 pub mod command_buffer;
+pub mod contain;
 pub mod driver;
 pub mod elementwise;
 pub mod error;

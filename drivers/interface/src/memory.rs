@@ -52,6 +52,16 @@ impl HostStorage {
         Self { ptr, len }
     }
 
+    /// [`HostStorage::zeroed`], or `None` where the size does not fit a layout or the
+    /// allocator refuses it: never aborts the process.
+    pub fn try_zeroed(len: usize) -> Option<Self> {
+        let size = len.max(1).checked_next_multiple_of(HOST_ALIGN)?;
+        let layout = Layout::from_size_align(size, HOST_ALIGN).ok()?;
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        NonNull::new(raw).map(|ptr| Self { ptr, len })
+    }
+
     /// Allocates a copy of `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> Self {
         let s = Self::zeroed(bytes.len());

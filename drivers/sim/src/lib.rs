@@ -318,6 +318,10 @@ impl Default for SimConfig {
 /// Largest local (work-group) memory per group, in bytes.
 const MAX_LOCAL_MEMORY: usize = 64 << 10;
 
+/// Private memory per work-group the simulated device offers (its kernels run on the
+/// host, which allocates it per group).
+const MAX_PRIVATE_MEMORY: usize = 1 << 30;
+
 /// Distinguishes driver instances, so a wait-list cannot name another driver's node.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
@@ -670,6 +674,7 @@ impl SimDriver {
                 closure_kernels: !host_pool,
                 host_tasks: host_pool,
                 max_local_memory: if host_pool { 0 } else { MAX_LOCAL_MEMORY },
+                max_private_memory: if host_pool { 0 } else { MAX_PRIVATE_MEMORY },
                 virtual_time: true,
                 peer_group: if host_pool { 0 } else { machine.peer_group() },
             },
