@@ -276,7 +276,7 @@ impl Sim {
             submitted?;
             execs.push(graph.finalize(props)?);
         }
-        let [even, odd] = <[ExecutableGraph; 2]>::try_from(execs).ok().expect("two graphs");
+        let [even, odd] = <[ExecutableGraph; 2]>::try_from(execs).expect("two graphs");
         self.graphs = Some([even, odd]);
         Ok(())
     }

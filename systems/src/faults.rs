@@ -3,7 +3,7 @@
 //! bevy_ecs catches a panicking system and hands it, like a system's returned error,
 //! to the world's error handler, whose default panics again: out of the middle of
 //! the schedule, which then skips the systems it had already run on every later run.
-//! The flush schedule's handler ([`record_fault`]) never unwinds; it records the
+//! The flush schedule's handler (`record_fault`, set by [`install`]) never unwinds; it records the
 //! failure, and [`run_flush`] returns it with the flush.
 //!
 //! Contract: a failure inside the systems a user added ([`UserSection`]) concerns

@@ -1,0 +1,110 @@
+//! Soak: memory stays flat under sustained use. Ten million commands, a hundred
+//! thousand queues created, used and dropped, and a hundred thousand distinct fusions
+//! (each over another range, so each misses the plan cache). After a warm-up round,
+//! the process's resident memory and the scheduler's entity count must not grow with
+//! the number of rounds.
+//!
+//! Minutes of work, so ignored by default; CI runs it with
+//! `cargo test --release -p gantry --test soak -- --ignored`.
+
+use gantry::{FusionProps, Runtime};
+
+/// Resident memory of this process, in bytes (Linux).
+fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: usize = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn entities(rt: &Runtime) -> u32 {
+    rt.with_world(|w| w.entities().len())
+}
+
+/// Runs `round` `rounds` times after one warm-up; returns the growth of resident
+/// memory and of the scheduler's entities from after the warm-up to the end.
+fn growth(rt: &Runtime, rounds: usize, mut round: impl FnMut(usize)) -> (isize, i64) {
+    round(0);
+    rt.wait_idle().unwrap();
+    let (mem, ents) = (resident_bytes(), entities(rt));
+    for r in 1..=rounds {
+        round(r);
+    }
+    rt.wait_idle().unwrap();
+    (resident_bytes() as isize - mem as isize, i64::from(entities(rt)) - i64::from(ents))
+}
+
+const MIB: isize = 1 << 20;
+
+#[test]
+#[ignore = "a soak: run with --ignored"]
+fn ten_million_commands_keep_memory_flat() {
+    let rt = Runtime::new();
+    let q = rt.queue();
+    let buf = rt.buffer_zeroed::<u32>(64);
+    // 100 rounds of 100,000 commands: fills, kernels and barriers.
+    let (mem, ents) = growth(&rt, 99, |r| {
+        for i in 0..100_000u32 {
+            match i % 3 {
+                0 => drop(q.submit(|cg| cg.fill(&buf, i)).unwrap()),
+                1 => drop(
+                    q.submit(|cg| {
+                        let b = cg.elements_mut(&buf);
+                        cg.parallel_for(64, move |it| *b.elem(it) += 1);
+                    })
+                    .unwrap(),
+                ),
+                _ => drop(q.barrier().unwrap()),
+            }
+        }
+        if r % 10 == 0 {
+            q.wait().unwrap();
+        }
+    });
+    assert!(mem < 64 * MIB, "resident memory grew by {} MiB", mem / MIB);
+    assert!(ents <= 0, "{ents} more entities");
+}
+
+#[test]
+#[ignore = "a soak: run with --ignored"]
+fn a_hundred_thousand_queues_keep_memory_flat() {
+    let rt = Runtime::new();
+    let buf = rt.buffer_zeroed::<u32>(4);
+    let (mem, ents) = growth(&rt, 9, |_| {
+        for _ in 0..10_000 {
+            let q = rt.in_order_queue();
+            q.submit(|cg| cg.fill(&buf, 1)).unwrap();
+        }
+    });
+    assert!(mem < 16 * MIB, "resident memory grew by {} MiB", mem / MIB);
+    assert!(ents <= 0, "{ents} more entities");
+}
+
+#[test]
+#[ignore = "a soak: run with --ignored"]
+fn a_hundred_thousand_distinct_fusions_keep_memory_flat() {
+    let rt = Runtime::builder().fusion_warnings(0).build();
+    let q = rt.in_order_queue();
+    let buf = rt.buffer_zeroed::<u32>(1 << 17);
+    let mut n = 0usize;
+    let (mem, ents) = growth(&rt, 9, |_| {
+        for _ in 0..10_000 {
+            n += 1;
+            let len = 1 + n % (1 << 17);
+            q.start_fusion().unwrap();
+            for _ in 0..2 {
+                q.submit(|cg| {
+                    let b = cg.elements::<u32, gantry::ReadWrite>(&buf, ..len);
+                    cg.parallel_for(len, move |it| *b.elem(it) += 1);
+                })
+                .unwrap();
+            }
+            q.complete_fusion(FusionProps::default()).unwrap();
+        }
+        q.wait().unwrap();
+    });
+    let stats = rt.fusion_cache_stats().unwrap();
+    assert!(stats.len <= gantry::ClosureFusion::DEFAULT_CAPACITY, "{stats:?}");
+    assert!(stats.evictions > 0, "{stats:?}");
+    assert!(mem < 32 * MIB, "resident memory grew by {} MiB", mem / MIB);
+    assert!(ents <= 0, "{ents} more entities");
+}
