@@ -133,6 +133,7 @@ impl<T: Pod> Buffer<T> {
         if core.recorded.load(std::sync::atomic::Ordering::Acquire) > 0 {
             return Err(Error::BufferRecorded(core.id));
         }
+        let held = HeldGuard::take(core.id, mode.writes())?;
         let name: Arc<str> = format!("host access to buffer {}", core.id).into();
         let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
         let req = Requirement::new(core.clone(), mode, ByteRange::new(0, core.bytes));
@@ -151,7 +152,7 @@ impl<T: Pod> Buffer<T> {
         if let Some(e) = event.error() {
             return Err(Error::Exec(e.clone()));
         }
-        Ok(HostAccess { storage: core.storage.clone(), event, rt: rt.clone() })
+        Ok(HostAccess { storage: core.storage.clone(), event, rt: rt.clone(), _held: held })
     }
 }
 
@@ -160,6 +161,43 @@ struct HostAccess {
     storage: Arc<HostStorage>,
     event: Arc<EventShared>,
     rt: Arc<Shared>,
+    _held: HeldGuard,
+}
+
+/// The host guards each thread holds, by buffer: a thread that asks for access to a
+/// buffer it holds a conflicting guard on would wait for itself forever, so that is
+/// an error instead. A guard counts for the thread that took it, also if it is
+/// moved to another thread.
+static HELD: std::sync::Mutex<Vec<(u64, std::thread::ThreadId, bool, u64)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// One entry of [`HELD`], removed on drop.
+struct HeldGuard(u64);
+
+impl HeldGuard {
+    /// Registers a guard on `buffer` for this thread, unless this thread already
+    /// holds one that conflicts (either writes).
+    fn take(buffer: u64, writes: bool) -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let me = std::thread::current().id();
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        if held.iter().any(|&(b, t, w, _)| b == buffer && t == me && (w || writes)) {
+            return Err(Error::SelfDeadlock(format!(
+                "this thread holds a host guard on buffer {buffer}; a second {} access would wait for it forever",
+                if writes { "write" } else { "read" }
+            )));
+        }
+        let token = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        held.push((buffer, me, writes, token));
+        Ok(Self(token))
+    }
+}
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|e| e.3 != self.0);
+    }
 }
 
 impl Drop for HostAccess {

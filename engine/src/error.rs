@@ -119,6 +119,10 @@ pub enum Error {
     /// The runtime was dropped.
     #[error("the runtime was dropped")]
     RuntimeDropped,
+    /// A call that would wait for the calling thread itself: a host access to a
+    /// buffer this thread holds a conflicting guard on.
+    #[error("self-deadlock: {0}")]
+    SelfDeadlock(String),
     /// The scheduler stopped on a failure of its own; the runtime takes no more work
     /// and everything pending failed with [`ExecError::SchedulerFailed`].
     #[error("the scheduler failed and stopped: {0}")]

@@ -489,3 +489,22 @@ fn a_scheduler_that_fails_fails_what_is_pending_and_never_hangs() {
         }
     });
 }
+
+// ---- 17. Self-deadlocks are reported ----
+
+#[test]
+fn a_thread_asking_for_a_buffer_it_holds_gets_an_error() {
+    within(30, || {
+        for rt in runtimes() {
+            let buf = rt.buffer(&[1u32; 4]);
+            let w = buf.write().unwrap();
+            assert!(matches!(buf.read(), Err(Error::SelfDeadlock(_))));
+            assert!(matches!(buf.to_vec(), Err(Error::SelfDeadlock(_))));
+            drop(w);
+            let (r1, r2) = (buf.read().unwrap(), buf.read().unwrap());
+            assert!(matches!(buf.write(), Err(Error::SelfDeadlock(_))));
+            drop((r1, r2));
+            assert_eq!(buf.to_vec().unwrap(), vec![1; 4]);
+        }
+    });
+}
