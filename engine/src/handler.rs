@@ -108,6 +108,8 @@ pub struct Handler {
     pub(crate) keep: Vec<KeepAlive>,
     /// Recorded events named by `depends_on`: graph edges.
     pub(crate) graph_waits: SmallVec<[crate::graph::Node; 1]>,
+    /// The queue it is submitted to (not for graph nodes): a host task's scope.
+    pub(crate) queue: Option<u64>,
 }
 
 /// Resolves a range expression over `len` elements to `start..end`.
@@ -151,6 +153,7 @@ impl Handler {
             graph: None,
             keep: Vec::new(),
             graph_waits: SmallVec::new(),
+            queue: None,
         }
     }
 
@@ -490,8 +493,12 @@ impl Handler {
         // Dropped wherever its command lets go of it (after running, or on the
         // scheduler's thread if it never runs): a panicking capture must not unwind
         // there.
-        let mut f = gantry_driver::contain::Contained::new(f);
-        self.set_action(Action::HostTask { name, run: Box::new(move |ctx: &HostCtx<'_>| (*f)(ctx)) });
+        let scope = crate::task_scope::TaskScope { runtime: self.runtime, queue: self.queue };
+        let mut f = crate::task_scope::Scoped::new(gantry_driver::contain::Contained::new(f), scope);
+        self.set_action(Action::HostTask {
+            name,
+            run: Box::new(move |ctx: &HostCtx<'_>| f.with(|f| (**f)(ctx))),
+        });
     }
 
     /// Copies all of `src` into `dst` (equal lengths).

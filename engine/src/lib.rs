@@ -50,6 +50,7 @@ mod graph;
 mod handler;
 mod queue;
 mod runtime;
+mod task_scope;
 mod trace;
 
 pub use buffer::{Buffer, HostRead, HostWrite, Readback};

@@ -202,6 +202,7 @@ impl Queue {
             Some(g) => Handler::for_graph(rt.id, crate::handler::next_tag(), g.id()),
             None => Handler::new(rt.id, crate::handler::next_tag()),
         };
+        cg.queue = Some(self.id());
         build(&mut cg);
         self.check_device()?;
         let mut built = cg.finish(&rt.devices[self.device() as usize])?;
@@ -380,6 +381,13 @@ impl Queue {
         if self.is_recording() {
             return Err(Error::QueueRecording(self.id()));
         }
+        let rt = &self.handle.rt;
+        if crate::task_scope::current().is_some_and(|s| s.runtime == rt.id && s.queue == Some(self.id())) {
+            return Err(Error::SelfDeadlock(format!(
+                "a host task of queue {} waits on that queue, which waits for the task",
+                self.id()
+            )));
+        }
         if let Some(f) = self.active_fusion() {
             self.cancel(&f, CancelReason::QueueWait);
         }
@@ -388,7 +396,6 @@ impl Queue {
         // cancelled list spawns; a graph submission's after its last partition. The
         // barrier orders the commands themselves (and reports their errors) but may
         // finish before those events do. A stopped runtime is the one error here.
-        let rt = &self.handle.rt;
         let fusion = self.handle.fusion.lock().clone().filter(|f| !f.event.status().is_final());
         if let Some(f) = fusion {
             rt.wait_for(&f.event, gantry_components::EventStatus::Complete)?;

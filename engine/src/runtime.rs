@@ -955,8 +955,13 @@ impl Runtime {
         self.shared.failure.get().map(|m| Error::SchedulerFailed(m.clone()))
     }
 
-    /// Flushes until no submitted command is waiting or running.
+    /// Flushes until no submitted command is waiting or running. Inside one of this
+    /// runtime's host tasks it is [`Error::SelfDeadlock`]: the runtime is not idle
+    /// until the task returns.
     pub fn wait_idle(&self) -> Result<()> {
+        if crate::task_scope::inside(self.shared.id) {
+            return Err(Error::SelfDeadlock("wait_idle inside a host task of the same runtime".into()));
+        }
         self.shared.drive_until_idle()
     }
 
@@ -1057,30 +1062,49 @@ impl Drop for Runtime {
         // Refuse new work, so a thread that keeps submitting cannot keep the runtime
         // from going idle, then finish what can finish.
         self.shared.senders.gate.close();
-        self.shared.senders.gate.wait_for_senders();
-        let _ = self.shared.drive_until_idle();
-        let _ = self.shared.wake_tx.send(());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        // A send admitted before the close may still be on its way into the channel
-        // (the scheduler thread may have stopped before it arrived): the final flush
-        // below must see it, or its command would neither run nor fail, and a wait
-        // on its event would never return.
-        self.shared.senders.gate.wait_for_senders();
-        let mut guard = self.shared.core.lock();
-        if self.shared.failure.get().is_some() {
-            // The scheduler failed: it already failed everything pending.
+        if crate::task_scope::inside(self.shared.id) {
+            // Dropped inside one of its own host tasks (which owned it): waiting for
+            // idle here would wait for this task. Another thread finishes the shutdown
+            // once the task has returned.
+            let (shared, thread) = (self.shared.clone(), self.thread.take());
+            let spawned = std::thread::Builder::new()
+                .name("gantry-shutdown".into())
+                .spawn(move || shutdown(&shared, thread));
+            if spawned.is_err() {
+                tracing::error!("could not start a thread to finish the runtime's shutdown");
+            }
             return;
         }
-        if let Some(mut core) = guard.take() {
-            // Apply anything that raced with shutdown, then fail what can never run.
-            let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
-            if let Some(message) = report.fatal {
-                self.shared.fail(&mut core.world, message);
-                return;
-            }
-            gantry_systems::retire::abandon_all(&mut core.world, gantry_driver::ExecError::RuntimeDropped);
+        shutdown(&self.shared, self.thread.take());
+    }
+}
+
+/// Finishes a runtime's shutdown once its gate is closed: drains what can finish,
+/// stops the scheduler thread and the drivers, and fails what can never run.
+fn shutdown(shared: &Shared, thread: Option<JoinHandle<()>>) {
+    shared.senders.gate.wait_for_senders();
+    let _ = shared.drive_until_idle();
+    let _ = shared.wake_tx.send(());
+    if let Some(t) = thread {
+        let _ = t.join();
+    }
+    // A send admitted before the close may still be on its way into the channel
+    // (the scheduler thread may have stopped before it arrived): the final flush
+    // below must see it, or its command would neither run nor fail, and a wait
+    // on its event would never return.
+    shared.senders.gate.wait_for_senders();
+    let mut guard = shared.core.lock();
+    if shared.failure.get().is_some() {
+        // The scheduler failed: it already failed everything pending.
+        return;
+    }
+    if let Some(mut core) = guard.take() {
+        // Apply anything that raced with shutdown, then fail what can never run.
+        let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
+        if let Some(message) = report.fatal {
+            shared.fail(&mut core.world, message);
+            return;
         }
+        gantry_systems::retire::abandon_all(&mut core.world, gantry_driver::ExecError::RuntimeDropped);
     }
 }

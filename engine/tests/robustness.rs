@@ -508,3 +508,49 @@ fn a_thread_asking_for_a_buffer_it_holds_gets_an_error() {
         }
     });
 }
+
+#[test]
+fn waiting_for_itself_inside_a_host_task_is_an_error() {
+    within(60, || {
+        for rt in [Runtime::builder().host_threads(2).build(), Runtime::builder().host_threads(0).build()] {
+            let rt = Arc::new(rt);
+            let q = rt.queue();
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (r, qq, s) = (rt.clone(), q.clone(), seen.clone());
+            q.submit(move |cg| {
+                cg.host_task(move |_| {
+                    let mut seen = s.lock().unwrap();
+                    seen.push(r.wait_idle());
+                    seen.push(qq.wait());
+                })
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+            let seen = seen.lock().unwrap();
+            assert!(seen.iter().all(|r| matches!(r, Err(Error::SelfDeadlock(_)))), "{seen:?}");
+            // Another queue's wait is fine inside the task's runtime's own work.
+            rt.wait_idle().unwrap();
+        }
+    });
+}
+
+#[test]
+fn dropping_the_runtime_inside_its_own_host_task_returns() {
+    within(60, || {
+        for host_threads in [2, 0] {
+            let rt = Runtime::builder().host_threads(host_threads).build();
+            let q = rt.queue();
+            let buf = rt.buffer_zeroed::<u32>(4);
+            q.submit(|cg| cg.fill(&buf, 8)).unwrap();
+            let holder = std::sync::Mutex::new(Some(rt));
+            let ev = q
+                .submit(move |cg| {
+                    cg.host_task(move |_| drop(holder.lock().unwrap().take()));
+                })
+                .unwrap();
+            ev.wait().unwrap();
+            assert!(matches!(q.submit(|cg| cg.fill(&buf, 1)), Err(Error::RuntimeDropped)));
+        }
+    });
+}
