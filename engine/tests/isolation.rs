@@ -1,0 +1,123 @@
+//! Isolation: a failure reaches exactly the commands that depend on it, whatever the
+//! scheduler's timing.
+
+use gantry::{Error, EventStatus, ExecError, Mode, ReadWrite, Runtime};
+
+/// Silences the panics these tests cause on purpose; anything else (a failed
+/// assertion) still prints.
+fn quiet_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        if msg != "link exploded" {
+            default(info);
+        }
+    }));
+}
+
+/// What the submitting thread does between a chain's failing link and the rest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Between {
+    /// Nothing: one burst.
+    Nothing,
+    /// It polls until the failure has retired (threaded mode), without waiting.
+    Retired,
+    /// It waits for the failing link: later links are independent of the failure.
+    Waited,
+}
+
+/// A chain of `n` kernels on an in-order queue; kernel `i` adds 1 to its own slice
+/// `i * width .. (i + 1) * width` of `counts` (so only queue order links them), and
+/// kernel `bad` panics after writing. Every kernel before `bad` ran once; `bad` failed
+/// and its writes were undone; unless the submitter waited for it (`Between::Waited`),
+/// every successor failed with a dependency error and none of their writes happened.
+fn in_order_chain(rt: &Runtime, n: usize, bad: usize, width: usize, between: Between, round: usize) {
+    let q = rt.in_order_queue();
+    let counts = rt.buffer_zeroed::<u32>(n * width);
+    let mut events: Vec<gantry::Event> = Vec::with_capacity(n);
+    for i in 0..n {
+        if i == bad + 1 {
+            match between {
+                Between::Nothing => {}
+                Between::Retired => {
+                    while !events[bad].status().is_final() {
+                        std::thread::yield_now();
+                    }
+                }
+                Between::Waited => assert!(events[bad].wait().is_err()),
+            }
+        }
+        let ev = q
+            .submit(|cg| {
+                cg.name(format!("link {i}"));
+                let c = cg.access::<u32, ReadWrite>(&counts, i * width..(i + 1) * width);
+                cg.parallel_for(width, move |it| {
+                    let j = it.global_linear_id();
+                    c.set(it, j, c.get(it, j) + 1);
+                    if i == bad && j == width - 1 {
+                        panic!("link exploded");
+                    }
+                });
+            })
+            .unwrap();
+        events.push(ev);
+    }
+    let case = format!("round {round}, width {width}, {between:?}");
+    let successors_run = between == Between::Waited;
+    for (i, ev) in events.iter().enumerate() {
+        let result = ev.wait();
+        if i < bad || i > bad && successors_run {
+            assert!(result.is_ok(), "{case}: link {i}: {result:?}");
+        } else if i == bad {
+            assert!(
+                matches!(result, Err(Error::Exec(ExecError::KernelPanicked { .. }))),
+                "{case}: {result:?}"
+            );
+        } else {
+            assert_eq!(ev.status(), EventStatus::Failed, "{case}: link {i} ran");
+            match result {
+                Err(Error::Exec(e @ ExecError::DependencyFailed { .. })) => {
+                    assert!(
+                        matches!(e.root_cause(), ExecError::KernelPanicked { .. }),
+                        "{case}: link {i}: {e:?}"
+                    )
+                }
+                r => panic!("{case}: link {i}: {r:?}"),
+            }
+        }
+    }
+    let v = counts.to_vec().unwrap();
+    for (i, slice) in v.chunks(width).enumerate() {
+        let expected = u32::from(i < bad || i > bad && successors_run);
+        assert!(slice.iter().all(|&x| x == expected), "{case}: link {i} wrote {slice:?}");
+    }
+    rt.wait_idle().unwrap();
+}
+
+/// Every in-order successor of a failed command fails, as in manual mode, where a
+/// burst is resolved before anything runs: also when a threaded scheduler retires the
+/// failure before some successors arrive, or before any of them is submitted. Waiting
+/// for the failure ends it, as a wait in manual mode retires it: links submitted
+/// after the wait run.
+#[test]
+fn in_order_successors_of_a_failure_fail_whatever_the_timing() {
+    quiet_panics();
+    for between in [Between::Nothing, Between::Waited] {
+        let manual = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+        in_order_chain(&manual, 1000, 500, 1, between, 0);
+    }
+    for round in 0..20 {
+        for between in [Between::Nothing, Between::Retired, Between::Waited] {
+            // Small links run inline as the scheduler enqueues them; wide ones on the
+            // pool, each waiting on its predecessor inside the driver.
+            for (rt, width) in [(Runtime::new(), 1), (Runtime::builder().worker_threads(2).build(), 2048)] {
+                in_order_chain(&rt, 1000, 500, width, between, round);
+            }
+        }
+    }
+}
