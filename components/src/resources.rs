@@ -157,6 +157,9 @@ pub struct WorkLists {
     pub resolved: Vec<Entity>,
     /// Graph finalize requests for the partition stage.
     pub finalize: Vec<Entity>,
+    /// Queues whose last handle was dropped: their state entities go at the end of the
+    /// flush that ingested the drop, once every command sent before it is resolved.
+    pub dropped_queues: Vec<Arc<QueueCore>>,
 }
 
 impl WorkLists {

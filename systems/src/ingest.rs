@@ -161,12 +161,11 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     });
                     world.resource_mut::<Fusions>().deleting.push(list);
                 }
-                if let Some(qe) = queue.entity.get() {
-                    if q.queue(world, qe).is_some() {
-                        world.despawn(qe);
-                    }
-                    queue.entity.clear();
-                }
+                // Its state goes at the end of the flush (retire): commands sent before
+                // the drop, maybe ingested in this same pass, are resolved first, in
+                // order, against it (despawned now, it would be spawned again for them
+                // without their predecessors, and never despawned).
+                world.resource_mut::<WorkLists>().dropped_queues.push(queue);
             }
             Message::Synced(n) => {
                 // Commands ingested before it still inherit the failures it clears:

@@ -46,6 +46,7 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         }
     }
     release_idle_records(world, q);
+    release_dropped_queues(world, q);
     // Bevy keeps a removal message for each component of every despawned entity
     // (here, every retired command) until the world's trackers are cleared; never
     // cleared, they grew by about 60 bytes a command. Cleared once per flush, as a game
@@ -330,6 +331,22 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
         buffer.record.clear();
         world.despawn(rec);
         world.resource_mut::<Stats>().live_records -= 1;
+    }
+}
+
+/// Despawns the state entities of queues dropped this flush. Nothing needs them any
+/// more: every command sent to the queue was ingested before the drop and has been
+/// resolved. Its commands still alive reach the entity only through the queue's slot,
+/// cleared here (a failure of theirs then has no next command to record it for).
+fn release_dropped_queues(world: &mut World, q: &mut Queries) {
+    let dropped = std::mem::take(&mut world.resource_mut::<WorkLists>().dropped_queues);
+    for queue in dropped {
+        if let Some(qe) = queue.entity.get() {
+            if q.queue(world, qe).is_some() {
+                world.despawn(qe);
+            }
+            queue.entity.clear();
+        }
     }
 }
 
