@@ -1,5 +1,6 @@
 //! Isolation: a failure reaches exactly the commands that depend on it, whatever the
-//! scheduler's timing; a dropped queue leaves nothing behind.
+//! scheduler's timing; a dropped queue leaves nothing behind; a fusion cancelled by a
+//! dependent names the user's command.
 
 use gantry::{Error, EventStatus, ExecError, Mode, ReadWrite, Runtime};
 
@@ -204,5 +205,61 @@ fn a_queue_dropped_with_pending_work_runs_it_in_order_then_goes() {
         rt.flush();
         let after = rt.with_world(|w| w.entity_count());
         assert_eq!(after, before, "{mode:?}: the dropped queue's entity is gone");
+    }
+}
+
+/// On a simulated device, a command reading a buffer a listed kernel writes elsewhere
+/// needs a memory move, which depends on the kernel: the fusion is cancelled, and the
+/// reason names the user's command, not the move. Cases: a host task on the fusing
+/// queue, one on a CPU queue (a move back to host memory), and a kernel on a second
+/// simulated device (two moves, through host memory).
+#[test]
+fn a_fusion_cancelled_through_a_memory_move_names_the_users_command() {
+    use gantry::{CancelReason, FusionOutcome, QueueOptions};
+    for case in ["host task, fusing queue", "host task, CPU queue", "kernel, other device"] {
+        let rt = Runtime::builder()
+            .mode(Mode::Manual)
+            .sim(gantry::SimConfig::default())
+            .sim(gantry::SimConfig::default())
+            .fusion_warnings(0)
+            .build();
+        let q = rt.queue_with(QueueOptions { device: 1, in_order: true }).unwrap();
+        let (b, out) = (rt.buffer(&[1u32; 16]), rt.buffer_zeroed::<u32>(16));
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let b = cg.elements_mut(&b);
+            cg.parallel_for(16, move |it| *b.elem(it) += 2);
+        })
+        .unwrap();
+        let host_task = |reader: &gantry::Queue| {
+            reader.submit(|cg| {
+                cg.name("reader");
+                let (x, mut o) = (cg.host_read(&b), cg.host_discard_write(&out));
+                cg.host_task(move |ctx| o.as_mut_slice(ctx).copy_from_slice(x.as_slice(ctx)));
+            })
+        };
+        let expected_kind = match case {
+            "host task, fusing queue" => host_task(&q).map(|_| "host_task"),
+            "host task, CPU queue" => host_task(&rt.queue()).map(|_| "host_task"),
+            _ => rt
+                .queue_with(QueueOptions { device: 2, in_order: false })
+                .unwrap()
+                .submit(|cg| {
+                    cg.name("reader");
+                    let (x, o) = (cg.read(&b), cg.elements_out(&out));
+                    cg.parallel_for(16, move |it| *o.elem(it) = x.get(it, it.global_linear_id()));
+                })
+                .map(|_| "kernel"),
+        }
+        .unwrap();
+        rt.wait_idle().unwrap();
+        match q.fusion_outcome() {
+            Some(FusionOutcome::Cancelled(CancelReason::Dependent { command, kind })) => {
+                assert_eq!((&*command, kind), ("reader", expected_kind), "{case}")
+            }
+            o => panic!("{case}: {o:?}"),
+        }
+        assert_eq!(out.to_vec().unwrap(), vec![3; 16], "{case}");
+        assert_eq!(b.to_vec().unwrap(), vec![3; 16], "{case}");
     }
 }
