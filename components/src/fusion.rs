@@ -53,7 +53,8 @@ pub enum CancelReason {
     /// event): a host access, a host task, a copy, a fill, a barrier, a command on
     /// another queue, or a kernel released by another fusion's cancellation.
     Dependent {
-        /// The dependent command.
+        /// The dependent command: the user's, also where the scheduler's memory move
+        /// for it is what depends on the kernel.
         command: Arc<str>,
         /// Its kind.
         kind: &'static str,

@@ -45,7 +45,7 @@ pub use graph::{
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
-pub use queue::QueueState;
+pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{
     fail_message, Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,
 };

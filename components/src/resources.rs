@@ -34,6 +34,10 @@ pub enum Message {
     FinalizeGraph(Arc<crate::graph::FinalizeJob>),
     /// The user submitted an executable command graph.
     SubmitGraph(crate::graph::GraphSubmission),
+    /// A user wait or flush returned after this many failures were kept on queues:
+    /// commands submitted after it do not inherit them (see
+    /// [`FailureSync`](crate::FailureSync)).
+    Synced(u64),
 }
 
 // Every channel slot has the size of the largest message: a graph submission, the
@@ -58,7 +62,10 @@ pub fn fail_message(msg: Message, error: &ExecError) {
             *job.result.lock() = Some(Err(crate::graph::FinalizeError::Stopped(error.clone())));
             job.event.finish(Ok(()), 0, 0);
         }
-        Message::DropBuffer(_) | Message::DropQueue(_) | Message::ReleaseHostAccess(_) => {}
+        Message::DropBuffer(_)
+        | Message::DropQueue(_)
+        | Message::ReleaseHostAccess(_)
+        | Message::Synced(_) => {}
     }
 }
 
@@ -150,6 +157,9 @@ pub struct WorkLists {
     pub resolved: Vec<Entity>,
     /// Graph finalize requests for the partition stage.
     pub finalize: Vec<Entity>,
+    /// Queues whose last handle was dropped: their state entities go at the end of the
+    /// flush that ingested the drop, once every command sent before it is resolved.
+    pub dropped_queues: Vec<Arc<QueueCore>>,
 }
 
 impl WorkLists {

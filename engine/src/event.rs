@@ -98,11 +98,11 @@ impl Event {
                 }
             }
         }
-        if !self.status().is_final() {
-            match self.rt.upgrade() {
-                Some(rt) => rt.wait_for(self.shared(), EventStatus::Complete)?,
-                None => return Err(Error::RuntimeDropped),
-            }
+        match self.rt.upgrade() {
+            // (A synchronization point even when already final.)
+            Some(rt) => rt.wait_for(self.shared(), EventStatus::Complete)?,
+            None if !self.status().is_final() => return Err(Error::RuntimeDropped),
+            None => {}
         }
         self.result()
     }

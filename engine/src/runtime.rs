@@ -10,8 +10,8 @@ use bevy_ecs::system::ScheduleSystem;
 use bevy_ecs::world::World;
 use bytemuck::Pod;
 use gantry_components::{
-    BufferCore, Device, Devices, EventShared, EventStatus, Fusions, GraphPolicy, Inbox, Linearizer, Message,
-    QueueCore, SchedulerConfig, Stage, Stats, Timeline, WorkLists,
+    BufferCore, Device, Devices, EventShared, EventStatus, FailureSync, Fusions, GraphPolicy, Inbox,
+    Linearizer, Message, QueueCore, QueueFailures, SchedulerConfig, Stage, Stats, Timeline, WorkLists,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::{CacheStats, ClosureFusion, FusionCompiler};
@@ -326,6 +326,7 @@ impl RuntimeBuilder {
         if let Some(Policy(linearizer)) = &self.linearizer {
             world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
         }
+        let failures = world.resource::<QueueFailures>().sync.clone();
         let (wake_tx, wake_rx) = unbounded::<()>();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
@@ -355,6 +356,7 @@ impl RuntimeBuilder {
             live: AtomicU64::new(0),
             max_pending: self.max_pending as u64,
             fusing: Default::default(),
+            failures,
         });
         let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
         let host_queue =
@@ -418,6 +420,8 @@ pub(crate) struct Shared {
     max_pending: u64,
     /// The active fusions, for cancellations at the call.
     pub(crate) fusing: crate::fusing::Fusing,
+    /// Failures kept on in-order queues; waits and flushes clear them (`synced`).
+    failures: Arc<FailureSync>,
 }
 
 /// What every message sent writes. On cache lines of its own: the scheduler thread
@@ -644,8 +648,24 @@ impl Shared {
         }
     }
 
-    /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode.
+    /// Blocks until `ev` reaches `status`, driving the scheduler in manual mode; a
+    /// synchronization point ([`Shared::synced`]).
     pub(crate) fn wait_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
+        let waited = self.block_for(ev, status);
+        self.synced();
+        waited
+    }
+
+    /// After a user wait or flush: failures kept on in-order queues reach no command
+    /// submitted from now on, as in manual mode, where they retired in a flush before
+    /// it (see [`FailureSync`]). Two atomic loads unless some failure is kept.
+    pub(crate) fn synced(&self) {
+        if let Some(n) = self.failures.unsynced() {
+            let _ = self.send(Message::Synced(n));
+        }
+    }
+
+    fn block_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
         if self.mode == Mode::Threaded {
             // A scheduler that fails finishes the events it knows; the check covers
             // one it could not reach, so the wait ends either way.
@@ -675,8 +695,15 @@ impl Shared {
 
     /// Returns once nothing is queued or running (commands blocked behind a held host
     /// access do not count as running). In threaded mode this waits for the scheduler
-    /// thread's report; in manual mode the caller flushes.
+    /// thread's report; in manual mode the caller flushes. A synchronization point
+    /// ([`Shared::synced`]).
     pub(crate) fn drive_until_idle(&self) -> Result<()> {
+        let idle = self.until_idle();
+        self.synced();
+        idle
+    }
+
+    fn until_idle(&self) -> Result<()> {
         if self.failure.get().is_some() {
             return Err(self.stopped());
         }
@@ -914,6 +941,7 @@ impl Runtime {
     /// makes progress; waits also flush.
     pub fn flush(&self) {
         let _ = self.shared.flush_once();
+        self.shared.synced();
     }
 
     /// [`Runtime::flush`], reporting what went wrong in it: the first failure of a
@@ -937,6 +965,7 @@ impl Runtime {
         if self.shared.flush_once().is_none() {
             return Err(self.shared.stopped());
         }
+        self.shared.synced();
         match self.shared.system_errors.lock().get(before) {
             Some(e) => Err(e.clone()),
             None => Ok(()),

@@ -374,11 +374,9 @@ fn synchronizing_commands_cancel_early_with_serial_results() {
     );
     check_everywhere(&p);
     // On a simulated device the memory move inserted for the dependent may be what
-    // depends on the held kernel first.
+    // depends on the held kernel first; the reason still names the dependent.
     let dependent = |kind: &'static str| {
-        cancelled(
-            move |r| matches!(r, CancelReason::Dependent { kind: k, .. } if *k == kind || *k == "memory_move"),
-        )
+        cancelled(move |r| matches!(r, CancelReason::Dependent { kind: k, .. } if *k == kind))
     };
     for c in common::configs() {
         let (_, fusions) = run_with_fusions(&p, c);
@@ -413,10 +411,10 @@ fn two_fusing_queues() {
     for c in common::configs() {
         let (_, fusions) = run_with_fusions(&both_ways, c);
         // On the simulated device the move of b0 to the device for #3 depends on the
-        // held #2 first and cancels q0's list before the cycle forms.
+        // held #2 first and cancels q0's list (in #3's name) before the cycle forms.
         let reason = |r: &CancelReason| {
             matches!(r, CancelReason::Cycle { .. })
-                || c.sim && matches!(r, CancelReason::Dependent { kind: "memory_move", .. })
+                || c.sim && matches!(r, CancelReason::Dependent { kind: "kernel", .. })
         };
         assert!(fusions.iter().any(|f| cancelled(reason)(&f.1)), "{c:?}: {fusions:?}");
     }
@@ -438,10 +436,11 @@ fn two_fusing_queues() {
     for c in common::configs() {
         let (_, fusions) = run_with_fusions(&one_way, c);
         // On the simulated device q1's kernel needs b0 moved there, and that move (a
-        // memory operation, not fused) depends on q0's held kernel: q0 is cancelled.
+        // memory operation, not fused) depends on q0's held kernel: q0 is cancelled, in
+        // the name of q1's kernel.
         let q0_ok = |o: &FusionOutcome| {
             fused(2)(o)
-                || c.sim && cancelled(|r| matches!(r, CancelReason::Dependent { kind: "memory_move", .. }))(o)
+                || c.sim && cancelled(|r| matches!(r, CancelReason::Dependent { kind: "kernel", .. }))(o)
         };
         assert!(q0_ok(&fusions[0].1) && fused(2)(&fusions[1].1), "{c:?}: {fusions:?}");
     }

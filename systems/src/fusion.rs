@@ -211,9 +211,16 @@ fn dependent_cancels(
     kind: &'static str,
 ) {
     // (The name is looked up only for a cancellation: most commands cancel nothing.)
+    // A memory move is the scheduler's, not the user's: the reason names the command
+    // it was inserted for.
     let reason = |world: &World, q: &mut Queries| {
-        let command = q.command(world, e).expect("command").name.clone();
-        CancelReason::Dependent { command, kind }
+        let cmd = q.command(world, e).expect("command");
+        if cmd.kind == CommandKind::MemoryMove {
+            let user = moved_for(world, q, e);
+            let user = q.command(world, user).expect("command");
+            return CancelReason::Dependent { command: user.name.clone(), kind: user.kind.name() };
+        }
+        CancelReason::Dependent { command: cmd.name.clone(), kind }
     };
     for &p in preds {
         let Some(list) = held_in(world, q, p) else { continue };
@@ -230,6 +237,30 @@ fn dependent_cancels(
                 let reason = reason(world, q);
                 cancel(world, q, dep, reason);
             }
+        }
+    }
+}
+
+/// The command memory move `m` was inserted for: the successor that carries the move's
+/// sequence number (resolution gives a move the number of the command that needs it),
+/// found through further moves (a move between devices through host memory is two).
+/// `m` itself if that command has no edge to it (it failed while being resolved).
+fn moved_for(world: &World, q: &mut Queries, m: Entity) -> Entity {
+    let mut at = m;
+    loop {
+        let Some(seq) = q.command(world, at).map(|c| c.seq) else { return at };
+        let Some(edges) = q.edges(world, at) else { return at };
+        let mut next_move = None;
+        for s in &edges.succs {
+            match q.command(world, s.entity) {
+                Some(c) if c.seq == seq && c.kind == CommandKind::MemoryMove => next_move = Some(s.entity),
+                Some(c) if c.seq == seq => return s.entity,
+                _ => {}
+            }
+        }
+        match next_move {
+            Some(n) => at = n,
+            None => return at,
         }
     }
 }

@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use crate::queries::Queries;
 use gantry_components::{
     CancelReason, Command, CommandDesc, Devices, Edges, Execution, Finished, FusionList, FusionOutcome,
-    FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, Requirements, SchedulerConfig, Stats,
-    Status, WorkLists,
+    FusionShared, Fusions, InFusion, Inbox, ListStatus, Message, QueueFailures, Requirements,
+    SchedulerConfig, Stats, Status, WorkLists,
 };
 
 /// The commands one ingest pass spawns, in submission order.
@@ -97,6 +97,9 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
     let limit = world.resource::<SchedulerConfig>().ingest_limit as u64;
     let mut commands = NewCommands::new(world);
     let mut messages = 0u64;
+    if let Some(n) = world.resource_mut::<QueueFailures>().pending.take() {
+        apply_sync(world, q, n);
+    }
     while messages < limit {
         let Ok(msg) = rx.try_recv() else { break };
         messages += 1;
@@ -158,11 +161,21 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     });
                     world.resource_mut::<Fusions>().deleting.push(list);
                 }
-                if let Some(qe) = queue.entity.get() {
-                    if q.queue(world, qe).is_some() {
-                        world.despawn(qe);
-                    }
-                    queue.entity.clear();
+                // Its state goes at the end of the flush (retire): commands sent before
+                // the drop, maybe ingested in this same pass, are resolved first, in
+                // order, against it (despawned now, it would be spawned again for them
+                // without their predecessors, and never despawned).
+                world.resource_mut::<WorkLists>().dropped_queues.push(queue);
+            }
+            Message::Synced(n) => {
+                // Commands ingested before it still inherit the failures it clears:
+                // with some in this pass, it waits until they have been resolved, and
+                // the pass ends here.
+                if commands.spawned.is_empty() {
+                    apply_sync(world, q, n);
+                } else {
+                    world.resource_mut::<QueueFailures>().pending = Some(n);
+                    break;
                 }
             }
             Message::ReleaseHostAccess(e) => {
@@ -190,6 +203,26 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
         stats.submitted += spawned;
         stats.live_commands += spawned;
     }
+}
+
+/// Clears the failures kept on queues (see `QueueFailures`) up to the `n`th recorded:
+/// a user wait or flush returned after them, so later commands do not inherit them.
+fn apply_sync(world: &mut World, q: &mut Queries, n: u64) {
+    let queues = std::mem::take(&mut world.resource_mut::<QueueFailures>().queues);
+    let mut kept = Vec::new();
+    for qe in queues {
+        let Some(mut state) = q.queue_mut(world, qe) else { continue };
+        match &state.last_failure {
+            Some(f) if f.seq > n => kept.push(qe),
+            _ => {
+                state.last_failure = None;
+                state.failure_listed = false;
+            }
+        }
+    }
+    let mut failures = world.resource_mut::<QueueFailures>();
+    failures.queues = kept;
+    failures.sync.applied.fetch_max(n, std::sync::atomic::Ordering::AcqRel);
 }
 
 /// Puts `shared`'s queue in fusion mode, if this is the first message about the

@@ -77,6 +77,7 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(config);
     world.insert_resource(WorkLists::default());
     world.insert_resource(Stats::default());
+    world.insert_resource(gantry_components::QueueFailures::default());
     world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(partition::ReverseDfs) });
     world.insert_resource(Fusions::new(
         std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new()),

@@ -16,7 +16,12 @@
 //! * **Events** — an explicit dependency on an unfinished event is an edge to its
 //!   command; on a failed event, the command fails without running.
 //! * **Queue order** — an in-order queue's command depends on the previous one; a
-//!   barrier depends on everything submitted to its queue since the last barrier.
+//!   barrier depends on everything submitted to its queue since the last barrier. If
+//!   the previous command has already failed and retired, the command fails as its
+//!   dependent (retire keeps the failure on the queue) unless the user has waited or
+//!   flushed since (`FailureSync`): a failure reaches the in-order successors
+//!   submitted before the user's next synchronization, as in manual mode, whatever
+//!   the scheduler's timing.
 //!
 //! Commands with no conflict and no event or queue dependency get no edge.
 //!
@@ -102,15 +107,21 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
         return;
     };
     let (device, kind, queue) = (cmd.device, cmd.kind, cmd.queue.clone());
+    let mut preds = Preds::new();
+    // Queue order first: a command that fails below is still its queue's last one, so
+    // its failure reaches the next in-order command like any other.
+    let queue_failure = queue.and_then(|queue| queue_order(world, q, e, kind, &queue, &mut preds));
     let d = &world.resource::<Devices>().0[device as usize];
     let (space, in_driver_waits) = (d.space, d.info.caps.in_driver_waits);
     if d.is_lost() {
         let name = d.info.name.clone();
         return fail_now(world, q, e, ExecError::DeviceLost { device: name });
     }
+    if let Some(error) = queue_failure {
+        return fail_now(world, q, e, error);
+    }
     let mut reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("command").0);
     let waits = std::mem::take(&mut q.execution_mut(world, e).expect("command").waits);
-    let mut preds = Preds::new();
 
     // Explicit event dependencies.
     for ev in &waits {
@@ -147,31 +158,6 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
     }
     q.requirements_mut(world, e).expect("command").0 = reqs;
 
-    // Queue order.
-    if let Some(queue) = queue {
-        let qe = queue_entity(world, q, &queue);
-        let mut state = q.queue_mut(world, qe).expect("queue state");
-        if queue.in_order {
-            if let Some(last) = state.last {
-                push_unique(&mut preds, last, e);
-            }
-        }
-        state.last = Some(e);
-        if kind == CommandKind::Barrier {
-            let since = std::mem::replace(&mut state.since_barrier, vec![e]);
-            for p in since {
-                push_unique(&mut preds, p, e);
-            }
-        } else {
-            state.since_barrier.push(e);
-            if state.since_barrier.len() >= 256 && state.since_barrier.len().is_power_of_two() {
-                let mut since = std::mem::take(&mut state.since_barrier);
-                since.retain(|&p| is_live(world, q, p));
-                q.queue_mut(world, qe).expect("queue state").since_barrier = since;
-            }
-        }
-    }
-
     // A kernel joining an active fusion list is withheld from enqueue.
     let list = if fusing && kind == CommandKind::Kernel { q.in_fusion(world, e) } else { None };
     let hold = match list {
@@ -186,6 +172,50 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
         None => false,
     };
     connect(world, q, e, preds, in_driver_waits, hold);
+}
+
+/// Queue order: an in-order queue's command depends on the previous one, a barrier on
+/// everything since the last barrier; `e` becomes the queue's last command. Returns
+/// the error `e` fails with if the previous command of its in-order queue has already
+/// failed and retired, and the user has not synchronized since: the failure reaches
+/// it as it would have had the previous command still been alive.
+fn queue_order(
+    world: &mut World,
+    q: &mut Queries,
+    e: Entity,
+    kind: CommandKind,
+    queue: &Arc<gantry_components::QueueCore>,
+    preds: &mut Preds,
+) -> Option<ExecError> {
+    let qe = queue_entity(world, q, queue);
+    let mut failed = None;
+    if queue.in_order {
+        let state = q.queue(world, qe).expect("queue state");
+        if let Some(last) = state.last {
+            if is_live(world, q, last) {
+                push_unique(preds, last, e);
+            } else if let Some(f) = &state.last_failure {
+                failed = Some(f.root.as_dependency_of(f.command.clone()));
+            }
+        }
+    }
+    let mut state = q.queue_mut(world, qe).expect("queue state");
+    state.last = Some(e);
+    state.last_failure = None;
+    if kind == CommandKind::Barrier {
+        let since = std::mem::replace(&mut state.since_barrier, vec![e]);
+        for p in since {
+            push_unique(preds, p, e);
+        }
+    } else {
+        state.since_barrier.push(e);
+        if state.since_barrier.len() >= 256 && state.since_barrier.len().is_power_of_two() {
+            let mut since = std::mem::take(&mut state.since_barrier);
+            since.retain(|&p| is_live(world, q, p));
+            q.queue_mut(world, qe).expect("queue state").since_barrier = since;
+        }
+    }
+    failed
 }
 
 /// The commands an event dependency on `p` stands for: `p` itself, or, for the command
@@ -602,6 +632,39 @@ mod tests {
         h.flush();
         assert!(matches!(later.error(), Some(gantry_driver::ExecError::DependencyFailed { .. })));
         assert_eq!(h.host.submitted_entities().len(), 1, "the dependent never reached the driver");
+    }
+
+    /// A failure kept on an in-order queue fails the queue's next command, unless a
+    /// sync covering it came first, in message order: a command ingested in the same
+    /// pass before the sync still fails.
+    #[test]
+    fn kept_failures_reach_in_order_commands_sent_before_the_sync() {
+        use gantry_components::{Message, QueueFailures};
+        let mut h = Harness::new(false);
+        let queue =
+            |id| std::sync::Arc::new(QueueCore { id, device: 0, in_order: true, entity: Default::default() });
+        let (a, b) = (queue(2), queue(3));
+        // (Each command fills a buffer of its own: only queue order links them.)
+        let fill = |h: &Harness, q, bytes| {
+            let buf = h.buffer(bytes);
+            h.submit_on(q, 0, CommandKind::Fill, &[(&buf, DiscardWrite, 0..bytes)], &[])
+        };
+        let bad = [fill(&h, &a, 8), fill(&h, &b, 16)];
+        h.flush();
+        for ev in &bad {
+            h.host.complete(entity(ev), Err(gantry_driver::ExecError::RuntimeDropped));
+        }
+        h.flush();
+        let kept = h.world.resource::<QueueFailures>().sync.unsynced();
+        assert_eq!(kept, Some(2), "both failures are kept");
+        let before = fill(&h, &a, 24);
+        h.tx.send(Message::Synced(2)).unwrap();
+        let after = fill(&h, &b, 32);
+        h.flush();
+        assert!(matches!(before.error(), Some(gantry_driver::ExecError::DependencyFailed { .. })));
+        h.flush();
+        assert!(after.error().is_none());
+        assert_eq!(h.host.submitted_entities().len(), 3, "the sent-after command reached the driver");
     }
 
     #[test]

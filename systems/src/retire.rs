@@ -11,8 +11,8 @@ use bevy_ecs::world::{FromWorld, World};
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, DeviceId, Devices, Execution, Finished, FusionList, Inbox, MemoryRecord, Slice, Stats,
-    Status, Timeline, WorkLists,
+    CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
+    QueueFailure, QueueFailures, Slice, Stats, Status, Timeline, WorkLists,
 };
 use gantry_driver::{ExecError, MemSpace};
 use smallvec::SmallVec;
@@ -46,6 +46,7 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         }
     }
     release_idle_records(world, q);
+    release_dropped_queues(world, q);
     // Bevy keeps a removal message for each component of every despawned entity
     // (here, every retired command) until the world's trackers are cleared; never
     // cleared, they grew by about 60 bytes a command. Cleared once per flush, as a game
@@ -91,7 +92,13 @@ fn finish(
     }
     let virtual_end = virtual_time.map_or(0, |v| virtual_end(world, q, &f, v));
     let mut undos = Vec::new();
-    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos) else {
+    // A failure's events, and its dependents', finish once the whole cascade has been
+    // retired: a user whose wait on one of them returns then finds every failure of
+    // the cascade recorded on its queue, to be cleared by its sync (`FailureSync`), as
+    // a wait in manual mode returns after the flush that retired the cascade.
+    let mut events = Vec::new();
+    let defer = f.result.is_err().then_some(&mut events);
+    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos, defer) else {
         return;
     };
     match f.result {
@@ -120,11 +127,16 @@ fn finish(
                     ended_ns: f.ended_ns,
                     lane: 0,
                 };
-                if let Some(next) = retire_entity(world, q, &poisoned, timeline, &mut undos) {
+                if let Some(next) =
+                    retire_entity(world, q, &poisoned, timeline, &mut undos, Some(&mut events))
+                {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
             }
             apply_undos(world, q, undos);
+            for (event, result, started_ns, ended_ns) in events {
+                event.finish(result, started_ns, ended_ns);
+            }
         }
     }
 }
@@ -147,14 +159,19 @@ fn world_name(world: &World, q: &mut Queries, e: Entity) -> Option<std::sync::Ar
     q.command(world, e).map(|c| c.name.clone())
 }
 
-/// Finishes the event, releases leaves and despawns; returns the successors, or
-/// `None` if the entity was already gone.
+/// An event to finish once a failure's cascade has been retired: the event, the
+/// result, the start and end times.
+type Deferred = (Arc<EventShared>, Result<(), ExecError>, u64, u64);
+
+/// Finishes the event (or hands it to `defer`), releases leaves and despawns; returns
+/// the successors, or `None` if the entity was already gone.
 fn retire_entity(
     world: &mut World,
     q: &mut Queries,
     f: &Finished,
     timeline: &mut Option<Timeline>,
     undos: &mut Vec<Undo>,
+    defer: Option<&mut Vec<Deferred>>,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
     let e = f.cmd;
     let exec = q.execution(world, e)?;
@@ -187,8 +204,9 @@ fn retire_entity(
     }
     let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
     let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
-    if !ok {
+    if let Err(error) = &f.result {
         undos_of(&reqs, undos);
+        record_queue_failure(world, q, e, error);
     }
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
@@ -202,7 +220,10 @@ fn retire_entity(
     }
     world.despawn(e);
     event.command.clear();
-    event.finish(f.result.clone(), f.started_ns, f.ended_ns);
+    match defer {
+        Some(events) => events.push((event, f.result.clone(), f.started_ns, f.ended_ns)),
+        None => event.finish(f.result.clone(), f.started_ns, f.ended_ns),
+    }
     let mut stats = world.resource_mut::<Stats>();
     stats.live_commands -= 1;
     if ok {
@@ -211,6 +232,29 @@ fn retire_entity(
         stats.failed += 1;
     }
     Some(succs)
+}
+
+/// If failed command `e` is the last command of an in-order queue, records its
+/// failure there (before its event finishes): the queue's next command depends on it,
+/// and fails with it even if it arrives after `e` is gone, unless the user has
+/// synchronized since (see `FailureSync`).
+fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &ExecError) {
+    let Some(cmd) = q.command(world, e) else { return };
+    let Some(qe) = cmd.queue.as_ref().filter(|queue| queue.in_order).and_then(|queue| queue.entity.get())
+    else {
+        return;
+    };
+    let command = cmd.name.clone();
+    let Some(listed) = q.queue(world, qe).filter(|s| s.last == Some(e)).map(|s| s.failure_listed) else {
+        return;
+    };
+    let seq = world.resource::<QueueFailures>().sync.record();
+    let mut state = q.queue_mut(world, qe).expect("queue state");
+    state.last_failure = Some(QueueFailure { command, root: error.root_cause().clone(), seq });
+    state.failure_listed = true;
+    if !listed {
+        world.resource_mut::<QueueFailures>().queues.push(qe);
+    }
 }
 
 /// A validity state to restore after a failure: (resolution order, buffer, the
@@ -290,6 +334,22 @@ fn release_idle_records(world: &mut World, q: &mut Queries) {
     }
 }
 
+/// Despawns the state entities of queues dropped this flush. Nothing needs them any
+/// more: every command sent to the queue was ingested before the drop and has been
+/// resolved. Its commands still alive reach the entity only through the queue's slot,
+/// cleared here (a failure of theirs then has no next command to record it for).
+fn release_dropped_queues(world: &mut World, q: &mut Queries) {
+    let dropped = std::mem::take(&mut world.resource_mut::<WorkLists>().dropped_queues);
+    for queue in dropped {
+        if let Some(qe) = queue.entity.get() {
+            if q.queue(world, qe).is_some() {
+                world.despawn(qe);
+            }
+            queue.entity.clear();
+        }
+    }
+}
+
 /// Fails every command still alive with `error`: used at shutdown
 /// ([`ExecError::RuntimeDropped`]), once drivers are idle, for commands that can never
 /// run (blocked behind a host access the user still holds), and when the scheduler
@@ -305,7 +365,7 @@ pub fn abandon_all(world: &mut World, error: ExecError) {
     let mut timeline = world.remove_resource::<Timeline>();
     for e in live {
         let f = Finished { cmd: e, result: Err(error.clone()), started_ns: 0, ended_ns: 0, lane: 0 };
-        retire_entity(world, q, &f, &mut timeline, &mut Vec::new());
+        retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None);
     }
     if let Some(t) = timeline {
         world.insert_resource(t);

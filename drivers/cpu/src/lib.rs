@@ -837,4 +837,59 @@ mod tests {
         let v = bytemuck_cast(unsafe { storage.bytes() });
         assert!(v.iter().all(|&x| x == 0), "contents restored, dependent did not run");
     }
+
+    /// A dependent submitted after its predecessor has already failed (the scheduler
+    /// hands over a dependent once its predecessor is submitted, and may do so after
+    /// it finished) fails with a dependency error naming it, and does not run, whether
+    /// it would have run inline or on the pool.
+    #[test]
+    fn a_dependent_of_an_already_failed_operation_does_not_run() {
+        let (d, rx) = driver(2);
+        let n = 3000;
+        let storage = Arc::new(HostStorage::zeroed(n * 4));
+        let bad = DeviceOp::Kernel(KernelLaunch {
+            kernel: Arc::new(ClosureKernel {
+                name: "bad".into(),
+                tag: 1,
+                phases: smallvec::smallvec![phase(move |it| {
+                    if it.global_linear_id() == n - 1 {
+                        panic!("boom");
+                    }
+                })],
+                global_slots: 0,
+                scratch: vec![],
+                cost: gantry_driver::ItemCost::default(),
+            }),
+            geometry: Geometry::for_range(Range::d1(n)).unwrap(),
+            args: smallvec::smallvec![],
+        });
+        let sub =
+            Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true, not_before_ns: 0 };
+        let h = d.submit(sub).unwrap().handle().expect("a multi-group kernel runs on the pool");
+        assert!(rx.recv().unwrap().result.is_err(), "the predecessor failed");
+        for (id, items) in [(2, 16), (3, n)] {
+            let sub = Submission {
+                id: OpId(id),
+                op: add_one(items, &storage, "after"),
+                waits: std::slice::from_ref(&h),
+                preserve_on_failure: true,
+                not_before_ns: 0,
+            };
+            let result = match d.submit(sub).unwrap() {
+                Accepted::Done(c) => c.result,
+                Accepted::Pending(_) => rx.recv().unwrap().result,
+            };
+            match result {
+                Err(ExecError::DependencyFailed { dependency, cause }) => {
+                    assert_eq!(&*dependency, "op 1");
+                    assert!(
+                        matches!(&*cause, ExecError::KernelPanicked { message, .. } if message == "boom")
+                    );
+                }
+                r => panic!("{items} items: {r:?}"),
+            }
+        }
+        let v = bytemuck_cast(unsafe { storage.bytes() });
+        assert!(v.iter().all(|&x| x == 0), "no dependent ran");
+    }
 }
