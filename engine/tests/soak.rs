@@ -9,6 +9,14 @@
 
 use gantry::{FusionProps, Runtime};
 
+/// Resident memory is the process's: the soaks take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Waits for the other soaks to finish, runtime teardown included.
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Resident memory of this process, in bytes (Linux).
 fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
@@ -38,6 +46,7 @@ const MIB: isize = 1 << 20;
 #[test]
 #[ignore = "a soak: run with --ignored"]
 fn ten_million_commands_keep_memory_flat() {
+    let _turn = turn();
     let rt = Runtime::new();
     let q = rt.queue();
     let buf = rt.buffer_zeroed::<u32>(64);
@@ -67,6 +76,7 @@ fn ten_million_commands_keep_memory_flat() {
 #[test]
 #[ignore = "a soak: run with --ignored"]
 fn a_hundred_thousand_queues_keep_memory_flat() {
+    let _turn = turn();
     let rt = Runtime::new();
     let buf = rt.buffer_zeroed::<u32>(4);
     let (mem, ents) = growth(&rt, 9, |_| {
@@ -82,6 +92,7 @@ fn a_hundred_thousand_queues_keep_memory_flat() {
 #[test]
 #[ignore = "a soak: run with --ignored"]
 fn a_hundred_thousand_distinct_fusions_keep_memory_flat() {
+    let _turn = turn();
     let rt = Runtime::builder().fusion_warnings(0).build();
     let q = rt.in_order_queue();
     let buf = rt.buffer_zeroed::<u32>(1 << 17);
