@@ -5,25 +5,26 @@
 //! fused depends on a listed kernel, or when a buffer a listed kernel uses is dropped;
 //! but it runs later, and meanwhile `is_in_fusion_mode` would still say yes and new
 //! kernels would join a list that is already doomed. So the submitting thread applies
-//! the same rules at the call, from what the active fusions' kernels use: any command
-//! touching a buffer a listed kernel touches, where either one writes, or waiting on
-//! a fusion's event, depends on the list (the scheduler's byte-range rules may find
-//! fewer conflicts; cancelling is never wrong, only cheaper fused work forgone). A
-//! fusion that is no longer active (completed, cancelled) is never cancelled here.
+//! the same rules at the call, from what the active fusions' kernels use: a command
+//! whose byte range of a buffer overlaps one a listed kernel uses, where either one
+//! writes, or one waiting on a fusion's event, depends on the list. A fusion that is
+//! no longer active (completed, cancelled) is never cancelled here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use gantry_components::{CancelReason, EventShared, FusionShared, FusionStatus, Message, Requirement};
+use gantry_components::{
+    ByteRange, CancelReason, EventShared, FusionShared, FusionStatus, Message, Requirement,
+};
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
 
 use crate::runtime::Shared;
 
-/// An active fusion and the buffers its listed kernels use: (buffer id, writes).
+/// An active fusion and what its listed kernels use: (buffer id, bytes, writes).
 struct Entry {
     fusion: Arc<FusionShared>,
-    uses: SmallVec<[(u64, bool); 8]>,
+    uses: SmallVec<[(u64, ByteRange, bool); 8]>,
 }
 
 /// The active fusions of one runtime.
@@ -50,9 +51,9 @@ impl Fusing {
         if let Some(e) = entries.iter_mut().find(|e| Arc::ptr_eq(&e.fusion, fusion)) {
             for r in requirements {
                 let (id, writes) = (r.buffer.id, r.mode.writes());
-                match e.uses.iter_mut().find(|u| u.0 == id) {
-                    Some(u) => u.1 |= writes,
-                    None => e.uses.push((id, writes)),
+                match e.uses.iter_mut().find(|u| u.0 == id && u.1 == r.range) {
+                    Some(u) => u.2 |= writes,
+                    None => e.uses.push((id, r.range, writes)),
                 }
             }
         }
@@ -74,7 +75,9 @@ impl Fusing {
         let depends = |e: &Entry| {
             waits.iter().any(|w| Arc::ptr_eq(w, &e.fusion.event))
                 || requirements.iter().any(|r| {
-                    e.uses.iter().any(|&(id, writes)| id == r.buffer.id && (writes || r.mode.writes()))
+                    e.uses.iter().any(|&(id, range, writes)| {
+                        id == r.buffer.id && range.overlaps(&r.range) && (writes || r.mode.writes())
+                    })
                 })
         };
         self.cancel_where(rt, depends, || CancelReason::Dependent { command: command.clone(), kind });

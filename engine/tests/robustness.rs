@@ -377,6 +377,30 @@ fn a_dependent_command_elsewhere_cancels_the_fusion_at_once() {
     assert_eq!(buf.to_vec().unwrap(), vec![10; 64]);
 }
 
+/// The call applies the scheduler's rule, byte ranges included: a command on a
+/// range no listed kernel touches leaves the fusion alone.
+#[test]
+fn an_independent_command_elsewhere_leaves_the_fusion_alone() {
+    let rt = Runtime::new();
+    let (q, other_q) = (rt.queue(), rt.queue());
+    let buf = rt.buffer_zeroed::<u32>(128);
+    q.start_fusion().unwrap();
+    for _ in 0..2 {
+        q.submit(|cg| {
+            let b = cg.elements::<u32, gantry::ReadWrite>(&buf, ..64);
+            cg.parallel_for(64, move |it| *b.elem(it) += 1);
+        })
+        .unwrap();
+    }
+    other_q.submit(|cg| cg.fill_range(&buf, 64.., 7)).unwrap();
+    assert!(q.is_in_fusion_mode());
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    other_q.wait().unwrap();
+    assert!(matches!(q.fusion_outcome(), Some(gantry::FusionOutcome::Fused { kernels: 2, .. })));
+    let v = buf.to_vec().unwrap();
+    assert_eq!((&v[..64], &v[64..]), (&[2; 64][..], &[7; 64][..]));
+}
+
 // ---- 15. q.wait() means every event of the queue is final ----
 
 #[test]
