@@ -8,7 +8,10 @@
 //! the same rules at the call, from what the active fusions' kernels use: a command
 //! whose byte range of a buffer overlaps one a listed kernel uses, where either one
 //! writes, or one waiting on a fusion's event, depends on the list. A fusion that is
-//! no longer active (completed, cancelled) is never cancelled here.
+//! no longer active (completed, cancelled) is never cancelled here. A kernel listed
+//! in one fusion that depends on another's kernels makes the first depend on the
+//! second; if the second already depends on the first, fusing both would form a
+//! cycle, and the second is cancelled, as the scheduler does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,6 +28,19 @@ use crate::runtime::Shared;
 struct Entry {
     fusion: Arc<FusionShared>,
     uses: SmallVec<[(u64, ByteRange, bool); 8]>,
+    /// The fusions whose kernels some of its kernels depend on.
+    deps: SmallVec<[Arc<FusionShared>; 2]>,
+}
+
+impl Entry {
+    /// Whether a command with these requirements depends on this fusion's kernels.
+    fn conflicts(&self, requirements: &[Requirement]) -> bool {
+        requirements.iter().any(|r| {
+            self.uses.iter().any(|&(id, range, writes)| {
+                id == r.buffer.id && range.overlaps(&r.range) && (writes || r.mode.writes())
+            })
+        })
+    }
 }
 
 /// The active fusions of one runtime.
@@ -41,13 +57,40 @@ impl Fusing {
     pub(crate) fn start(&self, fusion: &Arc<FusionShared>) {
         let mut entries = self.entries.lock();
         entries.retain(|e| e.fusion.status() == FusionStatus::Active);
-        entries.push(Entry { fusion: fusion.clone(), uses: SmallVec::new() });
+        entries.push(Entry { fusion: fusion.clone(), uses: SmallVec::new(), deps: SmallVec::new() });
         self.len.store(entries.len(), Ordering::Release);
     }
 
-    /// Records the buffers of a kernel listed in `fusion`.
-    pub(crate) fn listed(&self, fusion: &Arc<FusionShared>, requirements: &[Requirement]) {
+    /// Records the buffers of a kernel listed in `fusion`, and what it depends on:
+    /// another fusion's kernels. Returns the other fusions that already depend on
+    /// this one: fusing both would form a cycle, so the caller cancels them with
+    /// [`Fusing::cancel_cycles`] (once it no longer holds `fusion`'s lock: a
+    /// cancellation takes the other fusion's).
+    #[must_use]
+    pub(crate) fn listed(
+        &self,
+        fusion: &Arc<FusionShared>,
+        requirements: &[Requirement],
+    ) -> SmallVec<[Arc<FusionShared>; 1]> {
+        let mut cycles: SmallVec<[Arc<FusionShared>; 1]> = SmallVec::new();
         let mut entries = self.entries.lock();
+        if entries.len() > 1 {
+            let others: SmallVec<[Arc<FusionShared>; 2]> = entries
+                .iter()
+                .filter(|o| !Arc::ptr_eq(&o.fusion, fusion) && o.fusion.status() == FusionStatus::Active)
+                .filter(|o| o.conflicts(requirements))
+                .map(|o| o.fusion.clone())
+                .collect();
+            for other in others {
+                if depends_on(&entries, &other, fusion) {
+                    cycles.push(other);
+                } else if let Some(e) = entries.iter_mut().find(|e| Arc::ptr_eq(&e.fusion, fusion)) {
+                    if !e.deps.iter().any(|d| Arc::ptr_eq(d, &other)) {
+                        e.deps.push(other);
+                    }
+                }
+            }
+        }
         if let Some(e) = entries.iter_mut().find(|e| Arc::ptr_eq(&e.fusion, fusion)) {
             for r in requirements {
                 let (id, writes) = (r.buffer.id, r.mode.writes());
@@ -56,6 +99,22 @@ impl Fusing {
                     None => e.uses.push((id, r.range, writes)),
                 }
             }
+        }
+        cycles
+    }
+
+    /// Cancels the fusions [`Fusing::listed`] found in a cycle with `fusion`.
+    pub(crate) fn cancel_cycles(
+        &self,
+        rt: &Shared,
+        fusion: &FusionShared,
+        cycles: SmallVec<[Arc<FusionShared>; 1]>,
+    ) {
+        for other in cycles {
+            let reason = CancelReason::Cycle { other_queue: fusion.queue.id };
+            other.cancel(reason, || {
+                let _ = rt.send(Message::CancelFusion(other.clone()));
+            });
         }
     }
 
@@ -72,14 +131,8 @@ impl Fusing {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
-        let depends = |e: &Entry| {
-            waits.iter().any(|w| Arc::ptr_eq(w, &e.fusion.event))
-                || requirements.iter().any(|r| {
-                    e.uses.iter().any(|&(id, range, writes)| {
-                        id == r.buffer.id && range.overlaps(&r.range) && (writes || r.mode.writes())
-                    })
-                })
-        };
+        let depends =
+            |e: &Entry| waits.iter().any(|w| Arc::ptr_eq(w, &e.fusion.event)) || e.conflicts(requirements);
         self.cancel_where(rt, depends, || CancelReason::Dependent { command: command.clone(), kind });
     }
 
@@ -105,4 +158,24 @@ impl Fusing {
             });
         }
     }
+}
+
+/// Whether active fusion `from` depends, directly or through other active fusions,
+/// on `to`.
+fn depends_on(entries: &[Entry], from: &Arc<FusionShared>, to: &Arc<FusionShared>) -> bool {
+    let mut stack: SmallVec<[Arc<FusionShared>; 4]> = smallvec::smallvec![from.clone()];
+    let mut seen: SmallVec<[*const FusionShared; 4]> = SmallVec::new();
+    while let Some(f) = stack.pop() {
+        if Arc::ptr_eq(&f, to) {
+            return true;
+        }
+        if seen.contains(&Arc::as_ptr(&f)) || f.status() != FusionStatus::Active {
+            continue;
+        }
+        seen.push(Arc::as_ptr(&f));
+        if let Some(e) = entries.iter().find(|e| Arc::ptr_eq(&e.fusion, &f)) {
+            stack.extend(e.deps.iter().cloned());
+        }
+    }
+    false
 }

@@ -219,12 +219,15 @@ impl Queue {
                 // while listed: the scheduler gives it one of its own only if it runs
                 // unfused (nobody sees that one; a fused kernel never needs it).
                 let sent = fusion.send_kernel(built, |b| {
-                    rt.fusing.listed(fusion, &b.requirements);
+                    let cycles = rt.fusing.listed(fusion, &b.requirements);
                     let (fusion, event) = (Some(fusion.clone()), fusion.event.clone());
-                    self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, fusion, event)
+                    (self.send(b.kind, b.name, b.work, b.requirements, b.waits, false, fusion, event), cycles)
                 });
                 match sent {
-                    Ok(sent) => return sent.map(|()| Event::of_fusion(fusion.clone(), rt)),
+                    Ok((sent, cycles)) => {
+                        rt.fusing.cancel_cycles(rt, fusion, cycles);
+                        return sent.map(|()| Event::of_fusion(fusion.clone(), rt));
+                    }
                     Err(b) => built = b,
                 }
             }

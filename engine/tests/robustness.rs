@@ -401,6 +401,45 @@ fn an_independent_command_elsewhere_leaves_the_fusion_alone() {
     assert_eq!((&v[..64], &v[64..]), (&[2; 64][..], &[7; 64][..]));
 }
 
+/// Two fusing queues that come to depend on each other both ways: the kernel that
+/// closes the cycle cancels the other fusion before its submit returns.
+#[test]
+fn a_cycle_between_fusing_queues_cancels_one_at_the_call() {
+    for rt in runtimes() {
+        let (qa, qb) = (rt.queue(), rt.queue());
+        let (x, y) = (rt.buffer(&[1u32; 8]), rt.buffer(&[2u32; 8]));
+        qa.start_fusion().unwrap();
+        qb.start_fusion().unwrap();
+        qa.submit(|cg| {
+            let xs = cg.elements_mut(&x);
+            cg.parallel_for(8, move |it| *xs.elem(it) *= 2);
+        })
+        .unwrap();
+        qb.submit(|cg| {
+            let (xs, ys) = (cg.read(&x), cg.elements_mut(&y));
+            cg.parallel_for(8, move |it| *ys.elem(it) += xs.get(it, it.global_linear_id()));
+        })
+        .unwrap();
+        assert!(qb.is_in_fusion_mode());
+        qa.submit(|cg| {
+            let (ys, xs) = (cg.read(&y), cg.elements_mut(&x));
+            cg.parallel_for(8, move |it| *xs.elem(it) += ys.get(it, it.global_linear_id()));
+        })
+        .unwrap();
+        assert!(!qb.is_in_fusion_mode());
+        assert!(qa.is_in_fusion_mode());
+        assert!(matches!(
+            qb.fusion_outcome(),
+            Some(gantry::FusionOutcome::Cancelled(gantry::CancelReason::Cycle { other_queue })) if other_queue == qa.id()
+        ));
+        let ea = qa.complete_fusion(FusionProps::default()).unwrap();
+        ea.wait().unwrap();
+        qb.wait().unwrap();
+        assert_eq!(y.to_vec().unwrap(), vec![4; 8]);
+        assert_eq!(x.to_vec().unwrap(), vec![6; 8]);
+    }
+}
+
 // ---- 15. q.wait() means every event of the queue is final ----
 
 #[test]
