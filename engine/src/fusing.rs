@@ -120,6 +120,7 @@ impl Fusing {
 
     /// Cancels every active fusion a command with these requirements and waits
     /// depends on, naming the command.
+    #[inline]
     pub(crate) fn cancel_dependencies(
         &self,
         rt: &Shared,
@@ -128,9 +129,20 @@ impl Fusing {
         command: &Arc<str>,
         kind: &'static str,
     ) {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return;
+        if self.len.load(Ordering::Acquire) != 0 {
+            self.cancel_dependencies_slow(rt, requirements, waits, command, kind);
         }
+    }
+
+    #[inline(never)]
+    fn cancel_dependencies_slow(
+        &self,
+        rt: &Shared,
+        requirements: &[Requirement],
+        waits: &[Arc<EventShared>],
+        command: &Arc<str>,
+        kind: &'static str,
+    ) {
         let depends =
             |e: &Entry| waits.iter().any(|w| Arc::ptr_eq(w, &e.fusion.event)) || e.conflicts(requirements);
         self.cancel_where(rt, depends, || CancelReason::Dependent { command: command.clone(), kind });
