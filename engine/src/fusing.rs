@@ -118,24 +118,16 @@ impl Fusing {
         }
     }
 
-    /// Cancels every active fusion a command with these requirements and waits
-    /// depends on, naming the command.
+    /// Whether any fusion may be active: one load, so that a runtime with none pays
+    /// nothing more per submission.
     #[inline]
-    pub(crate) fn cancel_dependencies(
-        &self,
-        rt: &Shared,
-        requirements: &[Requirement],
-        waits: &[Arc<EventShared>],
-        command: &Arc<str>,
-        kind: &'static str,
-    ) {
-        if self.len.load(Ordering::Acquire) != 0 {
-            self.cancel_dependencies_slow(rt, requirements, waits, command, kind);
-        }
+    pub(crate) fn any(&self) -> bool {
+        self.len.load(Ordering::Acquire) != 0
     }
 
-    #[inline(never)]
-    fn cancel_dependencies_slow(
+    /// Cancels every active fusion a command with these requirements and waits
+    /// depends on, naming the command.
+    pub(crate) fn cancel_dependencies(
         &self,
         rt: &Shared,
         requirements: &[Requirement],

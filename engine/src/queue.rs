@@ -237,7 +237,15 @@ impl Queue {
         if self.handle.core.in_order {
             self.cancel_for_dependent(&built.name, built.kind);
         }
-        rt.fusing.cancel_dependencies(rt, &built.requirements, &built.waits, &built.name, built.kind.name());
+        if rt.fusing.any() {
+            rt.fusing.cancel_dependencies(
+                rt,
+                &built.requirements,
+                &built.waits,
+                &built.name,
+                built.kind.name(),
+            );
+        }
         let event = self.new_event(&built.name);
         if let Some((slot, storage)) = built.readback {
             *slot.lock() = Some((storage, event.clone()));

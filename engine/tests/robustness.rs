@@ -139,14 +139,7 @@ fn host_task_capture_whose_destructor_panics_fails_only_its_command() {
         let manual = Runtime::builder().mode(Mode::Manual).worker_threads(0).host_threads(0).build();
         for rt in [Runtime::new(), Runtime::builder().host_threads(2).build(), manual] {
             let q = rt.queue();
-            let guard = PanicOnDrop(true);
-            let ev = q
-                .submit(move |cg| {
-                    cg.host_task(move |_| {
-                        let _ = &guard;
-                    })
-                })
-                .unwrap();
+            let ev = submit_task_with_panicking_capture(&q);
             let err = ev.wait().unwrap_err();
             assert!(matches!(err, Error::Exec(ExecError::HostTaskPanicked { .. })), "{err:?}");
             let buf = rt.buffer_zeroed::<u32>(8);
@@ -154,6 +147,17 @@ fn host_task_capture_whose_destructor_panics_fails_only_its_command() {
             assert_eq!(buf.to_vec().unwrap(), vec![6; 8]);
         }
     });
+}
+
+/// Submits a host task whose captured value panics when dropped.
+fn submit_task_with_panicking_capture(q: &gantry::Queue) -> gantry::Event {
+    let guard = PanicOnDrop(true);
+    q.submit(move |cg| {
+        cg.host_task(move |_| {
+            let _ = &guard;
+        })
+    })
+    .unwrap()
 }
 
 /// A host task that never runs (its dependency failed) drops its closure on the
@@ -164,14 +168,7 @@ fn a_host_task_that_never_runs_drops_its_panicking_capture_safely() {
         for rt in runtimes() {
             let q = rt.in_order_queue();
             q.submit(|cg| cg.single_task(|_| panic!("first fails"))).unwrap();
-            let guard = PanicOnDrop(true);
-            let ev = q
-                .submit(move |cg| {
-                    cg.host_task(move |_| {
-                        let _ = &guard;
-                    })
-                })
-                .unwrap();
+            let ev = submit_task_with_panicking_capture(&q);
             let err = ev.wait().unwrap_err();
             assert!(matches!(err, Error::Exec(ExecError::DependencyFailed { .. })), "{err:?}");
             assert!(rt.failure().is_none());
