@@ -455,10 +455,22 @@ fn fusion_request(
     let mut request = FusionRequest { kernels: Vec::with_capacity(kernels.len()), barriers: props.barriers };
     for (i, &k) in kernels.iter().enumerate() {
         let args = pushed(q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg));
+        // The listed kernels it depends on (by a buffer, queue order or an event), all
+        // listed before it: a driver that runs the list unfused after the fused
+        // kernel failed skips it if one of them failed. (The most recent first: on an
+        // in-order queue, the previous kernel.)
+        let earlier = &kernels[..i];
+        let deps = pushed(
+            q.edges(world, k)
+                .expect("edges")
+                .preds
+                .iter()
+                .filter_map(|p| earlier.iter().rposition(|e| e == p).map(|j| j as u32)),
+        );
         let mut exec = q.execution_mut(world, k).expect("execution");
         match exec.work.take() {
             Some(Work::Kernel { kernel, geometry }) => {
-                request.kernels.push(FusionKernel { kernel, geometry, args })
+                request.kernels.push(FusionKernel { kernel, geometry, args, deps })
             }
             other => {
                 exec.work = other;

@@ -671,6 +671,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -738,6 +739,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, local * 4)],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: NdRange::new(n, 64).geometry().unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -802,6 +804,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -859,6 +862,7 @@ mod tests {
                 global_slots: 0,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![],

@@ -1517,6 +1517,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
@@ -2094,6 +2095,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, bytes)],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
