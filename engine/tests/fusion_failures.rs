@@ -347,3 +347,46 @@ fn a_failing_kernel_beside_an_internalized_chain_keeps_what_unfused_would() {
         }
     }
 }
+
+/// An output written whole without its contents (`elements_out`) into memory that
+/// holds no valid copy (on the simulated device: the buffer's only copy is on the
+/// host) is valid only once its kernel has run. When the fused kernel fails, the
+/// output a kernel that still ran wrote stays valid, as unfused, and later work on
+/// the device reads it; the output of the kernel that failed keeps its last valid
+/// contents.
+#[test]
+fn a_discarded_output_written_before_a_failure_stays_valid() {
+    quiet_panics();
+    for setup in SETUPS {
+        for failing in [0, 1] {
+            let rt = setup.runtime();
+            let q = rt.queue_with(QueueOptions { device: setup.device(), in_order: false }).unwrap();
+            let input = rt.buffer(&vec![40u32; N]);
+            let outs = [rt.buffer(&vec![5u32; N]), rt.buffer(&vec![6u32; N])];
+            q.start_fusion().unwrap();
+            for (k, out) in outs.iter().enumerate() {
+                q.submit(|cg| {
+                    let (i, o) = (cg.read(&input), cg.elements_out(out));
+                    cg.parallel_for(N, move |it| {
+                        *o.elem(it) = i.get(it, it.global_linear_id()) + k as u32;
+                        if k == failing && it.global_linear_id() == N - 1 {
+                            panic!("kernel exploded");
+                        }
+                    });
+                })
+                .unwrap();
+            }
+            assert!(q.complete_fusion(FusionProps::default()).unwrap().wait().is_err());
+            // Later work on the device starts from the outputs' valid copies.
+            for out in &outs {
+                add(&q, "after", out, 100, false).wait().unwrap();
+            }
+            let want = |k: usize| if k == failing { [105, 106][k] } else { 140 + k as u32 };
+            assert_eq!(
+                firsts(&[&outs[0], &outs[1]]),
+                vec![want(0), want(1)],
+                "{setup:?}: kernel {failing} fails"
+            );
+        }
+    }
+}

@@ -566,6 +566,12 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             pushed(kernels.iter().map(|&k| &q.requirements(world, k).expect("requirements").0[..]));
         fused_requirements(&fused, &all)
     };
+    // A placement (a whole-buffer discard-write into a space with no valid copy) is
+    // undone when its command fails; a fused kernel's failure keeps what its kernels
+    // still wrote when run unfused, so retire asks them (only then: most fusions
+    // place nothing).
+    let unfused =
+        if reqs.iter().any(|r| r.valid_before.is_some()) { fused.kernel.unfused.clone() } else { None };
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();
@@ -677,6 +683,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     let mut l = q.list_mut(world, list).expect("list");
     l.command = Some(e);
+    l.unfused = unfused;
     l.status = ListStatus::Completed;
     l.held.clear();
     l.deps.clear();

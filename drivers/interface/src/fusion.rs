@@ -827,6 +827,8 @@ struct FusedBody {
     parts: SmallVec<[Part; 4]>,
     plan: Arc<Plan>,
     barriers: bool,
+    /// Per part, whether the last [`Unfused::rerun`] completed it (`None` before one).
+    completed: Mutex<Option<SmallVec<[bool; 8]>>>,
 }
 
 impl FusedBody {
@@ -1082,7 +1084,23 @@ impl Unfused {
                 first_error.get_or_insert(e);
             }
         }
+        *self.0.completed.lock().expect("rerun outcome") = Some(failed.iter().map(|&f| !f).collect());
         Some(first_error.map_or(Ok(()), Err))
+    }
+
+    /// Whether the last [`Unfused::rerun`] completed a kernel bound to the fused
+    /// kernel's argument `arg`: its range then holds what the kernels wrote (a failed
+    /// kernel's writes undone), which a scheduler keeps although the fused command
+    /// failed. False before any rerun, and for an argument no completed kernel binds.
+    ///
+    /// Its answer is the last rerun's: meaningful for a kernel launched once (a
+    /// queue's fusion), read after that launch completed.
+    pub fn kept(&self, arg: usize) -> bool {
+        let completed = self.0.completed.lock().expect("rerun outcome");
+        let (Some(completed), Some((.., uses))) = (completed.as_ref(), self.0.plan.args.get(arg)) else {
+            return false;
+        };
+        uses.iter().any(|&(k, _)| completed.get(k as usize).copied().unwrap_or(false))
     }
 }
 
@@ -1360,7 +1378,8 @@ impl FusionCompiler for ClosureFusion {
             (plan.args.len(), plan.scratch.clone(), plan.cost, plan.geometry);
         // The closure and the kernel's fallback share the body, and the body owns the
         // plan.
-        let body = Arc::new(FusedBody { parts, plan, barriers: request.barriers });
+        let body =
+            Arc::new(FusedBody { parts, plan, barriers: request.barriers, completed: Mutex::new(None) });
         let unfused = Unfused(body.clone());
         let kernel = ClosureKernel {
             name,
@@ -2154,14 +2173,18 @@ mod tests {
             // SAFETY (both): the vectors outlive the call, and nothing else touches them.
             let short = unsafe { unfused.rerun(&globals[1..], |_| true, &pool, launch) };
             assert!(short.is_none(), "bindings that are not the fused kernel's run nothing");
+            assert!(!unfused.kept(0), "no rerun yet");
             let result = unsafe { unfused.rerun(&globals, |_| true, &pool, launch) }.unwrap();
             let got: Vec<u32> = (1..=5).map(|b| bufs[&b][0]).collect();
+            let kept: Vec<(u64, bool)> =
+                fused.args.iter().enumerate().map(|(i, a)| (a.buffer, unfused.kept(i))).collect();
             if fail {
                 match result {
                     Err(ExecError::KernelPanicked { kernel, .. }) => assert_eq!(&*kernel, "add"),
                     r => panic!("{r:?}"),
                 }
                 assert_eq!(got, vec![2, 2, 3, 4, 10], "add undone, copy skipped, side kept");
+                assert_eq!(kept, vec![(1, true), (3, false), (4, false), (5, true)]);
             } else {
                 result.unwrap();
                 assert_eq!(got, vec![2, 2, 14, 14, 10], "the serial result; the intermediate stays");
