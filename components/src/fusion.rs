@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::resource::Resource;
-use gantry_driver::fusion::{FusionCompiler, FusionError, FusionWarning};
+use gantry_driver::fusion::{FusionCompiler, FusionError, FusionWarning, Unfused};
 use gantry_driver::sync::atomic::{AtomicU64, AtomicU8};
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -288,6 +288,10 @@ pub struct FusionList {
     pub complete: Option<(u64, FusionProps)>,
     /// A cancellation asked for by a message (user cancel, buffer or queue dropped).
     pub cancel: Option<CancelReason>,
+    /// The fused kernel's kernels, when a failure of the fused kernel could undo a
+    /// placement one of them made (see `retire`): a driver that reran them unfused
+    /// says which arguments they still wrote ([`Unfused::kept`]).
+    pub unfused: Option<Unfused>,
 }
 
 impl FusionList {
@@ -307,6 +311,7 @@ impl FusionList {
             epoch: 0,
             complete: None,
             cancel: None,
+            unfused: None,
         }
     }
 
@@ -329,6 +334,7 @@ impl FusionList {
         self.deps.clear();
         self.epoch = self.epoch.wrapping_add(1);
         self.complete = None;
+        self.unfused = None;
         self.cancel = None;
     }
 }

@@ -638,6 +638,7 @@ impl Handler {
                     global_slots: self.requirements.len(),
                     scratch: std::mem::take(&mut self.scratch),
                     cost: gantry_driver::ItemCost::of(self.item_cost_ns),
+                    unfused: None,
                 };
                 (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
             }

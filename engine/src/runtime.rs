@@ -546,7 +546,7 @@ impl Shared {
     fn throttle(&self) {
         // Measuring the channel costs more than a send: look every 64 messages, so
         // the limit holds within 64.
-        if self.senders.sent.load(Ordering::Relaxed) % 64 != 0 {
+        if !self.senders.sent.load(Ordering::Relaxed).is_multiple_of(64) {
             return;
         }
         let over = || self.msg_rx.len() as u64 >= self.max_pending;

@@ -19,8 +19,11 @@
 //!   early if it depends on a listed kernel; if not, and it fails, a fused kernel
 //!   that depends on it fails with it. The kernels' data flow is index-aligned
 //!   (work-item `i` touches element `i` only), so fused results equal unfused ones.
-//!   A fused window fails as a whole if one of its kernels fails, and all its
-//!   kernels' writes are undone; a cancelled one runs unfused, with the batch rules.
+//!   A fused window's event (every listed kernel's) fails if one of its kernels
+//!   fails, but fusion does not change which results survive: the fused kernel's
+//!   effects are the unfused kernels' under the batch rules (a failed kernel's
+//!   writes are undone, its dependents in the window do not run, the others keep
+//!   their writes). A cancelled window runs unfused, with the batch rules.
 //!   The model also predicts each kernel's event (the fusion's, or its own after an
 //!   early cancellation by a host access) and the fusion's outcome. A window on the
 //!   faulty device is completed with no synchronizing operation: its fused kernel is
@@ -413,24 +416,38 @@ impl Model {
         let n = self.buffers.len();
         let mut failed = Vec::new();
         let fusion_failed = if fused {
-            // One kernel: if any part fails, all of it fails and all its writes are
-            // undone. The synchronizing operation is independent of the kernels
-            // listed before it and runs on its own (first: the kernels are held until
-            // `complete_fusion`); if it fails, so does the fused kernel if a kernel
-            // listed after it depends on it.
+            // One kernel, one event: if any part fails, the fused kernel fails. The
+            // synchronizing operation is independent of the kernels listed before it
+            // and runs on its own (first: the kernels are held until
+            // `complete_fusion`); if it fails, so does the fused kernel, without
+            // running, if a kernel listed after it depends on it.
             let mut p = Poison::new(n);
             let sync_failed = sync.map(|s| self.run(&mut p, s));
             let poisoned = w.kernels[pos..].iter().any(|k| p.hits(k));
-            let mut fails = poisoned || w.kernels.iter().any(|k| matches!(k, Op::FailingKernel { .. }));
-            // On the faulty device the fused kernel is one launch.
+            // On the faulty device the fused kernel is one launch, which a fault
+            // fails without running.
+            let mut faulted = false;
             if !poisoned && w.queue == FAULTY {
-                fails |= self.faults.contains(&self.launches);
+                faulted = self.faults.contains(&self.launches);
                 self.launches += 1;
             }
-            for k in &w.kernels {
-                if !fails {
-                    self.effect(k);
+            let panics = w.kernels.iter().any(|k| matches!(k, Op::FailingKernel { .. }));
+            let fails = poisoned || faulted || panics;
+            if !poisoned && !faulted {
+                // It ran: its effects are the unfused kernels' (a failed kernel's
+                // writes undone, its dependents in the window skipped, independent
+                // kernels' writes kept), whether one failed or none did. A rerun
+                // after a failure is not a launch of its own.
+                let mut listed = Poison::new(n);
+                for k in &w.kernels {
+                    if listed.hits(k) || matches!(k, Op::FailingKernel { .. }) {
+                        listed.mark(k);
+                    } else {
+                        self.effect(k);
+                    }
                 }
+            }
+            for _ in &w.kernels {
                 failed.push(fails);
             }
             if let Some(f) = sync_failed {

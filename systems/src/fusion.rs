@@ -455,10 +455,22 @@ fn fusion_request(
     let mut request = FusionRequest { kernels: Vec::with_capacity(kernels.len()), barriers: props.barriers };
     for (i, &k) in kernels.iter().enumerate() {
         let args = pushed(q.requirements(world, k).expect("requirements").0.iter().map(fusion_arg));
+        // The listed kernels it depends on (by a buffer, queue order or an event), all
+        // listed before it: a driver that runs the list unfused after the fused
+        // kernel failed skips it if one of them failed. (The most recent first: on an
+        // in-order queue, the previous kernel.)
+        let earlier = &kernels[..i];
+        let deps = pushed(
+            q.edges(world, k)
+                .expect("edges")
+                .preds
+                .iter()
+                .filter_map(|p| earlier.iter().rposition(|e| e == p).map(|j| j as u32)),
+        );
         let mut exec = q.execution_mut(world, k).expect("execution");
         match exec.work.take() {
             Some(Work::Kernel { kernel, geometry }) => {
-                request.kernels.push(FusionKernel { kernel, geometry, args })
+                request.kernels.push(FusionKernel { kernel, geometry, args, deps })
             }
             other => {
                 exec.work = other;
@@ -554,6 +566,12 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
             pushed(kernels.iter().map(|&k| &q.requirements(world, k).expect("requirements").0[..]));
         fused_requirements(&fused, &all)
     };
+    // A placement (a whole-buffer discard-write into a space with no valid copy) is
+    // undone when its command fails; a fused kernel's failure keeps what its kernels
+    // still wrote when run unfused, so retire asks them (only then: most fusions
+    // place nothing).
+    let unfused =
+        if reqs.iter().any(|r| r.valid_before.is_some()) { fused.kernel.unfused.clone() } else { None };
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();
@@ -665,6 +683,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     }
     let mut l = q.list_mut(world, list).expect("list");
     l.command = Some(e);
+    l.unfused = unfused;
     l.status = ListStatus::Completed;
     l.held.clear();
     l.deps.clear();

@@ -888,13 +888,21 @@ impl Finalize<'_> {
             .map(|&n| nodes[n as usize].uses.iter().map(NodeUse::requirement).collect())
             .collect();
         let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
-        for (&n, reqs) in chain.iter().zip(&reqs) {
+        for (i, (&n, reqs)) in chain.iter().zip(&reqs).enumerate() {
             let node = &nodes[n as usize];
             let NodeWork::Kernel { kernel, geometry } = &node.work else {
                 return Err(format!("`{}` is not a kernel", node.name));
             };
             let args = reqs.iter().map(fusion_arg).collect();
-            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args });
+            // Its predecessors in the chain (a chain has no path between its kernels
+            // through other nodes: `fusion_chains` ends it before one).
+            let earlier = &chain[..i];
+            let deps = node
+                .preds
+                .iter()
+                .filter_map(|p| earlier.iter().position(|e| e == p).map(|j| j as u32))
+                .collect();
+            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args, deps });
         }
         let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
@@ -1180,6 +1188,7 @@ mod patch_tests {
             global_slots: 1,
             scratch: vec![],
             cost: ItemCost::default(),
+            unfused: None,
         })
     }
 

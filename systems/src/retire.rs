@@ -14,6 +14,7 @@ use gantry_components::{
     CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
     QueueFailure, QueueFailures, Slice, Stats, Status, Timeline, WorkLists,
 };
+use gantry_driver::fusion::Unfused;
 use gantry_driver::{ExecError, MemSpace};
 use smallvec::SmallVec;
 
@@ -205,7 +206,8 @@ fn retire_entity(
     let succs = std::mem::take(&mut q.edges_mut(world, e).expect("edges").succs);
     let reqs = std::mem::take(&mut q.requirements_mut(world, e).expect("requirements").0);
     if let Err(error) = &f.result {
-        undos_of(&reqs, undos);
+        let unfused = fused_kernels(world, q, e);
+        undos_of(&reqs, unfused.as_ref(), undos);
         record_queue_failure(world, q, e, error);
     }
     for r in &reqs {
@@ -269,12 +271,32 @@ type Undo = (u64, Arc<gantry_components::BufferCore>, SmallVec<[MemSpace; 2]>);
 /// Every command resolved after it that relied on that placement depended on it and
 /// failed in the same cascade, so the valid set from before the *earliest* such
 /// placement in the cascade is the truth again ([`apply_undos`]).
-fn undos_of(reqs: &[gantry_components::Requirement], out: &mut Vec<Undo>) {
-    for r in reqs {
+///
+/// A failed fused kernel whose driver ran its kernels again unfused
+/// ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun)) is the exception: a
+/// placement one of them completed holds what it wrote (`unfused` says which
+/// argument, the fused kernel's requirement of the same index), as it would have
+/// unfused, and stays valid.
+fn undos_of(reqs: &[gantry_components::Requirement], unfused: Option<&Unfused>, out: &mut Vec<Undo>) {
+    for (i, r) in reqs.iter().enumerate() {
         if let Some((order, before)) = r.valid_before.as_deref() {
+            if unfused.is_some_and(|u| u.kept(i)) {
+                continue;
+            }
             out.push((*order, r.buffer.clone(), before.clone()));
         }
     }
+}
+
+/// The kernels of `e`, if it is a fused kernel whose failure may have to keep some
+/// of its placements ([`FusionList::unfused`]).
+fn fused_kernels(world: &World, q: &mut Queries, e: Entity) -> Option<Unfused> {
+    let list = q.in_fusion(world, e)?;
+    let l = q.list(world, list)?;
+    if l.command != Some(e) {
+        return None;
+    }
+    l.unfused.clone()
 }
 
 fn apply_undos(world: &mut World, q: &mut Queries, mut undos: Vec<Undo>) {

@@ -471,7 +471,8 @@ impl Inner {
         }
         // SAFETY: bindings are live and ordered against other commands by scheduling.
         let snapshot = preserve.then(|| unsafe { self.snapshots.take(&launch.args, &bindings) });
-        self.run_bound(&launch.kernel, &launch.geometry, &bindings, snapshot)
+        let writes = |i: usize| launch.args[i].mode.writes();
+        self.run_bound(&launch.kernel, &launch.geometry, &bindings, snapshot, writes)
     }
 
     /// Replays a command buffer: its operations in order, each bound to the argument
@@ -533,7 +534,7 @@ impl Inner {
                     // SAFETY: live bindings, ordered against other work by scheduling.
                     unsafe { self.snapshots.take_modes(pairs) }
                 });
-                self.run_bound(kernel, geometry, bindings, saved)
+                self.run_bound(kernel, geometry, bindings, saved, |i| args[i].mode.writes())
             }
             RecordedOp::Copy { .. } => {
                 let (s, d) = (bindings[0], bindings[1]);
@@ -563,13 +564,41 @@ impl Inner {
         }
     }
 
-    /// Runs a kernel over bound memory; restores `snapshot` if it panics.
+    /// Runs a kernel over bound memory; restores `snapshot` if it panics. A fused
+    /// kernel whose writes were restored so then runs its kernels one by one
+    /// ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun); `writes(i)`: whether
+    /// binding `i` is writable), so that its failure keeps what they would have kept
+    /// unfused. Without a snapshot nothing was restored, and nothing runs again.
     fn run_bound(
         &self,
         kernel: &ClosureKernel,
         geometry: &Geometry,
         bindings: &[Binding],
         snapshot: Option<Snapshot>,
+        writes: impl Fn(usize) -> bool,
+    ) -> Result<(), ExecError> {
+        let Err(error) = self.launch(kernel, geometry, bindings) else { return Ok(()) };
+        let Some(s) = snapshot else { return Err(error) };
+        // SAFETY: every group has stopped; nothing else touches the ranges.
+        unsafe { s.restore() };
+        match &kernel.unfused {
+            // SAFETY: the bindings are live and this operation's alone (scheduling);
+            // the fused kernel's writes were just undone.
+            Some(unfused) => {
+                unsafe { unfused.rerun(bindings, writes, &self.snapshots, |k, g, b| self.launch(k, g, b)) }
+                    .unwrap_or(Err(error))
+            }
+            None => Err(error),
+        }
+    }
+
+    /// Runs a kernel over bound memory, all its work-groups; a panic stops it and is
+    /// its error (what it wrote stays written).
+    fn launch(
+        &self,
+        kernel: &ClosureKernel,
+        geometry: &Geometry,
+        bindings: &[Binding],
     ) -> Result<(), ExecError> {
         let groups = geometry.group_count();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
@@ -591,12 +620,9 @@ impl Inner {
                 }
             }
         }));
-        outcome.map_err(|p| {
-            if let Some(s) = snapshot {
-                // SAFETY: every group has stopped; nothing else touches the ranges.
-                unsafe { s.restore() };
-            }
-            ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
+        outcome.map_err(|p| ExecError::KernelPanicked {
+            kernel: kernel.name.clone(),
+            message: panic_message(&*p),
         })
     }
 }
@@ -671,6 +697,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -738,6 +765,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, local * 4)],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: NdRange::new(n, 64).geometry().unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -802,6 +830,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
@@ -859,6 +888,7 @@ mod tests {
                 global_slots: 0,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![],

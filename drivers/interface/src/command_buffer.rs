@@ -467,6 +467,7 @@ mod tests {
             global_slots: slots,
             scratch: vec![],
             cost: ItemCost::default(),
+            unfused: None,
         })
     }
 

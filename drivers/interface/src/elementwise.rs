@@ -45,6 +45,7 @@ struct MapCode<T, U, F>(PhantomData<fn(T, F) -> U>);
 ///     global_slots: 2,
 ///     scratch: vec![],
 ///     cost: ItemCost::default(),
+///     unfused: None,
 /// };
 /// let geometry = NdRange::new(2048, 256).geometry().unwrap();
 /// let globals = [Binding::new(input.as_ptr() as *mut u8, 8192), Binding::new(out.as_mut_ptr().cast(), 8192)];
@@ -299,6 +300,7 @@ mod tests {
             global_slots: 2,
             scratch: vec![],
             cost: ItemCost::default(),
+            unfused: None,
         }
     }
 

@@ -37,14 +37,26 @@
 //!         global_slots: 1,
 //!         scratch: vec![],
 //!         cost: ItemCost::default(),
+//!         unfused: None,
 //!     })
 //! };
 //! let geometry = Geometry::for_range(Range::d1(8)).unwrap();
 //! let arg = FusionArg::new(1, 0..32, 4);
 //! let request = FusionRequest {
 //!     kernels: vec![
-//!         FusionKernel { kernel: kernel(1, |x| x + 1), geometry, args: smallvec::smallvec![arg.clone()] },
-//!         FusionKernel { kernel: kernel(2, |x| x * 2), geometry, args: smallvec::smallvec![arg] },
+//!         FusionKernel {
+//!             kernel: kernel(1, |x| x + 1),
+//!             geometry,
+//!             args: smallvec::smallvec![arg.clone()],
+//!             deps: smallvec::smallvec![],
+//!         },
+//!         // It depends on the first kernel (through the buffer).
+//!         FusionKernel {
+//!             kernel: kernel(2, |x| x * 2),
+//!             geometry,
+//!             args: smallvec::smallvec![arg],
+//!             deps: smallvec::smallvec![0],
+//!         },
 //!     ],
 //!     barriers: true,
 //! };
@@ -63,12 +75,15 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use crate::access::AccessMode;
 use crate::elementwise::contiguous_run;
+use crate::error::ExecError;
 use crate::item::GroupCtx;
 use crate::kernel::{
     ClosureKernel, Elementwise, ElementwisePhase, ItemCost, Phase, ResolvedMap, Scratch, ScratchKind,
 };
-use crate::memory::{Binding, Internal};
+use crate::memory::{Binding, HostStorage, Internal};
+use crate::op::SnapshotPool;
 use crate::range::{Geometry, NdRange, Range};
 
 /// A hint that a buffer's contents are only needed inside the fused kernel (seed 000,
@@ -125,6 +140,11 @@ pub struct FusionKernel {
     pub geometry: Geometry,
     /// One per global slot, in slot order.
     pub args: SmallVec<[FusionArg; 4]>,
+    /// The earlier kernels of the list (by index) it depends on directly, by any of
+    /// the scheduler's rules (a buffer, queue order, an event): a failure of one of
+    /// them fails it. Only [`Unfused::rerun`] reads them, so that a failed fused
+    /// kernel keeps what the kernels would have kept unfused.
+    pub deps: SmallVec<[u32; 2]>,
 }
 
 /// The kernels of a fusion list, in order, and the fusion properties.
@@ -328,6 +348,9 @@ struct Plan {
     args: Vec<(usize, usize, usize, Uses)>,
     /// Per internal buffer: (canonical buffer, kind, bytes, uses).
     internal: Vec<(usize, Promotion, usize, Uses)>,
+    /// Per internal buffer: the bytes of its slots' range (every slot on it has the
+    /// same), which [`Unfused::rerun`] gives the kernels as memory of their own.
+    internal_len: Vec<usize>,
     /// Per kernel, per slot, in one table: kernel `k`'s slots are
     /// `slots[slot_start[k]..slot_start[k + 1]]`.
     slots: Vec<SlotSource>,
@@ -620,6 +643,7 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
     let mut slots: Vec<Vec<SlotSource>> =
         kernels.iter().map(|k| vec![SlotSource::Internal { index: u32::MAX }; k.args.len()]).collect();
     let (mut args, mut internal, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
+    let mut internal_len = Vec::new();
     let mut scratch = Vec::new();
     for (canon, &buffer) in buffers.iter().enumerate() {
         let uses: SmallVec<[(u32, u32); 2]> = kernels
@@ -642,6 +666,8 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
                 let scratch_kind =
                     if kind == Promotion::Local { ScratchKind::Local } else { ScratchKind::Private };
                 scratch.push(Scratch::new(scratch_kind, bytes));
+                let (k, s) = uses[0];
+                internal_len.push(kernels[k as usize].args[s as usize].bytes());
                 internal.push((canon, kind, bytes, uses));
                 continue;
             }
@@ -684,6 +710,7 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
         streams,
         args,
         internal,
+        internal_len,
         slots: slots.concat(),
         slot_start,
         scratch_base,
@@ -790,6 +817,8 @@ struct Part {
     kernel: Arc<ClosureKernel>,
     /// The ids and ranges its work-items see.
     geometry: Geometry,
+    /// The earlier parts it depends on ([`FusionKernel::deps`]).
+    deps: SmallVec<[u32; 2]>,
 }
 
 /// The body of a fused closure kernel: the kernels and the (cached) plan that says
@@ -798,6 +827,8 @@ struct FusedBody {
     parts: SmallVec<[Part; 4]>,
     plan: Arc<Plan>,
     barriers: bool,
+    /// Per part, whether the last [`Unfused::rerun`] completed it (`None` before one).
+    completed: Mutex<Option<SmallVec<[bool; 8]>>>,
 }
 
 impl FusedBody {
@@ -950,6 +981,126 @@ impl FusedBody {
                 }
             }
         }
+    }
+}
+
+/// The kernels a fused closure kernel stands for, and where its arguments bind
+/// their slots ([`ClosureKernel::unfused`]): what a driver needs to run them one by
+/// one when the fused kernel fails ([`Unfused::rerun`]), so that the failure keeps
+/// exactly the results the kernels would have kept unfused.
+#[derive(Clone)]
+pub struct Unfused(Arc<FusedBody>);
+
+impl std::fmt::Debug for Unfused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.parts.iter().map(|p| &*p.kernel.name).collect();
+        f.debug_tuple("Unfused").field(&names).finish()
+    }
+}
+
+impl Unfused {
+    /// How many kernels the fused kernel stands for.
+    pub fn len(&self) -> usize {
+        self.0.parts.len()
+    }
+
+    /// Whether it stands for none (never, for a kernel [`ClosureFusion`] built).
+    pub fn is_empty(&self) -> bool {
+        self.0.parts.is_empty()
+    }
+
+    /// Runs the kernels of a fused kernel that failed one by one, unfused, in list
+    /// order, each over its own geometry and its own slots of the fused kernel's
+    /// arguments, as the scheduler would have run them: a kernel whose dependency
+    /// ([`FusionKernel::deps`]) failed or was skipped is skipped; one that fails has
+    /// its writes undone (from a snapshot of its own); independent kernels keep
+    /// theirs. An internalized buffer, which has no global memory, is zeroed memory
+    /// of its range's size for the rerun, dropped after (internalized contents are
+    /// not written back, as in the fused kernel).
+    ///
+    /// `globals` are the fused launch's bindings (one per argument), `writes(i)`
+    /// whether argument `i` is bound writable (only those ranges are snapshotted),
+    /// and `launch` runs one kernel over all its work-groups, its panic caught and
+    /// returned as its error, leaving its writes.
+    ///
+    /// Returns `None`, having run nothing, if `globals` do not have the fused
+    /// kernel's arguments' sizes or the internalized buffers' memory cannot be
+    /// allocated; otherwise the first failed kernel's error, or success if every
+    /// kernel ran (a failure only the fused form met).
+    ///
+    /// # Safety
+    /// The bindings must be live and touched by nothing else during the call, and
+    /// the fused kernel's writes must have been undone first (its snapshot
+    /// restored): the kernels run again from the contents it started from.
+    pub unsafe fn rerun(
+        &self,
+        globals: &[Binding],
+        writes: impl Fn(usize) -> bool,
+        snapshots: &Arc<SnapshotPool>,
+        mut launch: impl FnMut(&ClosureKernel, &Geometry, &[Binding]) -> Result<(), ExecError>,
+    ) -> Option<Result<(), ExecError>> {
+        let FusedBody { parts, plan, .. } = &*self.0;
+        let sized = |(g, (_, start, end, _)): (&Binding, &(usize, usize, usize, Uses))| g.len == end - start;
+        if globals.len() != plan.args.len() || !globals.iter().zip(&plan.args).all(sized) {
+            return None;
+        }
+        let internal: Option<Vec<HostStorage>> =
+            plan.internal_len.iter().map(|&len| HostStorage::try_zeroed(len)).collect();
+        let internal = internal?;
+        let mut failed: SmallVec<[bool; 8]> = SmallVec::from_elem(false, parts.len());
+        let mut first_error = None;
+        for (k, part) in parts.iter().enumerate() {
+            if part.deps.iter().any(|&d| failed.get(d as usize).copied().unwrap_or(false)) {
+                failed[k] = true;
+                continue;
+            }
+            let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
+            let mut bindings: SmallVec<[Binding; 8]> = SmallVec::with_capacity(slots.len());
+            let mut saved: SmallVec<[(AccessMode, Binding); 8]> = SmallVec::new();
+            for &slot in slots {
+                match slot {
+                    SlotSource::Arg { index, offset, len } => {
+                        let g = globals[index as usize];
+                        // SAFETY: the fused argument (its size checked above) is the
+                        // hull of this slot's range.
+                        let b = Binding::new(unsafe { g.ptr.add(offset) }, len);
+                        if writes(index as usize) {
+                            saved.push((AccessMode::ReadWrite, b));
+                        }
+                        bindings.push(b);
+                    }
+                    SlotSource::Internal { index } => {
+                        let m = &internal[index as usize];
+                        bindings.push(Binding::new(m.as_ptr(), m.len()));
+                    }
+                }
+            }
+            // SAFETY: live bindings, touched by nothing else (the caller's contract).
+            let snapshot = unsafe { snapshots.take_modes(saved) };
+            if let Err(e) = launch(&part.kernel, &part.geometry, &bindings) {
+                // SAFETY: the kernel has stopped; nothing else touches the ranges.
+                unsafe { snapshot.restore() };
+                failed[k] = true;
+                first_error.get_or_insert(e);
+            }
+        }
+        *self.0.completed.lock().expect("rerun outcome") = Some(failed.iter().map(|&f| !f).collect());
+        Some(first_error.map_or(Ok(()), Err))
+    }
+
+    /// Whether the last [`Unfused::rerun`] completed a kernel bound to the fused
+    /// kernel's argument `arg`: its range then holds what the kernels wrote (a failed
+    /// kernel's writes undone), which a scheduler keeps although the fused command
+    /// failed. False before any rerun, and for an argument no completed kernel binds.
+    ///
+    /// Its answer is the last rerun's: meaningful for a kernel launched once (a
+    /// queue's fusion), read after that launch completed.
+    pub fn kept(&self, arg: usize) -> bool {
+        let completed = self.0.completed.lock().expect("rerun outcome");
+        let (Some(completed), Some((.., uses))) = (completed.as_ref(), self.0.plan.args.get(arg)) else {
+            return false;
+        };
+        uses.iter().any(|&(k, _)| completed.get(k as usize).copied().unwrap_or(false))
     }
 }
 
@@ -1200,7 +1351,7 @@ impl FusionCompiler for ClosureFusion {
         // more than the pushes themselves (a cache hit builds all of them).
         let mut parts = SmallVec::new();
         for k in &request.kernels {
-            parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry });
+            parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry, deps: k.deps.clone() });
         }
         let mut args = SmallVec::new();
         for (c, start, end, uses) in &plan.args {
@@ -1225,8 +1376,11 @@ impl FusionCompiler for ClosureFusion {
             .collect();
         let (global_slots, scratch, cost, geometry) =
             (plan.args.len(), plan.scratch.clone(), plan.cost, plan.geometry);
-        // The closure owns the body (one allocation for both), and the body the plan.
-        let body = FusedBody { parts, plan, barriers: request.barriers };
+        // The closure and the kernel's fallback share the body, and the body owns the
+        // plan.
+        let body =
+            Arc::new(FusedBody { parts, plan, barriers: request.barriers, completed: Mutex::new(None) });
+        let unfused = Unfused(body.clone());
         let kernel = ClosureKernel {
             name,
             tag: 0,
@@ -1239,6 +1393,7 @@ impl FusionCompiler for ClosureFusion {
             global_slots,
             scratch,
             cost,
+            unfused: Some(unfused),
         };
         Ok(Fused { kernel: Arc::new(kernel), geometry, args, internal, warnings, cached })
     }
@@ -1270,6 +1425,7 @@ mod tests {
             global_slots: slots,
             scratch: vec![],
             cost: ItemCost::default(),
+            unfused: None,
         })
     }
 
@@ -1318,6 +1474,7 @@ mod tests {
                 kernel: kernel(&format!("k{i}"), i as u64, 0, |_| {}),
                 geometry: *g,
                 args: smallvec::smallvec![],
+                deps: Default::default(),
             })
             .collect();
         ClosureFusion::new().fuse(&request(kernels)).unwrap_err()
@@ -1346,6 +1503,7 @@ mod tests {
             kernel: kernel("k", 0, 0, |_| {}),
             geometry: *g,
             args: smallvec::smallvec![],
+            deps: Default::default(),
         });
         assert!(ClosureFusion::new().fuse(&request(kernels.collect())).is_ok());
         // Remapping a reshaped plain kernel with non-zero offsets is not.
@@ -1376,16 +1534,19 @@ mod tests {
                 kernel: kernel("line", 1, 0, log(0)),
                 geometry: range(10),
                 args: smallvec::smallvec![],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: kernel("grid", 2, 0, log(1)),
                 geometry: Geometry::for_range(Range::d2(3, 8)).unwrap(),
                 args: smallvec::smallvec![],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: kernel("cube", 3, 0, log(2)),
                 geometry: Geometry::for_range(Range::d3(2, 2, 3)).unwrap(),
                 args: smallvec::smallvec![],
+                deps: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1427,11 +1588,13 @@ mod tests {
                 kernel: k1,
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), whole(11, n).promoted(Promotion::Private)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: k2,
                 geometry: range(n),
                 args: smallvec::smallvec![whole(11, n).promoted(Promotion::Private), whole(12, n)],
+                deps: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1464,6 +1627,7 @@ mod tests {
                 global_slots: 2,
                 scratch: vec![],
                 cost: ItemCost::default(),
+                unfused: None,
             })
         };
         let (peek_in, peek_out) = (Accessor::<u32, Read>::new(0, 3, n), Accessor::<u32, Write>::new(1, 3, n));
@@ -1478,21 +1642,25 @@ mod tests {
                 kernel: map("double", 1, |v| v * 2),
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(11)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: map("inc", 2, |v| v + 1),
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), whole(12, n)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: peek,
                 geometry: range(n),
                 args: smallvec::smallvec![private(13), whole(14, n)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: map("triple", 4, |v| v * 3),
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(13)],
+                deps: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1510,6 +1678,7 @@ mod tests {
             global_slots: 0,
             scratch: vec![Scratch::new(ScratchKind::Local, 4 << 14)],
             cost: ItemCost::default(),
+            unfused: None,
         };
         dirty.run_group(&range(1), 0, &[], &mut arena);
 
@@ -1569,6 +1738,7 @@ mod tests {
             global_slots: 2,
             scratch: vec![],
             cost: ItemCost::default(),
+            unfused: None,
         })
     }
 
@@ -1604,6 +1774,7 @@ mod tests {
                     kernel: counted_map(k, n, f, &counters),
                     geometry: range(n),
                     args: args.into(),
+                    deps: Default::default(),
                 })
                 .collect::<Vec<_>>()
         };
@@ -1669,21 +1840,25 @@ mod tests {
                 kernel: counted_map(0, n, |v| v * 2, &counters),
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(11)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: counted_map(1, n, |v| v + 1, &counters),
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), private(12)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: counted_map(2, n, |v| v * 3, &counters),
                 geometry: range(n),
                 args: smallvec::smallvec![private(12), whole(13, n)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: reader,
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), whole(14, n)],
+                deps: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1721,11 +1896,13 @@ mod tests {
                     kernel: counted_map(0, n, |v| v * 2, &counters),
                     geometry: range(n),
                     args: smallvec::smallvec![whole(10, n), whole(11, n)],
+                    deps: Default::default(),
                 },
                 FusionKernel {
                     kernel: counted_map(1, m, |v| v + 1, &counters),
                     geometry: range(m),
                     args: args.into(),
+                    deps: Default::default(),
                 },
             ];
             ClosureFusion::new().fuse(&request(kernels)).unwrap()
@@ -1774,11 +1951,13 @@ mod tests {
                 kernel: k1,
                 geometry: nd(n, 8),
                 args: smallvec::smallvec![whole(1, n), whole(2, n).promoted(Promotion::Local)],
+                deps: Default::default(),
             },
             FusionKernel {
                 kernel: k2,
                 geometry: nd(n, 8),
                 args: smallvec::smallvec![whole(2, n).promoted(Promotion::Local), whole(3, n)],
+                deps: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1801,8 +1980,18 @@ mod tests {
         let noop = || kernel("k", 0, 1, |_| {});
         let case = |a: FusionArg, ga: Geometry, b: FusionArg, gb: Geometry| {
             let kernels = vec![
-                FusionKernel { kernel: noop(), geometry: ga, args: smallvec::smallvec![a] },
-                FusionKernel { kernel: noop(), geometry: gb, args: smallvec::smallvec![b] },
+                FusionKernel {
+                    kernel: noop(),
+                    geometry: ga,
+                    args: smallvec::smallvec![a],
+                    deps: Default::default(),
+                },
+                FusionKernel {
+                    kernel: noop(),
+                    geometry: gb,
+                    args: smallvec::smallvec![b],
+                    deps: Default::default(),
+                },
             ];
             let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
             assert!(fused.internal.is_empty());
@@ -1851,11 +2040,17 @@ mod tests {
                 b.set(it, it.global_linear_id(), a_in.get(it, j))
             });
             let kernels = vec![
-                FusionKernel { kernel: k1, geometry: nd(n, 4), args: smallvec::smallvec![whole(1, n)] },
+                FusionKernel {
+                    kernel: k1,
+                    geometry: nd(n, 4),
+                    args: smallvec::smallvec![whole(1, n)],
+                    deps: Default::default(),
+                },
                 FusionKernel {
                     kernel: k2,
                     geometry: nd(n, 4),
                     args: smallvec::smallvec![whole(1, n), whole(2, n)],
+                    deps: Default::default(),
                 },
             ];
             let fused = ClosureFusion::new().fuse(&FusionRequest { kernels, barriers }).unwrap();
@@ -1886,8 +2081,14 @@ mod tests {
                     kernel: k.clone(),
                     geometry: range(8),
                     args: smallvec::smallvec![whole(b, 8)],
+                    deps: Default::default(),
                 },
-                FusionKernel { kernel: k, geometry: range(8), args: smallvec::smallvec![whole(b, 8)] },
+                FusionKernel {
+                    kernel: k,
+                    geometry: range(8),
+                    args: smallvec::smallvec![whole(b, 8)],
+                    deps: Default::default(),
+                },
             ])
         };
         let first = fusion.fuse(&chain(1, 100)).unwrap();
@@ -1901,8 +2102,94 @@ mod tests {
             kernel: kernel("inc", 3, 1, |_| {}),
             geometry: range(16),
             args: smallvec::smallvec![whole(1, 16)],
+            deps: Default::default(),
         }]);
         assert!(!fusion.fuse(&other_range).unwrap().cached);
+    }
+
+    /// `Unfused::rerun` runs the listed kernels one by one: a failed kernel's writes
+    /// are undone and its dependents (by `deps`, transitively) skipped, independent
+    /// kernels keep their writes, and an internalized buffer is memory of its own
+    /// for the rerun. Without a failure it gives the serial result.
+    #[test]
+    fn a_rerun_keeps_what_unfused_kernels_would() {
+        let n = 8;
+        let one = |tag: u64, name: &str, f: fn(u32) -> u32| {
+            let acc = Accessor::<u32, ReadWrite>::new(0, tag, n);
+            kernel(name, tag, 1, move |it| {
+                acc.set(it, it.global_linear_id(), f(acc.get(it, it.global_linear_id())))
+            })
+        };
+        // `dst = f(src)`; with `fail`, panics after the last work-item's write.
+        let two = |tag: u64, name: &str, f: fn(u32) -> u32, fail: bool| {
+            let src = Accessor::<u32, Read>::new(0, tag, n);
+            let dst = Accessor::<u32, Write>::new(1, tag, n);
+            kernel(name, tag, 2, move |it| {
+                let i = it.global_linear_id();
+                dst.set(it, i, f(src.get(it, i)));
+                if fail && i == n - 1 {
+                    panic!("rerun test");
+                }
+            })
+        };
+        let private = |b| whole(b, n).promoted(Promotion::Private);
+        for fail in [true, false] {
+            let k = |kernel, args: &[FusionArg], deps: &[u32]| FusionKernel {
+                kernel,
+                geometry: range(n),
+                args: args.iter().cloned().collect(),
+                deps: deps.iter().copied().collect(),
+            };
+            let fused = ClosureFusion::new()
+                .fuse(&request(vec![
+                    k(one(1, "inc", |v| v + 1), &[whole(1, n)], &[]),
+                    k(two(2, "double", |v| v * 2, false), &[whole(1, n), private(2)], &[0]),
+                    k(two(3, "add", |v| v + 10, fail), &[private(2), whole(3, n)], &[1]),
+                    k(two(4, "copy", |v| v, false), &[whole(3, n), whole(4, n)], &[2]),
+                    k(one(5, "side", |v| v + 5), &[whole(5, n)], &[]),
+                ]))
+                .unwrap();
+            assert_eq!(fused.internal.len(), 1);
+            let mut bufs: HashMap<u64, Vec<u32>> = (1..=5).map(|b| (b, vec![b as u32; n])).collect();
+            let globals: Vec<Binding> = fused
+                .args
+                .iter()
+                .map(|a| Binding::new(bufs.get_mut(&a.buffer).unwrap().as_mut_ptr().cast(), a.end - a.start))
+                .collect();
+            let launch = |k: &ClosureKernel, g: &Geometry, b: &[Binding]| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for group in 0..g.group_count() {
+                        k.run_group(g, group, b, &mut Arena::default());
+                    }
+                }))
+                .map_err(|p| ExecError::KernelPanicked {
+                    kernel: k.name.clone(),
+                    message: crate::error::panic_message(&*p),
+                })
+            };
+            let unfused = fused.kernel.unfused.as_ref().expect("a fused kernel can run unfused");
+            assert_eq!(unfused.len(), 5);
+            let pool = Arc::new(SnapshotPool::default());
+            // SAFETY (both): the vectors outlive the call, and nothing else touches them.
+            let short = unsafe { unfused.rerun(&globals[1..], |_| true, &pool, launch) };
+            assert!(short.is_none(), "bindings that are not the fused kernel's run nothing");
+            assert!(!unfused.kept(0), "no rerun yet");
+            let result = unsafe { unfused.rerun(&globals, |_| true, &pool, launch) }.unwrap();
+            let got: Vec<u32> = (1..=5).map(|b| bufs[&b][0]).collect();
+            let kept: Vec<(u64, bool)> =
+                fused.args.iter().enumerate().map(|(i, a)| (a.buffer, unfused.kept(i))).collect();
+            if fail {
+                match result {
+                    Err(ExecError::KernelPanicked { kernel, .. }) => assert_eq!(&*kernel, "add"),
+                    r => panic!("{r:?}"),
+                }
+                assert_eq!(got, vec![2, 2, 3, 4, 10], "add undone, copy skipped, side kept");
+                assert_eq!(kept, vec![(1, true), (3, false), (4, false), (5, true)]);
+            } else {
+                result.unwrap();
+                assert_eq!(got, vec![2, 2, 14, 14, 10], "the serial result; the intermediate stays");
+            }
+        }
     }
 
     /// Everything in a plan's key tells plans apart; kernel names are not in it, and
@@ -1923,6 +2210,7 @@ mod tests {
                         kernel: kernel(name, 1, 1, inc),
                         geometry: range(8),
                         args: smallvec::smallvec![whole(b, 8).promoted(promotion)],
+                        deps: Default::default(),
                     })
                     .collect(),
                 barriers,
@@ -1958,7 +2246,12 @@ mod tests {
         let k = kernel("inc", 1, 1, move |it| {
             acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1)
         });
-        request(vec![FusionKernel { kernel: k, geometry: range(n), args: smallvec::smallvec![whole(b, n)] }])
+        request(vec![FusionKernel {
+            kernel: k,
+            geometry: range(n),
+            args: smallvec::smallvec![whole(b, n)],
+            deps: Default::default(),
+        }])
     }
 
     /// More distinct plans than the capacity: the cache keeps at most its capacity,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::fusion::Unfused;
 use crate::item::{GroupCtx, Item};
 use crate::memory::Binding;
 use crate::range::Geometry;
@@ -227,6 +228,11 @@ pub struct ClosureKernel {
     pub scratch: Vec<Scratch>,
     /// Virtual cost of one work-item on simulated devices.
     pub cost: ItemCost,
+    /// Set on a fused kernel ([`ClosureFusion`](crate::fusion::ClosureFusion) sets
+    /// it): the kernels it stands for, which a driver that undid the fused kernel's
+    /// failed launch runs one by one, so that the failure keeps what they would have
+    /// kept unfused ([`Unfused::rerun`]). `None` for any other kernel.
+    pub unfused: Option<Unfused>,
 }
 
 impl std::fmt::Debug for ClosureKernel {
@@ -236,6 +242,7 @@ impl std::fmt::Debug for ClosureKernel {
             .field("phases", &self.phases.len())
             .field("global_slots", &self.global_slots)
             .field("scratch", &self.scratch)
+            .field("unfused", &self.unfused)
             .finish()
     }
 }
@@ -357,6 +364,7 @@ mod tests {
             global_slots: 1,
             scratch: vec![Scratch::new(ScratchKind::Local, 16)],
             cost: ItemCost::default(),
+            unfused: None,
         };
         let geometry = NdRange::new(16, 4).geometry().unwrap();
         let globals = [Binding::new(buf.as_mut_ptr().cast(), 64)];

@@ -1162,7 +1162,10 @@ impl SimDriver {
     }
 
     /// Runs a kernel over `bindings` (`modes` says how it uses each); restores what it
-    /// wrote if it panics and `preserve` is set.
+    /// wrote if it panics and `preserve` is set. A fused kernel restored so then runs
+    /// its kernels one by one ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun)),
+    /// so that its failure keeps what they would have kept unfused; without
+    /// `preserve` nothing was restored, and nothing runs again.
     ///
     /// # Safety
     /// The bindings must be live for the whole call.
@@ -1170,36 +1173,43 @@ impl SimDriver {
         &self,
         kernel: &ClosureKernel,
         geometry: &Geometry,
-        modes: impl Iterator<Item = AccessMode>,
+        modes: impl Iterator<Item = AccessMode> + Clone,
         bindings: &[Binding],
         preserve: bool,
         arena: &mut Arena,
     ) -> Result<(), ExecError> {
-        let run = |arena: &mut Arena| {
-            catch_unwind(AssertUnwindSafe(|| {
-                for g in 0..geometry.group_count() {
-                    kernel.run_group(geometry, g, bindings, arena);
-                }
-            }))
-            .map_err(|p| ExecError::KernelPanicked {
-                kernel: kernel.name.clone(),
-                message: panic_message(&*p),
-            })
-        };
         if !preserve {
             // No snapshot to take or drop: the common path of replayed kernels.
-            return run(arena);
+            return Self::launch(kernel, geometry, bindings, arena);
         }
         // SAFETY: live bindings (the caller's contract), and nothing else runs on the
         // device while this kernel does.
-        let snapshot = unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) };
-        let outcome = run(arena);
-        if outcome.is_err() {
-            // SAFETY: the kernel has stopped; the memory is still alive and nothing else
-            // touches it.
-            unsafe { snapshot.restore() };
-        }
-        outcome
+        let snapshot = unsafe { self.snapshots.take_modes(modes.clone().zip(bindings.iter().copied())) };
+        let Err(error) = Self::launch(kernel, geometry, bindings, arena) else { return Ok(()) };
+        // SAFETY: the kernel has stopped; the memory is still alive and nothing else
+        // touches it.
+        unsafe { snapshot.restore() };
+        let Some(unfused) = &kernel.unfused else { return Err(error) };
+        let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
+        let launch = |k: &ClosureKernel, g: &Geometry, b: &[Binding]| Self::launch(k, g, b, arena);
+        // SAFETY: as above; the fused kernel's writes were just undone.
+        unsafe { unfused.rerun(bindings, |i| writes[i], &self.snapshots, launch) }.unwrap_or(Err(error))
+    }
+
+    /// Runs a kernel over `bindings`, all its work-groups; a panic stops it and is its
+    /// error (what it wrote stays written).
+    fn launch(
+        kernel: &ClosureKernel,
+        geometry: &Geometry,
+        bindings: &[Binding],
+        arena: &mut Arena,
+    ) -> Result<(), ExecError> {
+        catch_unwind(AssertUnwindSafe(|| {
+            for g in 0..geometry.group_count() {
+                kernel.run_group(geometry, g, bindings, arena);
+            }
+        }))
+        .map_err(|p| ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) })
     }
 
     /// Runs one bound operation of a replay.
@@ -1517,6 +1527,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             }),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
@@ -2094,6 +2105,7 @@ mod tests {
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, bytes)],
                 cost: gantry_driver::ItemCost::default(),
+                unfused: None,
             });
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
