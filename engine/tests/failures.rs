@@ -1,26 +1,15 @@
 //! Failures: panics become errors on the failed command and its dependents only;
 //! buffers keep their last valid contents; the runtime keeps running.
 
+mod common;
+
 use gantry::{Error, EventStatus, ExecError, Mode, Runtime};
 
-/// Silences the panics these tests cause on purpose; anything else (a failed
-/// assertion) still prints.
 fn quiet_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        let intended = ["kernel exploded", "host task failed", "no", "x"];
-        let intended =
-            intended.iter().any(|m| msg == *m || msg.starts_with(m)) || msg.contains("out of bounds");
-        if !intended {
-            default(info);
-        }
-    }));
+    common::quiet_panics(|msg| {
+        ["kernel exploded", "host task failed", "no", "x"].iter().any(|m| msg.starts_with(m))
+            || msg.contains("out of bounds")
+    });
 }
 
 #[test]

@@ -3,25 +3,15 @@
 //! dependents do not run, independent kernels keep their writes. Fusion never changes
 //! which results survive a failure.
 
+mod common;
+
 use gantry::{
     Buffer, Error, Event, ExecError, FusionOutcome, FusionProps, GraphProps, Mode, NdRange, Promotion, Queue,
     QueueOptions, Runtime,
 };
 
-/// Silences the panics these tests cause on purpose.
 fn quiet_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        if !msg.starts_with("kernel exploded") {
-            default(info);
-        }
-    }));
+    common::quiet_panics(|msg| msg.starts_with("kernel exploded"));
 }
 
 /// Elements per buffer: several work-groups, so the threaded CPU driver runs the

@@ -2,23 +2,12 @@
 //! scheduler's timing; a dropped queue leaves nothing behind; a fusion cancelled by a
 //! dependent names the user's command.
 
+mod common;
+
 use gantry::{Error, EventStatus, ExecError, Mode, ReadWrite, Runtime};
 
-/// Silences the panics these tests cause on purpose; anything else (a failed
-/// assertion) still prints.
 fn quiet_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let msg = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        if msg != "link exploded" {
-            default(info);
-        }
-    }));
+    common::quiet_panics(|msg| msg == "link exploded");
 }
 
 /// What the submitting thread does between a chain's failing link and the rest.
