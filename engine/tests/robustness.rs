@@ -464,6 +464,43 @@ fn after_queue_wait_every_event_is_final() {
     });
 }
 
+#[test]
+fn after_queue_wait_every_graph_submission_is_final() {
+    within(120, || {
+        let rt = Runtime::new();
+        let buf = rt.buffer_zeroed::<u32>(64);
+        let g = rt.graph();
+        let a = g
+            .add(
+                |cg| {
+                    let b = cg.elements::<u32, gantry::ReadWrite>(&buf, ..32);
+                    cg.parallel_for(32, move |it| *b.elem(it) += 1);
+                },
+                &[],
+            )
+            .unwrap();
+        g.add(
+            |cg| {
+                let b = cg.elements::<u32, gantry::ReadWrite>(&buf, 32..);
+                cg.parallel_for(32, move |it| *b.elem(it) += 1);
+            },
+            &[],
+        )
+        .unwrap();
+        g.add_empty(&[a]).unwrap();
+        let exec = g.finalize(GraphProps::default()).unwrap();
+        let q = rt.queue();
+        for round in 0..400 {
+            let events: Vec<_> = (0..3).map(|_| q.submit_graph(&exec).unwrap()).collect();
+            q.wait().unwrap();
+            for e in &events {
+                assert!(e.status().is_final(), "round {round}: {:?}", e.status());
+            }
+        }
+        assert_eq!(buf.to_vec().unwrap(), vec![1200; 64]);
+    });
+}
+
 // ---- 4, 5. Sustained submission ----
 
 #[test]
