@@ -44,7 +44,7 @@ pub use graph::{
     KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
-pub use memory::{ByteRange, Leaf, LeafSet, Location, MemoryRecord};
+pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord};
 pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{
     fail_message, Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,

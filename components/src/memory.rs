@@ -52,11 +52,30 @@ impl ByteRange {
     }
 }
 
-/// An unfinished command that read or wrote a range.
+/// What a leaf names: a command entity (the scheduler's memory records) or a graph
+/// node (a command graph being built). Its bits order leaves of one range start.
+pub trait LeafKey: Copy + Eq {
+    /// A number unique to the key.
+    fn bits(self) -> u64;
+}
+
+impl LeafKey for Entity {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+
+impl LeafKey for u32 {
+    fn bits(self) -> u64 {
+        u64::from(self)
+    }
+}
+
+/// An unfinished command (or a graph node) that read or wrote a range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Leaf {
+pub struct Leaf<K = Entity> {
     /// The command.
-    pub cmd: Entity,
+    pub cmd: K,
     /// The range it accessed.
     pub range: ByteRange,
 }
@@ -64,21 +83,29 @@ pub struct Leaf {
 /// Leaves beyond this many are kept in an ordered index instead of a short list.
 const INDEX_AT: usize = 32;
 
-/// The unfinished readers (or writers) of a buffer, by range.
+/// The unfinished readers (or writers) of a buffer, by range: of commands in the
+/// scheduler's memory records, of nodes while a command graph is built, so both
+/// apply the dependency rules over the same index.
 ///
 /// Few leaves live in a short list. Many leaves — thousands of commands touching
 /// disjoint ranges of one buffer — move to a B-tree keyed by range start, so that
 /// overlap queries, covered-leaf removal and release cost O(log n + k) rather than
-/// O(n), and a large batch does not make resolution quadratic.
-#[derive(Clone, Debug, Default)]
-pub struct LeafSet {
-    list: SmallVec<[Leaf; 4]>,
-    index: Option<BTreeMap<(usize, u64), Leaf>>,
+/// O(n), and a large batch (or graph) does not make resolution quadratic.
+#[derive(Clone, Debug)]
+pub struct LeafSet<K = Entity> {
+    list: SmallVec<[Leaf<K>; 4]>,
+    index: Option<BTreeMap<(usize, u64), Leaf<K>>>,
     /// Longest range in the index: an overlap query looks back this far.
     max_len: usize,
 }
 
-impl LeafSet {
+impl<K> Default for LeafSet<K> {
+    fn default() -> Self {
+        Self { list: SmallVec::new(), index: None, max_len: 0 }
+    }
+}
+
+impl<K: LeafKey> LeafSet<K> {
     /// Number of leaves.
     pub fn len(&self) -> usize {
         self.index.as_ref().map_or(self.list.len(), |i| i.len())
@@ -90,22 +117,22 @@ impl LeafSet {
     }
 
     /// Adds a leaf.
-    pub fn push(&mut self, leaf: Leaf) {
+    pub fn push(&mut self, leaf: Leaf<K>) {
         if let Some(index) = &mut self.index {
             self.max_len = self.max_len.max(leaf.range.len());
-            index.insert((leaf.range.start, leaf.cmd.to_bits()), leaf);
+            index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
             return;
         }
         self.list.push(leaf);
         if self.list.len() > INDEX_AT {
             self.max_len = self.list.iter().map(|l| l.range.len()).max().unwrap_or(0);
-            let index = self.list.drain(..).map(|l| ((l.range.start, l.cmd.to_bits()), l)).collect();
+            let index = self.list.drain(..).map(|l| ((l.range.start, l.cmd.bits()), l)).collect();
             self.index = Some(index);
         }
     }
 
     /// Calls `f` for every leaf whose range overlaps `range`.
-    pub fn for_each_overlapping(&self, range: &ByteRange, mut f: impl FnMut(&Leaf)) {
+    pub fn for_each_overlapping(&self, range: &ByteRange, mut f: impl FnMut(&Leaf<K>)) {
         match &self.index {
             None => self.list.iter().filter(|l| l.range.overlaps(range)).for_each(f),
             Some(index) => {
@@ -120,7 +147,7 @@ impl LeafSet {
     }
 
     /// Calls `f` for every leaf.
-    pub fn for_each(&self, f: impl FnMut(&Leaf)) {
+    pub fn for_each(&self, f: impl FnMut(&Leaf<K>)) {
         match &self.index {
             None => self.list.iter().for_each(f),
             Some(index) => index.values().for_each(f),
@@ -128,7 +155,7 @@ impl LeafSet {
     }
 
     /// Removes every leaf that `range` covers, except those of `keep`.
-    pub fn remove_covered(&mut self, range: &ByteRange, keep: Entity) {
+    pub fn remove_covered(&mut self, range: &ByteRange, keep: K) {
         match &mut self.index {
             None => self.list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
             Some(index) => {
@@ -146,11 +173,11 @@ impl LeafSet {
     }
 
     /// Removes the leaves of `cmd` that start where `range` starts.
-    pub fn remove(&mut self, cmd: Entity, range: &ByteRange) {
+    pub fn remove(&mut self, cmd: K, range: &ByteRange) {
         match &mut self.index {
             None => self.list.retain(|l| l.cmd != cmd),
             Some(index) => {
-                index.remove(&(range.start, cmd.to_bits()));
+                index.remove(&(range.start, cmd.bits()));
                 self.shrink();
             }
         }
@@ -158,7 +185,7 @@ impl LeafSet {
 
     /// Removes every leaf whose command `gone` names; returns the hull of their ranges,
     /// if any was removed.
-    pub fn remove_commands(&mut self, gone: impl Fn(Entity) -> bool) -> Option<ByteRange> {
+    pub fn remove_commands(&mut self, gone: impl Fn(K) -> bool) -> Option<ByteRange> {
         let mut hull: Option<ByteRange> = None;
         let mut widen = |r: &ByteRange| {
             let h = hull.get_or_insert(*r);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use gantry_components::BufferCore;
 use gantry_components::{
-    ByteRange, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphLaunch, GraphNode,
-    GraphNodes, GraphOrder, GraphProps, GraphSubmission, Message, NodeId, NodeUse, NodeWork, ParamTable,
+    CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphLaunch, GraphNode, GraphNodes,
+    GraphOrder, GraphProps, GraphSubmission, Leaf, LeafSet, Message, NodeId, NodeUse, NodeWork, ParamTable,
     PartitionBody, QueueCore, Work,
 };
 use gantry_driver::sync::Mutex;
@@ -35,20 +35,15 @@ impl Node {
     }
 }
 
-/// One earlier access to a buffer range inside a graph: edges come from conflicts.
-struct Access {
-    node: NodeId,
-    range: ByteRange,
-}
-
 /// The accesses to one buffer that later nodes may conflict with: the reads and the
-/// writes not yet covered by a later write. Kept apart so a read scans only the
-/// writes: a buffer every node reads would otherwise make each `add` scan every
-/// earlier node (quadratic graph building).
+/// writes not yet covered by a later write, by node, in the scheduler's leaf index.
+/// Kept apart so a read looks only at the writes, and indexed by range so that nodes
+/// touching disjoint ranges of one buffer find their conflicts in O(log n + k):
+/// building a graph stays linear in its nodes for every access pattern.
 #[derive(Default)]
 struct Accesses {
-    reads: Vec<Access>,
-    writes: Vec<Access>,
+    reads: LeafSet<NodeId>,
+    writes: LeafSet<NodeId>,
 }
 
 /// A dynamic parameter's state in its graph.
@@ -219,22 +214,27 @@ impl GraphState {
         for r in reqs {
             let acc = self.accesses.entry(r.buffer.id).or_default();
             let writes = r.mode.writes();
-            let earlier = if writes { &acc.reads[..] } else { &[] };
-            for a in acc.writes.iter().chain(earlier) {
-                if a.node != node && a.range.overlaps(&r.range) && !preds.contains(&a.node) {
-                    preds.push(a.node);
+            let mut edge = |a: &Leaf<NodeId>| {
+                if a.cmd != node {
+                    preds.push(a.cmd);
                 }
-            }
-            let access = Access { node, range: r.range };
+            };
+            acc.writes.for_each_overlapping(&r.range, &mut edge);
             if writes {
-                let covered = |a: &Access| r.range.covers(&a.range);
-                acc.reads.retain(|a| !covered(a));
-                acc.writes.retain(|a| !covered(a));
+                acc.reads.for_each_overlapping(&r.range, &mut edge);
+            }
+            let access = Leaf { cmd: node, range: r.range };
+            if writes {
+                acc.reads.remove_covered(&r.range, node);
+                acc.writes.remove_covered(&r.range, node);
                 acc.writes.push(access);
             } else {
                 acc.reads.push(access);
             }
         }
+        // A node reached through several ranges or buffers is one edge.
+        preds.sort_unstable();
+        preds.dedup();
     }
 
     fn mark_recorded(&mut self, reqs: &[NodeUse]) {
