@@ -1,4 +1,4 @@
-//! Fusion lists (seed 000, "Scheduler Integration"): one entity per fusing queue,
+//! Fusion lists (the DPC++ kernel-fusion design, "Scheduler Integration"): one entity per fusing queue,
 //! holding its kernel commands in order and, once the fusion has ended, the fusion
 //! command whose event `submit` returned while fusing (the fused kernel, or a marker
 //! after the kernels of a cancelled list); the shared state a queue and the scheduler
@@ -252,7 +252,7 @@ pub enum ListStatus {
     Delete,
 }
 
-/// A fusion list: one per fusing queue (seed 000, `KernelFusionCommand`).
+/// A fusion list: one per fusing queue (the DPC++ kernel-fusion design, `KernelFusionCommand`).
 #[derive(Component, Debug)]
 pub struct FusionList {
     /// The shared state.

@@ -1,4 +1,4 @@
-//! Command graphs (seed 003): the nodes of a modifiable graph, the finalize request
+//! Command graphs (the SYCL graph extension's implementation design): the nodes of a modifiable graph, the finalize request
 //! the partition stage serves, and the executable plan it produces.
 //!
 //! A modifiable graph is plain data owned by its user handle; the scheduler sees it
@@ -124,7 +124,7 @@ pub struct GraphNode {
 }
 
 impl GraphNode {
-    /// Whether partitioning isolates it (seed 003: host tasks get a partition of their
+    /// Whether partitioning isolates it (the SYCL graph extension's implementation design: host tasks get a partition of their
     /// own, and so do nodes of another device than the graph's).
     pub fn is_isolated(&self, graph_device: DeviceId) -> bool {
         self.kind == CommandKind::HostTask || self.device != graph_device
@@ -260,7 +260,7 @@ pub enum FinalizeError {
         /// What is wrong.
         why: String,
     },
-    /// A node's device cannot record it into a command buffer (seed 003's
+    /// A node's device cannot record it into a command buffer (the SYCL graph extension's implementation design's
     /// `feature_not_supported`).
     #[error("node {node} (`{name}`): {what} is not supported in command buffers by device `{device}`")]
     Unsupported {
@@ -558,7 +558,7 @@ pub struct PartitionPlan {
     pub nodes: Vec<NodeId>,
     /// The partitions that must finish first (indexes into [`ExecPlan::partitions`]).
     pub preds: SmallVec<[u32; 2]>,
-    /// Whether its nodes form one path (seed 003, "In-Order Graph Partitions").
+    /// Whether its nodes form one path (the SYCL graph extension's implementation design, "In-Order Graph Partitions").
     pub in_order: bool,
     /// What it runs.
     pub body: PartitionBody,
@@ -650,7 +650,7 @@ pub struct FinalizeJob {
 #[derive(Component, Clone)]
 pub struct Finalizing(pub Arc<FinalizeJob>);
 
-/// Orders a graph's nodes for execution (seed 003, "Execution Order"). The partition
+/// Orders a graph's nodes for execution (the SYCL graph extension's implementation design, "Execution Order"). The partition
 /// stage asks it for a topological order; reverse depth-first is the default, and
 /// researchers plug in others with `RuntimeBuilder::linearizer`.
 pub trait Linearizer: Send + Sync {

@@ -1,4 +1,4 @@
-//! Command graphs (seed 003): record a frame once, replay it every frame. See
+//! Command graphs (the SYCL graph extension's implementation design): record a frame once, replay it every frame. See
 //! [`CommandGraph`].
 
 use std::collections::HashMap;
@@ -88,7 +88,7 @@ pub(crate) struct GraphShared {
     state: Mutex<GraphState>,
 }
 
-/// A modifiable command graph (seed 003): record a frame once, replay it every frame.
+/// A modifiable command graph (the SYCL graph extension's implementation design): record a frame once, replay it every frame.
 /// Clones share the graph.
 ///
 /// A [`CommandGraph`] is built with explicit [`CommandGraph::add`] calls or by
@@ -132,7 +132,7 @@ pub struct CommandGraph {
 }
 
 /// A buffer argument that can be swapped in an executable graph without
-/// re-finalizing (seed 003, "Graph Update": kernel arguments by index). Bind it to
+/// re-finalizing (the SYCL graph extension's implementation design, "Graph Update": kernel arguments by index). Bind it to
 /// argument slots of kernel nodes with [`CommandGraph::set_arg`]; change it with
 /// [`ExecutableGraph::update_param`].
 pub struct DynamicBuffer<T> {
@@ -404,7 +404,7 @@ impl CommandGraph {
         self.edge(from, to, true)
     }
 
-    /// [`make_edge`](Self::make_edge) without the cycle check (seed 003's opt-out, for
+    /// [`make_edge`](Self::make_edge) without the cycle check (the SYCL graph extension's implementation design's opt-out, for
     /// large graphs built by trusted code); a cycle is then reported by `finalize`.
     pub fn make_edge_unchecked(&self, from: Node, to: Node) -> Result<()> {
         self.edge(from, to, false)

@@ -222,7 +222,7 @@ impl Handler {
     }
 
     /// Hints that, when this kernel is fused, the accessor's buffer range is only
-    /// needed inside the fused kernel (seed 000, "Internalization"): each element is
+    /// needed inside the fused kernel (the DPC++ kernel-fusion design, "Internalization"): each element is
     /// touched by one work-group ([`Promotion::Local`]) or one work-item
     /// ([`Promotion::Private`]), and the contents are not needed afterwards, so they
     /// are kept in scratch memory and not written back. Overrides the buffer's hint

@@ -238,7 +238,7 @@ impl RuntimeBuilder {
         self
     }
     /// How command graphs order their nodes at finalize (default:
-    /// [`ReverseDfs`](crate::ReverseDfs), seed 003's reverse depth-first order;
+    /// [`ReverseDfs`](crate::ReverseDfs), the SYCL graph extension's implementation design's reverse depth-first order;
     /// [`BreadthFirst`](crate::BreadthFirst) is the alternative it names).
     pub fn linearizer(mut self, policy: Arc<dyn Linearizer>) -> Self {
         self.linearizer = Some(Policy(policy));

@@ -1,4 +1,4 @@
-//! Queue-level kernel fusion (seed 000) on real data: completion, cancellation and
+//! Queue-level kernel fusion (the DPC++ kernel-fusion design) on real data: completion, cancellation and
 //! every early-cancellation rule, event semantics, barriers, internalization,
 //! ND-range remapping and the illegal combinations, the plan cache.
 

@@ -1,4 +1,4 @@
-//! The **partition** stage: finalizes command graphs (seed 003, "Graph
+//! The **partition** stage: finalizes command graphs (the SYCL graph extension's implementation design, "Graph
 //! Partitioning"). For each finalize request it
 //!
 //! 1. checks the edges for cycles and linearizes the nodes with the
@@ -36,7 +36,7 @@ use crate::fusion::{fused_requirements, fusion_arg};
 
 type Adjacency = Vec<NodeList>;
 
-/// Seed 003's default: reverse post-order of a depth-first walk from the roots (in
+/// The SYCL graph extension's implementation design's default: reverse post-order of a depth-first walk from the roots (in
 /// insertion order).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReverseDfs;
@@ -187,7 +187,7 @@ fn check_order(order: &[NodeId], preds: &Adjacency) -> Result<(), String> {
     Ok(())
 }
 
-/// Seed 003's partition annotation ("Graph Partitioning", the worked examples):
+/// The SYCL graph extension's implementation design's partition annotation ("Graph Partitioning", the worked examples):
 /// returns a group number per node; nodes with equal numbers share a partition and
 /// groups run in increasing order. `isolated[n]` marks host tasks (and nodes of
 /// another device).
@@ -419,7 +419,7 @@ impl Layout {
     }
 }
 
-/// Seed 003's whole-graph update check, plus node kinds and the exact edges: the
+/// The SYCL graph extension's implementation design's whole-graph update check, plus node kinds and the exact edges: the
 /// reason when `b` does not have `a`'s topology; else whether each node also runs on
 /// the device of its counterpart (what, with the same topology, decides the
 /// partitions).

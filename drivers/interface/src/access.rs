@@ -330,7 +330,7 @@ impl<T: Pod, M: Writable> ElemAccessor<T, M> {
 }
 
 /// Work-group local memory of `len` elements of `T`, shared by the work-items of one
-/// group and zeroed when the group starts (seed 004's workgroup attribution).
+/// group and zeroed when the group starts (the MLIR GPU functions and memory modelling RFC's workgroup attribution).
 pub struct LocalAccessor<T> {
     slot: u32,
     tag: u64,
@@ -374,7 +374,7 @@ impl<T: Pod> LocalAccessor<T> {
 }
 
 /// Private memory: `len` elements of `T` per work-item, kept across the phases of a
-/// work-group kernel (seed 004's private attribution).
+/// work-group kernel (the MLIR GPU functions and memory modelling RFC's private attribution).
 pub struct PrivateAccessor<T> {
     slot: u32,
     tag: u64,

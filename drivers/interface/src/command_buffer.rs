@@ -1,4 +1,4 @@
-//! Command buffers (seed 003, "UR Command-Buffer Experimental Feature"): a series of
+//! Command buffers (the SYCL graph extension's implementation design, "UR Command-Buffer Experimental Feature"): a series of
 //! device operations and their dependencies, recorded once when a command graph is
 //! finalized and replayed on every submission of the graph.
 //!
@@ -158,7 +158,7 @@ pub struct SyncPoint(pub u32);
 pub struct CommandBufferDesc {
     /// Size of the argument table.
     pub entries: usize,
-    /// Every operation depends on the one before it (seed 003, "In-Order Graph
+    /// Every operation depends on the one before it (the SYCL graph extension's implementation design, "In-Order Graph
     /// Partitions"): a hint that the backend needs no synchronization inside.
     pub in_order: bool,
     /// How many operations will be appended: a capacity hint.

@@ -1,4 +1,4 @@
-//! Kernel fusion (seed 000, "Fusion Process"): what the scheduler hands a fusion
+//! Kernel fusion (the DPC++ kernel-fusion design, "Fusion Process"): what the scheduler hands a fusion
 //! compiler, the ND-range rules and work-item remapping, internalization, and the
 //! compiler for closure kernels.
 //!
@@ -86,7 +86,7 @@ use crate::memory::{Binding, HostStorage, Internal};
 use crate::op::SnapshotPool;
 use crate::range::{Geometry, NdRange, Range};
 
-/// A hint that a buffer's contents are only needed inside the fused kernel (seed 000,
+/// A hint that a buffer's contents are only needed inside the fused kernel (the DPC++ kernel-fusion design,
 /// "Internalization Behavior"): the user asserts each element is touched by one
 /// work-group (local) or one work-item (private), and that the contents are not needed
 /// afterwards. They are then not written back.
@@ -499,7 +499,7 @@ fn range_of(dims: usize, e: [usize; 3]) -> Range {
     }
 }
 
-/// The fused grid (seed 000, "Fusing kernels with different nd-ranges"): the largest
+/// The fused grid (the DPC++ kernel-fusion design, "Fusing kernels with different nd-ranges"): the largest
 /// kernel's global range, with the common work-group size if any kernel has one; and
 /// per kernel whether its ids must be mapped from the grid.
 fn fused_geometry(kernels: &[FusionKernel]) -> Result<(Geometry, Vec<bool>), FusionError> {

@@ -10,7 +10,7 @@ pub struct GroupCtx<'a> {
     /// The kernel's own geometry: the ids and ranges its work-items see.
     pub geometry: &'a Geometry,
     /// The grid whose group `group` is being run, when it is not `geometry`: a kernel
-    /// fused with kernels of other ND-ranges (seed 000, "Work-item remapping"). Each
+    /// fused with kernels of other ND-ranges (the DPC++ kernel-fusion design, "Work-item remapping"). Each
     /// work-item of the grid's group keeps its global linear id and is mapped to the
     /// kernel's global ids; work-items past the kernel's range skip it.
     pub remap: Option<&'a Geometry>,
@@ -123,7 +123,7 @@ fn items<F: Fn(&mut Item<'_>)>(
 }
 
 /// The loop for a kernel fused into a grid of another shape, or for one work-item
-/// (`GroupCtx::only`): global ids are mapped through the global linear id (seed 000:
+/// (`GroupCtx::only`): global ids are mapped through the global linear id (the DPC++ kernel-fusion design:
 /// `global_id(0) = GLID / (GS(1) * GS(2))`, and so on), and work-items past the
 /// kernel's range skip it; local and group ids are the grid's, which the fusion rules
 /// keep unchanged for kernels with a work-group size.
@@ -251,7 +251,7 @@ impl<'a> Item<'a> {
 
     /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes:
     /// bounds-checked in ordinary memory, `i % n` in internalized memory of `n`
-    /// elements (seed 000, "Internalization").
+    /// elements (the DPC++ kernel-fusion design, "Internalization").
     #[inline(always)]
     pub(crate) fn element_ptr<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
         let b = self.binding(slot, tag);
