@@ -42,6 +42,7 @@ impl FusionStatus {
 
 /// Why a fusion was cancelled.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CancelReason {
     /// `cancel_fusion` was called.
     Requested,

@@ -245,6 +245,7 @@ impl GraphProps {
 
 /// Why a graph could not be finalized.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FinalizeError {
     /// The edges form a cycle (possible only with unchecked `make_edge`).
     #[error("the graph has a cycle through node {node}")]

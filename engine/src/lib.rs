@@ -71,8 +71,9 @@ pub use gantry_driver::fusion::{
     PromotionMismatch,
 };
 pub use gantry_driver::{
-    AccessMode, Accessor, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError, HostAccessor,
-    HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write, Zeroable,
+    AccessMode, Accessor, BackendStatus, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError,
+    HostAccessor, HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write,
+    Zeroable,
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};

@@ -5,6 +5,7 @@ use thiserror::Error;
 
 /// A range or ND-range that cannot be executed.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RangeError {
     /// An extent of zero work-items.
     #[error("range has zero extent in dimension {dim}")]
@@ -38,6 +39,7 @@ pub enum RangeError {
 /// Why a command failed while executing. Cloned onto the events of the failed command
 /// and of every command that depended on it.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExecError {
     /// A closure kernel panicked.
     #[error("kernel `{kernel}` panicked: {message}")]
@@ -103,6 +105,20 @@ pub enum ExecError {
         /// What failed.
         message: String,
     },
+    /// A backend API call failed with a status code of its own (a `CUresult`, a
+    /// `VkResult`): the code and its name are kept, so a caller can tell a launch
+    /// failure from an out-of-memory without parsing text.
+    #[error("{device}: {call} failed with {status}: {message}")]
+    Backend {
+        /// Device name.
+        device: Arc<str>,
+        /// The API call that failed (`cuLaunchKernel`, `vkQueueSubmit2`).
+        call: &'static str,
+        /// The backend's status.
+        status: BackendStatus,
+        /// What the driver adds (the kernel, the sizes involved).
+        message: String,
+    },
     /// Any other driver-reported failure.
     #[error("driver error on {device}: {message}")]
     Driver {
@@ -111,6 +127,27 @@ pub enum ExecError {
         /// The driver's message.
         message: String,
     },
+}
+
+/// A backend API's status: its number and its name, as the API spells it.
+///
+/// ```
+/// use gantry_driver::BackendStatus;
+/// let s = BackendStatus { code: 700, name: "CUDA_ERROR_ILLEGAL_ADDRESS".into() };
+/// assert_eq!(s.to_string(), "CUDA_ERROR_ILLEGAL_ADDRESS (700)");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BackendStatus {
+    /// The status number (`CUresult`, `VkResult`).
+    pub code: i64,
+    /// Its name.
+    pub name: Arc<str>,
+}
+
+impl std::fmt::Display for BackendStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name, self.code)
+    }
 }
 
 impl ExecError {
@@ -136,5 +173,29 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend's status survives the dependency chain that carries it to
+    /// dependents, and the message names the call, the status and its code.
+    #[test]
+    fn a_backend_status_reaches_dependents_whole() {
+        let status = BackendStatus { code: 2, name: "CUDA_ERROR_OUT_OF_MEMORY".into() };
+        let root = ExecError::Backend {
+            device: "cuda:0".into(),
+            call: "cuMemAlloc",
+            status: status.clone(),
+            message: "1 GiB".into(),
+        };
+        assert_eq!(root.to_string(), "cuda:0: cuMemAlloc failed with CUDA_ERROR_OUT_OF_MEMORY (2): 1 GiB");
+        let dependent = root.as_dependency_of("upload".into()).as_dependency_of("draw".into());
+        match dependent.root_cause() {
+            ExecError::Backend { status: s, call, .. } => assert_eq!((s, *call), (&status, "cuMemAlloc")),
+            other => panic!("root cause {other:?}"),
+        }
     }
 }

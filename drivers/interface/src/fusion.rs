@@ -160,6 +160,7 @@ pub struct FusionRequest {
 /// Why kernels cannot be fused. The scheduler then cancels the fusion and runs them
 /// unfused, with correct results.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FusionError {
     /// The fusion list holds no kernel.
     #[error("the fusion list is empty")]
@@ -224,6 +225,7 @@ pub enum FusionError {
 
 /// Why a promotion hint was not followed (the buffer stays in global memory).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PromotionMismatch {
     /// Some accessors of the buffer carry no hint (none + anything = none).
     NotAllPromoted,
@@ -243,6 +245,7 @@ pub enum PromotionMismatch {
 
 /// Something fusion did differently from what was asked, without failing.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FusionWarning {
     /// A buffer's promotion hint was dropped.
     PromotionDropped {

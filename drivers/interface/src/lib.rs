@@ -48,7 +48,7 @@ pub use command_buffer::{
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
 pub use elementwise::map_phase;
-pub use error::{panic_message, ExecError, RangeError};
+pub use error::{panic_message, BackendStatus, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
 pub use kernel::{
     phase, Arena, ClosureKernel, Elementwise, ElementwisePhase, ItemCost, MapLoop, Phase, ResolvedMap,
