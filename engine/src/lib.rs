@@ -84,6 +84,10 @@ pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 /// streamed chain prefetches in software (`GANTRY_STREAM_PREFETCH`).
 pub use gantry_driver::isa;
 
+/// The driver contract, for backends written outside Gantry and registered with
+/// [`RuntimeBuilder::driver`].
+pub use gantry_driver as driver;
+
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;
 /// Gantry's ECS components and resources, for systems added to its stages.

@@ -19,7 +19,7 @@ use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{unbounded, Receiver, Select, Sender};
 use gantry_driver::sync::thread::{self, JoinHandle};
 use gantry_driver::sync::{self, safety_net, spin_until, Condvar, Mutex};
-use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, HostStorage, MemSpace};
+use gantry_driver::{Completion, DeviceInfo, Driver, DriverContext, DriverFactory, HostStorage, MemSpace};
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
@@ -65,6 +65,17 @@ pub struct RuntimeBuilder {
     spin: Duration,
     max_pending: usize,
     fusion_cache: usize,
+    factories: Vec<Factory>,
+}
+
+/// A backend registered on the builder.
+#[derive(Clone)]
+struct Factory(Arc<dyn DriverFactory>);
+
+impl std::fmt::Debug for Factory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DriverFactory")
+    }
 }
 
 /// A graph linearization policy chosen by the user.
@@ -115,6 +126,7 @@ impl Default for RuntimeBuilder {
             spin: sync::SPIN_WINDOW,
             max_pending: DEFAULT_MAX_PENDING,
             fusion_cache: ClosureFusion::DEFAULT_CAPACITY,
+            factories: Vec::new(),
         }
     }
 }
@@ -264,6 +276,23 @@ impl RuntimeBuilder {
         self.max_pending = limit.max(1);
         self
     }
+    /// Registers a backend: its driver is created when the runtime is built and gets
+    /// the next device id, after the CPU and the simulated devices, in the order
+    /// registered. A factory that fails makes [`RuntimeBuilder::try_build`] return its
+    /// error.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use gantry::driver::{Driver, DriverContext, ExecError};
+    /// let no_gpu = |_: DriverContext| -> Result<Arc<dyn Driver>, ExecError> {
+    ///     Err(ExecError::Unsupported { device: "gpu".into(), what: "this machine" })
+    /// };
+    /// assert!(gantry::Runtime::builder().driver(no_gpu).try_build().is_err());
+    /// ```
+    pub fn driver(mut self, factory: impl DriverFactory + 'static) -> Self {
+        self.factories.push(Factory(Arc::new(factory)));
+        self
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;
@@ -271,7 +300,17 @@ impl RuntimeBuilder {
     }
 
     /// Starts the drivers (and the scheduler thread in threaded mode).
+    ///
+    /// # Panics
+    /// If a backend registered with [`RuntimeBuilder::driver`] fails to start
+    /// ([`RuntimeBuilder::try_build`] returns the error instead).
     pub fn build(self) -> Runtime {
+        self.try_build().unwrap_or_else(|e| panic!("a registered backend failed to start: {e}"))
+    }
+
+    /// Starts the drivers (and the scheduler thread in threaded mode), or returns the
+    /// error of a registered backend that could not start.
+    pub fn try_build(self) -> Result<Runtime> {
         let epoch = Instant::now();
         let (msg_tx, msg_rx) = unbounded::<Message>();
         let (done_tx, done_rx) = unbounded::<Completion>();
@@ -286,6 +325,9 @@ impl RuntimeBuilder {
             if let Some(pool) = machine.host_pool(ctx.clone()) {
                 drivers.push(Arc::new(pool));
             }
+        }
+        for Factory(factory) in &self.factories {
+            drivers.push(factory.create(ctx.clone())?);
         }
         let weak_drivers = drivers.iter().map(Arc::downgrade).collect();
         let devices: Vec<Device> = drivers
@@ -368,7 +410,7 @@ impl RuntimeBuilder {
                 .spawn(move || s.scheduler_loop(wake_rx))
                 .expect("failed to start the scheduler thread")
         });
-        Runtime { shared, thread, default_device, host_queue }
+        Ok(Runtime { shared, thread, default_device, host_queue })
     }
 }
 

@@ -12,13 +12,37 @@ use crate::error::ExecError;
 use crate::memory::AllocId;
 use crate::op::{Accepted, Completion, Submission};
 
-/// What kind of backend a device is.
+/// What kind of backend a device is. Open: a backend registered through a
+/// [`DriverFactory`] names its own kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DeviceKind {
     /// Host CPU threads.
     Cpu,
     /// The deterministic simulated device.
     Sim,
+    /// A backend outside this crate, by its name (`"cuda"`, `"vulkan"`, a test's).
+    Other(&'static str),
+}
+
+/// Makes a backend's driver when a runtime is built: how a backend plugs in
+/// (`RuntimeBuilder::driver`). The driver reports completions through the context it
+/// is given. A backend that cannot start here (no driver library, no device) returns
+/// the error, which the builder reports; it must not panic.
+///
+/// Any `Fn(DriverContext) -> Result<Arc<dyn Driver>, ExecError>` is a factory.
+pub trait DriverFactory: Send + Sync {
+    /// Creates the driver.
+    fn create(&self, ctx: DriverContext) -> Result<std::sync::Arc<dyn Driver>, ExecError>;
+}
+
+impl<F> DriverFactory for F
+where
+    F: Fn(DriverContext) -> Result<std::sync::Arc<dyn Driver>, ExecError> + Send + Sync,
+{
+    fn create(&self, ctx: DriverContext) -> Result<std::sync::Arc<dyn Driver>, ExecError> {
+        self(ctx)
+    }
 }
 
 /// What a driver can do.

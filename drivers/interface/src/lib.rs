@@ -46,7 +46,7 @@ pub use command_buffer::{
     patch_buffer, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan,
     PlanBuilder, PlannedOp, RecordedArg, RecordedOp, SyncPoint,
 };
-pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext};
+pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext, DriverFactory};
 pub use elementwise::map_phase;
 pub use error::{panic_message, BackendStatus, ExecError, RangeError};
 pub use item::{GroupCtx, HostCtx, Item};
