@@ -126,9 +126,9 @@ pub enum FusionOutcome {
 ///
 /// The status and the kernel count are atomics, written under the lock and read
 /// without it: every kernel submit and every host wait asks for the status, and a
-/// locked operation costs about 9 ns on the Xeon of the GPU machine (a lock and an
-/// unlock are two). A read without the lock sees the value before or after a
-/// concurrent transition, as a read under the lock would.
+/// lock and an unlock are two locked operations (their cost: `docs/PERFORMANCE.md`).
+/// A read without the lock sees the value before or after a concurrent transition,
+/// as a read under the lock would.
 #[derive(Debug)]
 pub struct FusionShared {
     /// The queue. `start_fusion` sends no message of its own: the scheduler starts

@@ -906,9 +906,8 @@ impl FusedBody {
     /// Why spans: a chain run kernel after kernel over a whole group reads its input
     /// and writes its output in bursts between passes over the intermediates, and
     /// the hardware prefetcher, which follows a steady stream, misses the start of
-    /// each burst. On the Xeon of the GPU machine, a hand-written chain of two maps
-    /// over blocks of 1,024 ran at 0.68–0.73 of the one-loop version, over blocks of
-    /// 256 with the memory [`PREFETCH_AHEAD`] bytes on requested first at 0.90–1.06.
+    /// each burst; short spans, with the memory [`PREFETCH_AHEAD`] bytes on requested
+    /// first where that pays, stream like one loop (figures: `docs/PERFORMANCE.md`).
     fn stream<'a>(
         &self,
         grid: &GroupCtx<'_>,
@@ -1130,10 +1129,9 @@ struct SpanCall<'a> {
 }
 
 /// How many bytes a span's span-local intermediates may take: half of a 32 KiB L1
-/// data cache, the rest left to the global input and output streaming through. On
-/// the development machine's AMD EPYC, a chain of 8 kernels over 16M elements with
-/// its 7 intermediates in spans of 1,024 (28 KiB) ran 2.3 times as long as in spans
-/// of 512 (14 KiB).
+/// data cache, the rest left to the global input and output streaming through:
+/// intermediates that spill to L2 between spans cost more than the shorter spans
+/// (figures: `docs/PERFORMANCE.md`).
 const SPAN_LOCAL_BUDGET: usize = 16 << 10;
 
 /// The span a streamed chain runs: `span` (a power of two), halved while its

@@ -147,12 +147,10 @@ pub const STREAM_PREFETCH_ENV: &str = "GANTRY_STREAM_PREFETCH";
 static STREAM_PREFETCH: Decided = Decided::new();
 
 /// Whether a fused chain streamed span by span requests its global input and output
-/// a few spans ahead in software. The machines it was measured on want opposite
-/// answers, by a wide margin: on the GPU machine's Intel Xeon the requests let a
-/// chain of 2 or 8 kernels over 16M elements keep up with a hand-written loop (0.74
-/// and 0.63 of its time without them), while on the development machine's AMD EPYC,
-/// whose hardware prefetchers already run ahead, they fill the miss buffers and the
-/// same chain took 1.6 times as long with them. So: on for Intel, off elsewhere;
+/// a few spans ahead in software. CPUs want opposite answers, by a wide margin: on
+/// Intel the requests let a chain keep up with a hand-written loop, while AMD's
+/// hardware prefetchers already run ahead and the requests fill the miss buffers
+/// (figures: `docs/PERFORMANCE.md`). So: on for Intel, off elsewhere;
 /// `GANTRY_STREAM_PREFETCH=1` or `0` decides instead (read once).
 #[inline]
 pub fn stream_prefetch() -> bool {
@@ -182,15 +180,9 @@ static STREAM_SPAN: Decided = Decided::new();
 
 /// How many work-items a fused chain streamed span by span runs each kernel over
 /// before the next (at most: a chain whose intermediates would not fit in L1 at this
-/// span takes a shorter one). Each machine measured wants its own: 256 where the
-/// chain requests memory ahead in software ([`stream_prefetch`], whose distance was
-/// tuned with it), 512 where the hardware prefetchers run alone. Internalized chains
-/// of 2, 4 and 8 kernels over 16M elements, pinned to one core:
-/// * the GPU machine's Intel Xeon (prefetching): spans of 512 took 1.01–1.12, 1.08–1.27
-///   and 1.03–1.47 of the time of spans of 256 (two cores, two runs each);
-/// * the development machine's AMD EPYC: spans of 512 took 0.76–0.84, 0.89–0.95 and
-///   0.90–0.91 of it (three runs), so the chains of 2 and 4 kernels ran at 0.86–0.93
-///   and 0.79–0.84 of a hand-written loop's speed instead of 0.70–0.76 and 0.74–0.77.
+/// span takes a shorter one): 256 where the chain requests memory ahead in software
+/// ([`stream_prefetch`], whose distance was tuned with it), 512 where the hardware
+/// prefetchers run alone (figures: `docs/PERFORMANCE.md`).
 ///
 /// `GANTRY_STREAM_SPAN` (a power of two from 64 to 4096) decides instead (read once).
 ///

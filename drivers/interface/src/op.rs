@@ -197,7 +197,7 @@ impl Drop for Snapshot {
 
 /// Reusable snapshot memory for one driver. A snapshot of a large range costs a copy
 /// either way, but in fresh memory it also costs a page fault per 4 KiB touched and an
-/// unmap when it is freed (about four times the copy, measured on 64 MiB ranges), so
+/// unmap when it is freed (several times the copy: `docs/PERFORMANCE.md`), so
 /// finished snapshots of at least [`SnapshotPool::MIN_POOLED`] bytes keep their memory
 /// here for the next operation: at most [`SnapshotPool::MAX_POOLED`] of them and
 /// [`SnapshotPool::DEFAULT_LIMIT`] bytes (or the limit given), the most recent first.

@@ -15,11 +15,7 @@ pub const RANGE_CHUNK: usize = 1024;
 /// keep [`RANGE_GROUPS`] groups of more items get groups of up to this many, which
 /// spreads each group's fixed cost (its bindings, a fused kernel's plan walk and
 /// stream set-up) over more items. That cost is more than its instructions where
-/// memory is the limit: on an AMD EPYC, a hand-blocked K = 8 chain at 16M elements
-/// slowed by a quarter when each group of 4,096 also wrote 64 words of its stack.
-/// Internalized chains of 16M elements there ran at 0.60 (K = 2), 0.42 (K = 4) and
-/// 0.67 (K = 8) of the hand-written loop in groups of 4,096, and at 0.81, 0.76 and
-/// 1.17 in groups of 65,536 (min of 3 alternated runs). A streamed chain touches
+/// memory is the limit (figures: `docs/PERFORMANCE.md`). A streamed chain touches
 /// one span of each private region whatever the group's size
 /// (`Plan::span_local`), so the larger groups cost it no cache.
 pub const MAX_RANGE_CHUNK: usize = 64 * RANGE_CHUNK;
