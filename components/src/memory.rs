@@ -146,6 +146,35 @@ impl<K: LeafKey> LeafSet<K> {
         }
     }
 
+    /// A writer of `range`: calls `f` for every leaf `range` overlaps, then removes
+    /// the ones it covers (except those of `keep`), in one walk of the index.
+    pub fn overlap_and_cover(&mut self, range: &ByteRange, keep: K, mut f: impl FnMut(&Leaf<K>)) {
+        match &mut self.index {
+            None => self.list.retain(|l| {
+                if l.range.overlaps(range) {
+                    f(l);
+                }
+                l.cmd == keep || !range.covers(&l.range)
+            }),
+            Some(index) => {
+                let from = (range.start.saturating_sub(self.max_len), 0);
+                let mut covered: SmallVec<[(usize, u64); 8]> = SmallVec::new();
+                for (k, leaf) in index.range(from..(range.end, 0)) {
+                    if leaf.range.overlaps(range) {
+                        f(leaf);
+                        if leaf.cmd != keep && range.covers(&leaf.range) {
+                            covered.push(*k);
+                        }
+                    }
+                }
+                for k in covered {
+                    index.remove(&k);
+                }
+                self.shrink();
+            }
+        }
+    }
+
     /// Calls `f` for every leaf.
     pub fn for_each(&self, f: impl FnMut(&Leaf<K>)) {
         match &self.index {
@@ -341,6 +370,29 @@ mod tests {
         assert!(set.index.is_none(), "shrinks back to a list");
         assert_eq!(set.len(), 1);
         assert_eq!(overlapping(&set, 100, 1), vec![leaf(5000, 0, 0).cmd]);
+    }
+
+    /// A writer finds what it overlaps and removes what it covers in one walk, the
+    /// same in the list and in the index; its own leaves stay.
+    #[test]
+    fn a_writer_overlaps_and_covers_in_one_walk() {
+        for n in [8u32, 1000] {
+            let mut set: LeafSet<u32> = LeafSet::default();
+            for i in 0..n {
+                set.push(Leaf { cmd: i, range: ByteRange::new(i as usize * 8, 8) });
+            }
+            set.push(Leaf { cmd: 7777, range: ByteRange::new(16, 16) });
+            let mut seen = Vec::new();
+            // Bytes 12..36: overlaps leaves 1..=4 and 7777; covers 2, 3 and 7777's own.
+            set.overlap_and_cover(&ByteRange::new(12, 24), 7777, |l| seen.push(l.cmd));
+            seen.sort();
+            assert_eq!(seen, vec![1, 2, 3, 4, 7777], "n = {n}");
+            let mut left = Vec::new();
+            set.for_each_overlapping(&ByteRange::new(0, 48), |l| left.push(l.cmd));
+            left.sort();
+            assert_eq!(left, vec![0, 1, 4, 5, 7777], "n = {n}");
+            assert_eq!(set.len(), n as usize + 1 - 2);
+        }
     }
 
     #[test]

@@ -219,16 +219,13 @@ impl GraphState {
                     preds.push(a.cmd);
                 }
             };
-            acc.writes.for_each_overlapping(&r.range, &mut edge);
-            if writes {
-                acc.reads.for_each_overlapping(&r.range, &mut edge);
-            }
             let access = Leaf { cmd: node, range: r.range };
             if writes {
-                acc.reads.remove_covered(&r.range, node);
-                acc.writes.remove_covered(&r.range, node);
+                acc.writes.overlap_and_cover(&r.range, node, &mut edge);
+                acc.reads.overlap_and_cover(&r.range, node, &mut edge);
                 acc.writes.push(access);
             } else {
+                acc.writes.for_each_overlapping(&r.range, &mut edge);
                 acc.reads.push(access);
             }
         }
