@@ -1,0 +1,407 @@
+//! Configuring and building a runtime: its devices (the defaults and registered
+//! backends), its world and schedule, and its scheduler thread.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gantry_components::{
+    Device, Devices, Fusions, GraphPolicy, Inbox, Linearizer, Message, QueueCore, QueueFailures,
+    SchedulerConfig, Timeline,
+};
+use gantry_cpu::{CpuConfig, CpuDriver};
+use gantry_driver::fusion::{ClosureFusion, FusionCompiler};
+use gantry_driver::sync::atomic::Ordering;
+use gantry_driver::sync::channel::unbounded;
+use gantry_driver::sync::thread;
+use gantry_driver::sync::{self, Condvar, Mutex};
+use gantry_driver::{Completion, Driver, DriverContext, DriverFactory, MemSpace};
+
+use super::scheduler::{Core, IdleState, Senders, Shared};
+use super::{DeviceId, Runtime};
+use crate::error::Result;
+
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+
+/// Who runs the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A scheduler thread flushes whenever submissions or completions arrive.
+    Threaded,
+    /// The caller runs [`Runtime::flush`]; waits and host accesses drive the scheduler
+    /// on the waiting thread. Deterministic with a deterministic driver.
+    Manual,
+}
+
+/// Configures and builds a [`Runtime`].
+///
+/// ```
+/// use gantry::{Runtime, Mode};
+/// let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+/// assert_eq!(rt.devices().len(), 1);
+/// ```
+#[derive(Clone, Debug)]
+pub struct RuntimeBuilder {
+    mode: Mode,
+    cpu: CpuConfig,
+    #[cfg(feature = "sim")]
+    sims: Vec<gantry_sim::SimConfig>,
+    #[cfg(feature = "sim")]
+    machine: gantry_sim::MachineConfig,
+    preserve_on_failure: bool,
+    default_device: DeviceId,
+    timeline: bool,
+    fusion_warnings: Option<usize>,
+    fusion_compiler: Option<Compiler>,
+    linearizer: Option<Policy>,
+    spin: Duration,
+    max_pending: usize,
+    fusion_cache: usize,
+    factories: Vec<Factory>,
+}
+
+/// A backend registered on the builder.
+#[derive(Clone)]
+struct Factory(Arc<dyn DriverFactory>);
+
+impl std::fmt::Debug for Factory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DriverFactory")
+    }
+}
+
+/// A graph linearization policy chosen by the user.
+#[derive(Clone)]
+struct Policy(Arc<dyn Linearizer>);
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name())
+    }
+}
+
+/// A fusion compiler chosen by the user.
+#[derive(Clone)]
+struct Compiler(Arc<dyn FusionCompiler>);
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FusionCompiler")
+    }
+}
+
+/// How many fusion warnings appear when neither the builder nor
+/// `GANTRY_FUSION_WARNINGS` says.
+const DEFAULT_FUSION_WARNINGS: usize = 16;
+
+/// How many submitted commands may wait for the scheduler before `submit` waits.
+const DEFAULT_MAX_PENDING: usize = 1 << 16;
+
+/// The most messages one flush ingests.
+const INGEST_LIMIT: usize = 4096;
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Threaded,
+            cpu: CpuConfig::default(),
+            #[cfg(feature = "sim")]
+            sims: Vec::new(),
+            #[cfg(feature = "sim")]
+            machine: gantry_sim::MachineConfig::default(),
+            preserve_on_failure: true,
+            default_device: 0,
+            timeline: false,
+            fusion_warnings: None,
+            fusion_compiler: None,
+            linearizer: None,
+            spin: sync::SPIN_WINDOW,
+            max_pending: DEFAULT_MAX_PENDING,
+            fusion_cache: ClosureFusion::DEFAULT_CAPACITY,
+            factories: Vec::new(),
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Scheduler thread or manual flushing.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// Threads running kernel work-groups on the CPU device (0: inline, deterministic).
+    pub fn worker_threads(mut self, n: usize) -> Self {
+        self.cpu.worker_threads = n;
+        self
+    }
+    /// Threads running host tasks (0: inline).
+    pub fn host_threads(mut self, n: usize) -> Self {
+        self.cpu.host_threads = n;
+        self
+    }
+    /// The whole CPU driver configuration.
+    pub fn cpu(mut self, config: CpuConfig) -> Self {
+        self.cpu = config;
+        self
+    }
+    /// Adds a simulated device; it gets the next device id (the first one is 1).
+    /// All simulated devices of a runtime share one virtual clock (a
+    /// [`SimMachine`](gantry_sim::SimMachine)).
+    #[cfg(feature = "sim")]
+    pub fn sim(mut self, config: gantry_sim::SimConfig) -> Self {
+        self.sims.push(config);
+        self
+    }
+    /// What the simulated devices share: device-to-device links, and a modelled host
+    /// thread pool. With a pool, it is the device after the last simulated one, and
+    /// host tasks submitted to its queues run there in virtual time.
+    ///
+    /// ```
+    /// use gantry::{HostPoolConfig, MachineConfig, Mode, QueueOptions, Runtime, SimConfig};
+    /// let rt = Runtime::builder()
+    ///     .mode(Mode::Manual)
+    ///     .sim(SimConfig { latency_ns: 1_000, ..Default::default() })
+    ///     .sim_machine(MachineConfig {
+    ///         host: Some(HostPoolConfig { threads: 2, task_ns: 5_000, latency_ns: 500, ..Default::default() }),
+    ///         ..Default::default()
+    ///     })
+    ///     .timeline(true)
+    ///     .build();
+    /// let gpu = rt.queue_with(QueueOptions { device: 1, in_order: true })?;
+    /// let host = rt.queue_with(QueueOptions { device: 2, in_order: false })?;
+    /// let data = rt.buffer(&[1u32; 4]);
+    /// let kernel = gpu.submit(|cg| {
+    ///     let d = cg.read_write(&data);
+    ///     cg.parallel_for(4, move |it| d.set(it, it.global_linear_id(), 2));
+    /// })?;
+    /// let done = host.submit(|cg| {
+    ///     let d = cg.host_read(&data);
+    ///     cg.host_task(move |ctx| assert_eq!(d.as_slice(ctx), &[2, 2, 2, 2]));
+    /// })?;
+    /// done.wait()?;
+    /// // The task ran on the modelled pool, in virtual time, after the kernel and the
+    /// // copy back to host memory: its latency plus its default duration.
+    /// let t = done.timestamps();
+    /// assert!(t.started_ns > kernel.timestamps().ended_ns);
+    /// assert_eq!(t.ended_ns - t.started_ns, 5_500);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    #[cfg(feature = "sim")]
+    pub fn sim_machine(mut self, config: gantry_sim::MachineConfig) -> Self {
+        self.machine = config;
+        self
+    }
+    /// Whether a failed command's written ranges are restored, so buffers keep their
+    /// last valid contents (default: yes). Turning it off saves a copy of each
+    /// command's writable ranges; a failed command then leaves them unspecified.
+    pub fn preserve_on_failure(mut self, yes: bool) -> Self {
+        self.preserve_on_failure = yes;
+        self
+    }
+    /// How long a thread about to block spins first (default 20 µs): an
+    /// [`Event::wait`](crate::Event::wait) in threaded mode, and the scheduler
+    /// thread when it runs out of work. Spinning, as GPU runtimes do on a stream,
+    /// saves a kernel wake-up on each hand-off of a short frame, at the cost of up to
+    /// this much CPU each time a thread would sleep; `Duration::ZERO` blocks at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let rt = gantry::Runtime::builder().spin_before_blocking(Duration::ZERO).build();
+    /// let q = rt.queue();
+    /// q.submit(|cg| cg.single_task(|_| {}))?.wait()?;
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn spin_before_blocking(mut self, window: Duration) -> Self {
+        self.spin = window;
+        self
+    }
+    /// Records every finished command for [`Runtime::timeline`] and
+    /// [`Runtime::chrome_trace`] (default: off; recording costs memory per command).
+    pub fn timeline(mut self, record: bool) -> Self {
+        self.timeline = record;
+        self
+    }
+    /// How many fusion warnings (early cancellations, refused fusions, dropped
+    /// promotions) are printed through `tracing`; 0 silences them. Default: the
+    /// `GANTRY_FUSION_WARNINGS` environment variable, else 16.
+    pub fn fusion_warnings(mut self, limit: usize) -> Self {
+        self.fusion_warnings = Some(limit);
+        self
+    }
+    /// How many fused plans the default fusion compiler caches (default
+    /// [`ClosureFusion::DEFAULT_CAPACITY`]); the least recently used goes first, and 0
+    /// turns the cache off. [`Runtime::fusion_cache_stats`] counts hits, misses and
+    /// evictions.
+    pub fn fusion_cache_capacity(mut self, plans: usize) -> Self {
+        self.fusion_cache = plans;
+        self
+    }
+    /// The fusion compiler (default: [`ClosureFusion`], which fuses closure kernels).
+    pub fn fusion_compiler(mut self, compiler: Arc<dyn FusionCompiler>) -> Self {
+        self.fusion_compiler = Some(Compiler(compiler));
+        self
+    }
+    /// How command graphs order their nodes at finalize (default:
+    /// [`ReverseDfs`](crate::ReverseDfs), the SYCL graph extension's implementation design's reverse depth-first order;
+    /// [`BreadthFirst`](crate::BreadthFirst) is the alternative it names).
+    pub fn linearizer(mut self, policy: Arc<dyn Linearizer>) -> Self {
+        self.linearizer = Some(Policy(policy));
+        self
+    }
+    /// How many commands may be submitted and not yet finished before `submit` waits
+    /// for the scheduler to catch up (default 65,536): a producer that submits faster
+    /// than the devices run keeps memory bounded instead of queueing without end.
+    /// Submissions from inside a host task or kernel never wait (the work they wait
+    /// for could be blocked behind that very task).
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().max_pending_commands(64).build();
+    /// let q = rt.queue();
+    /// let buf = rt.buffer_zeroed::<u32>(1);
+    /// for _ in 0..1_000 {
+    ///     q.submit(|cg| cg.fill(&buf, 1))?;
+    /// }
+    /// q.wait()?;
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn max_pending_commands(mut self, limit: usize) -> Self {
+        self.max_pending = limit.max(1);
+        self
+    }
+    /// Registers a backend: its driver is created when the runtime is built and gets
+    /// the next device id, after the CPU and the simulated devices, in the order
+    /// registered. A factory that fails makes [`RuntimeBuilder::try_build`] return its
+    /// error.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use gantry::driver::{Driver, DriverContext, ExecError};
+    /// let no_gpu = |_: DriverContext| -> Result<Arc<dyn Driver>, ExecError> {
+    ///     Err(ExecError::Unsupported { device: "gpu".into(), what: "this machine" })
+    /// };
+    /// assert!(gantry::Runtime::builder().driver(no_gpu).try_build().is_err());
+    /// ```
+    pub fn driver(mut self, factory: impl DriverFactory + 'static) -> Self {
+        self.factories.push(Factory(Arc::new(factory)));
+        self
+    }
+    /// The device [`Runtime::queue`] uses (default 0, the CPU).
+    pub fn default_device(mut self, device: DeviceId) -> Self {
+        self.default_device = device;
+        self
+    }
+
+    /// Starts the drivers (and the scheduler thread in threaded mode).
+    ///
+    /// # Panics
+    /// If a backend registered with [`RuntimeBuilder::driver`] fails to start
+    /// ([`RuntimeBuilder::try_build`] returns the error instead).
+    pub fn build(self) -> Runtime {
+        self.try_build().unwrap_or_else(|e| panic!("a registered backend failed to start: {e}"))
+    }
+
+    /// Starts the drivers (and the scheduler thread in threaded mode), or returns the
+    /// error of a registered backend that could not start.
+    pub fn try_build(self) -> Result<Runtime> {
+        let epoch = Instant::now();
+        let (msg_tx, msg_rx) = unbounded::<Message>();
+        let (done_tx, done_rx) = unbounded::<Completion>();
+        let ctx = DriverContext { completions: done_tx, epoch };
+        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
+        #[cfg(feature = "sim")]
+        if !self.sims.is_empty() || self.machine.host.is_some() {
+            let machine = gantry_sim::SimMachine::new(self.machine.clone());
+            for config in &self.sims {
+                drivers.push(Arc::new(machine.device(config.clone(), ctx.clone())));
+            }
+            if let Some(pool) = machine.host_pool(ctx.clone()) {
+                drivers.push(Arc::new(pool));
+            }
+        }
+        for Factory(factory) in &self.factories {
+            drivers.push(factory.create(ctx.clone())?);
+        }
+        let weak_drivers = drivers.iter().map(Arc::downgrade).collect();
+        let devices: Vec<Device> = drivers
+            .into_iter()
+            .enumerate()
+            .map(|(i, driver)| {
+                let info = driver.info().clone();
+                let space =
+                    if info.caps.shares_host_memory { MemSpace::Host } else { MemSpace::Device(i as u32) };
+                Device { driver, info, space, lost: Default::default() }
+            })
+            .collect();
+        let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let lost = devices.iter().map(|d| d.lost.clone()).collect();
+        let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
+        let config = SchedulerConfig {
+            preserve_on_failure: self.preserve_on_failure,
+            epoch,
+            ingest_limit: INGEST_LIMIT,
+        };
+        let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
+        if self.timeline {
+            world.insert_resource(Timeline::default());
+        }
+        let warnings = self.fusion_warnings.unwrap_or_else(|| {
+            std::env::var("GANTRY_FUSION_WARNINGS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(DEFAULT_FUSION_WARNINGS)
+        });
+        let fusion_warnings = Arc::new(std::sync::atomic::AtomicUsize::new(warnings));
+        let closure_fusion = Arc::new(ClosureFusion::with_capacity(self.fusion_cache));
+        let compiler = match &self.fusion_compiler {
+            Some(c) => c.0.clone(),
+            None => closure_fusion.clone(),
+        };
+        world.insert_resource(Fusions::new(compiler, fusion_warnings.clone()));
+        if let Some(Policy(linearizer)) = &self.linearizer {
+            world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
+        }
+        let failures = world.resource::<QueueFailures>().sync.clone();
+        let (wake_tx, wake_rx) = unbounded::<()>();
+        let shared = Arc::new(Shared {
+            id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
+            mode: self.mode,
+            tx: msg_tx,
+            core: Mutex::new(Some(Core {
+                world,
+                schedule: gantry_systems::flush_schedule(),
+                user_sections: 0,
+            })),
+            senders: Senders::default(),
+            epoch,
+            next_id: AtomicU64::new(1),
+            devices: infos,
+            drivers: weak_drivers,
+            lost,
+            idle: Mutex::new(IdleState { ingested: 0, idle: true }),
+            idle_cv: Condvar::new(),
+            msg_rx,
+            done_rx,
+            wake_tx,
+            fusion_warnings,
+            closure_fusion: self.fusion_compiler.is_none().then_some(closure_fusion),
+            spin: self.spin,
+            failure: std::sync::OnceLock::new(),
+            system_errors: Mutex::new(Vec::new()),
+            live: AtomicU64::new(0),
+            max_pending: self.max_pending as u64,
+            fusing: Default::default(),
+            failures,
+        });
+        let default_device = self.default_device.min(shared.devices.len() as u32 - 1);
+        let host_queue =
+            Arc::new(QueueCore { id: 0, device: 0, in_order: false, entity: Default::default() });
+        let thread = (self.mode == Mode::Threaded).then(|| {
+            let s = shared.clone();
+            thread::Builder::new()
+                .name("gantry-scheduler".into())
+                .spawn(move || s.scheduler_loop(wake_rx))
+                .expect("failed to start the scheduler thread")
+        });
+        Ok(Runtime { shared, thread, default_device, host_queue })
+    }
+}
