@@ -22,6 +22,11 @@ pub struct QueueState {
     /// synchronizes (see [`FailureSync`]): the next command depends on a command that
     /// is gone, and fails as it would have had `last` still been alive.
     pub last_failure: Option<QueueFailure>,
+    /// Set when a command submitted since the last barrier failed and retired (any
+    /// queue), until the user synchronizes or a barrier takes it: the next barrier
+    /// depends on that command and fails with it, as it would have had the command
+    /// still been alive.
+    pub barrier_failure: Option<QueueFailure>,
     /// Whether the queue is in [`QueueFailures::queues`].
     pub failure_listed: bool,
     /// Commands submitted since the last barrier that may still be unfinished; a
@@ -32,7 +37,14 @@ pub struct QueueState {
 impl QueueState {
     /// Fresh state for a queue.
     pub fn new(core: Arc<QueueCore>) -> Self {
-        Self { core, last: None, last_failure: None, failure_listed: false, since_barrier: Vec::new() }
+        Self {
+            core,
+            last: None,
+            last_failure: None,
+            barrier_failure: None,
+            failure_listed: false,
+            since_barrier: Vec::new(),
+        }
     }
 }
 

@@ -501,6 +501,32 @@ fn after_queue_wait_every_graph_submission_is_final() {
     });
 }
 
+// ---- 11. Failures reach what was submitted before the next wait, whatever the timing ----
+
+/// A barrier fails if a command submitted before it (since the previous barrier)
+/// failed, also when the scheduler retired that failure before the barrier arrived;
+/// after the user has waited, a new barrier is independent of it.
+#[test]
+fn a_barrier_after_a_retired_failure_fails_until_the_user_waits() {
+    within(60, || {
+        for rt in runtimes() {
+            let q = rt.queue();
+            let bad = q.submit(|cg| cg.single_task(|_| panic!("first fails"))).unwrap();
+            if rt.mode() == Mode::Threaded {
+                // Let the scheduler retire it without a wait of ours.
+                while !bad.status().is_final() {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let err = q.barrier().unwrap().wait().unwrap_err();
+            assert!(matches!(err, Error::Exec(ExecError::DependencyFailed { .. })), "{err:?}");
+            q.barrier().unwrap().wait().unwrap();
+            q.wait().unwrap();
+        }
+    });
+}
+
 // ---- 4, 5. Sustained submission ----
 
 #[test]

@@ -212,12 +212,17 @@ fn apply_sync(world: &mut World, q: &mut Queries, n: u64) {
     let mut kept = Vec::new();
     for qe in queues {
         let Some(mut state) = q.queue_mut(world, qe) else { continue };
-        match &state.last_failure {
-            Some(f) if f.seq > n => kept.push(qe),
-            _ => {
-                state.last_failure = None;
-                state.failure_listed = false;
-            }
+        let later = |f: &Option<gantry_components::QueueFailure>| f.as_ref().is_some_and(|f| f.seq > n);
+        if !later(&state.last_failure) {
+            state.last_failure = None;
+        }
+        if !later(&state.barrier_failure) {
+            state.barrier_failure = None;
+        }
+        if state.last_failure.is_some() || state.barrier_failure.is_some() {
+            kept.push(qe);
+        } else {
+            state.failure_listed = false;
         }
     }
     let mut failures = world.resource_mut::<QueueFailures>();

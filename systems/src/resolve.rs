@@ -176,9 +176,10 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
 
 /// Queue order: an in-order queue's command depends on the previous one, a barrier on
 /// everything since the last barrier; `e` becomes the queue's last command. Returns
-/// the error `e` fails with if the previous command of its in-order queue has already
-/// failed and retired, and the user has not synchronized since: the failure reaches
-/// it as it would have had the previous command still been alive.
+/// the error `e` fails with if the previous command of its in-order queue (or, for a
+/// barrier, a command since the last barrier) has already failed and retired, and the
+/// user has not synchronized since: the failure reaches it as it would have had that
+/// command still been alive.
 fn queue_order(
     world: &mut World,
     q: &mut Queries,
@@ -203,6 +204,9 @@ fn queue_order(
     state.last = Some(e);
     state.last_failure = None;
     if kind == CommandKind::Barrier {
+        if let Some(f) = state.barrier_failure.take() {
+            failed = failed.or_else(|| Some(f.root.as_dependency_of(f.command.clone())));
+        }
         let since = std::mem::replace(&mut state.since_barrier, vec![e]);
         for p in since {
             push_unique(preds, p, e);

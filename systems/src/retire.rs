@@ -242,17 +242,28 @@ fn retire_entity(
 /// synchronized since (see `FailureSync`).
 fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &ExecError) {
     let Some(cmd) = q.command(world, e) else { return };
-    let Some(qe) = cmd.queue.as_ref().filter(|queue| queue.in_order).and_then(|queue| queue.entity.get())
-    else {
-        return;
-    };
+    let Some(queue) = cmd.queue.clone() else { return };
+    let Some(qe) = queue.entity.get() else { return };
     let command = cmd.name.clone();
-    let Some(listed) = q.queue(world, qe).filter(|s| s.last == Some(e)).map(|s| s.failure_listed) else {
+    let Some(state) = q.queue(world, qe) else { return };
+    let last = queue.in_order && state.last == Some(e);
+    // The first failure since the last barrier is the one the barrier names.
+    let before_barrier = cmd.kind != CommandKind::Barrier
+        && state.barrier_failure.is_none()
+        && state.since_barrier.contains(&e);
+    if !(last || before_barrier) {
         return;
-    };
+    }
+    let listed = state.failure_listed;
     let seq = world.resource::<QueueFailures>().sync.record();
+    let failure = QueueFailure { command, root: error.root_cause().clone(), seq };
     let mut state = q.queue_mut(world, qe).expect("queue state");
-    state.last_failure = Some(QueueFailure { command, root: error.root_cause().clone(), seq });
+    if before_barrier {
+        state.barrier_failure = Some(failure.clone());
+    }
+    if last {
+        state.last_failure = Some(failure);
+    }
     state.failure_listed = true;
     if !listed {
         world.resource_mut::<QueueFailures>().queues.push(qe);
