@@ -233,11 +233,11 @@ impl Queue {
             }
         }
         // A command that depends on a listed kernel cancels its fusion now, not when
-        // the scheduler sees it: by a buffer or an event, or by queue order.
-        if self.handle.core.in_order {
-            self.cancel_for_dependent(&built.name, built.kind);
-        }
+        // the scheduler sees it: by queue order, or by a buffer or an event.
         if rt.fusing.any() {
+            if self.handle.core.in_order {
+                self.cancel_for_dependent(&built.name, built.kind);
+            }
             rt.fusing.cancel_dependencies(
                 rt,
                 &built.requirements,
@@ -377,7 +377,9 @@ impl Queue {
             return graph.record_barrier(&self.handle.core);
         }
         let name: Arc<str> = "barrier".into();
-        self.cancel_for_dependent(&name, CommandKind::Barrier);
+        if self.handle.rt.fusing.any() {
+            self.cancel_for_dependent(&name, CommandKind::Barrier);
+        }
         let event = self.new_event(&name);
         let (kind, work) = (CommandKind::Barrier, Work::Marker);
         self.send(kind, name, work, SmallVec::new(), SmallVec::new(), false, None, event.clone())?;

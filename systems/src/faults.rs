@@ -33,11 +33,11 @@ struct EnterUser(Stage);
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct LeaveUser(Stage);
 
-/// A system that failed during a flush.
+/// A system a user added that failed during a flush.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SystemFault {
-    /// The stage of the user system that failed; `None` for Gantry's own systems.
-    pub user_stage: Option<Stage>,
+    /// Its stage.
+    pub stage: Stage,
     /// What it said: the panic message, or the error it returned.
     pub message: String,
 }
@@ -55,8 +55,9 @@ pub struct FlushReport {
 thread_local! {
     /// The user section running on this thread, if any.
     static IN_USER: Cell<Option<Stage>> = const { Cell::new(None) };
-    /// Failures recorded during the flush running on this thread.
-    static FAULTS: RefCell<Vec<SystemFault>> = const { RefCell::new(Vec::new()) };
+    /// Failures recorded during the flush running on this thread: the user section
+    /// they happened in (`None`: Gantry's own systems) and the message.
+    static FAULTS: RefCell<Vec<(Option<Stage>, String)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The flush schedule's error handler: records, never unwinds.
@@ -65,8 +66,8 @@ fn record_fault(mut error: BevyError, _ctx: ErrorContext) {
         Some(payload) => gantry_driver::panic_message(&*payload),
         None => error.to_string().trim_end().to_owned(),
     };
-    let user_stage = IN_USER.with(Cell::get);
-    FAULTS.with(|f| f.borrow_mut().push(SystemFault { user_stage, message }));
+    let section = IN_USER.with(Cell::get);
+    FAULTS.with(|f| f.borrow_mut().push((section, message)));
 }
 
 /// Installs the recording error handler on the scheduler's world.
@@ -100,10 +101,10 @@ pub fn run_flush(schedule: &mut Schedule, world: &mut World) -> FlushReport {
     if let Err(payload) = ran {
         report.fatal = Some(gantry_driver::panic_message(&*payload));
     }
-    for fault in faults {
-        match fault.user_stage {
-            Some(_) => report.user.push(fault),
-            None if report.fatal.is_none() => report.fatal = Some(fault.message),
+    for (section, message) in faults {
+        match section {
+            Some(stage) => report.user.push(SystemFault { stage, message }),
+            None if report.fatal.is_none() => report.fatal = Some(message),
             None => {}
         }
     }
@@ -143,10 +144,7 @@ mod tests {
         for flush in 1..=2 {
             let report = run_flush(&mut schedule, &mut world);
             assert!(report.fatal.is_none());
-            assert_eq!(
-                report.user,
-                vec![SystemFault { user_stage: Some(Stage::Resolve), message: "boom".into() }]
-            );
+            assert_eq!(report.user, vec![SystemFault { stage: Stage::Resolve, message: "boom".into() }]);
             assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), flush);
         }
     }

@@ -189,24 +189,15 @@ fn queue_order(
     preds: &mut Preds,
 ) -> Option<ExecError> {
     let qe = queue_entity(world, q, queue);
-    let mut failed = None;
-    if queue.in_order {
-        let state = q.queue(world, qe).expect("queue state");
-        if let Some(last) = state.last {
-            if is_live(world, q, last) {
-                push_unique(preds, last, e);
-            } else if let Some(f) = &state.last_failure {
-                failed = Some(f.root.as_dependency_of(f.command.clone()));
-            }
-        }
-    }
     let mut state = q.queue_mut(world, qe).expect("queue state");
-    state.last = Some(e);
-    state.last_failure = None;
+    let last = state.last.replace(e).filter(|_| queue.in_order);
+    // A failure is kept only for a command that has retired (rarely), so the common
+    // path neither copies it nor asks whether `last` lives (`connect` skips an edge
+    // to a command that is gone).
+    let kept = state.last_failure.take();
+    let mut failed = None;
     if kind == CommandKind::Barrier {
-        if let Some(f) = state.barrier_failure.take() {
-            failed = failed.or_else(|| Some(f.root.as_dependency_of(f.command.clone())));
-        }
+        failed = state.barrier_failure.take().map(|f| f.root.as_dependency_of(f.command.clone()));
         let since = std::mem::replace(&mut state.since_barrier, vec![e]);
         for p in since {
             push_unique(preds, p, e);
@@ -217,6 +208,14 @@ fn queue_order(
             let mut since = std::mem::take(&mut state.since_barrier);
             since.retain(|&p| is_live(world, q, p));
             q.queue_mut(world, qe).expect("queue state").since_barrier = since;
+        }
+    }
+    if let Some(last) = last {
+        match kept {
+            Some(f) if !is_live(world, q, last) => {
+                failed = Some(f.root.as_dependency_of(f.command.clone()));
+            }
+            _ => push_unique(preds, last, e),
         }
     }
     failed

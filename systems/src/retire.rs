@@ -236,10 +236,11 @@ fn retire_entity(
     Some(succs)
 }
 
-/// If failed command `e` is the last command of an in-order queue, records its
-/// failure there (before its event finishes): the queue's next command depends on it,
-/// and fails with it even if it arrives after `e` is gone, unless the user has
-/// synchronized since (see `FailureSync`).
+/// If failed command `e` is the last command of an in-order queue, or the first to
+/// fail since its queue's last barrier, records its failure there (before its event
+/// finishes): the queue's next command, or next barrier, depends on it and fails with
+/// it even if it arrives after `e` is gone, unless the user has synchronized since
+/// (see `FailureSync`).
 fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &ExecError) {
     let Some(cmd) = q.command(world, e) else { return };
     let Some(queue) = cmd.queue.clone() else { return };

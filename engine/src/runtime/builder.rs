@@ -387,7 +387,6 @@ impl RuntimeBuilder {
             spin: self.spin,
             failure: std::sync::OnceLock::new(),
             system_errors: Mutex::new(Vec::new()),
-            live: AtomicU64::new(0),
             max_pending: self.max_pending as u64,
             fusing: Default::default(),
             failures,

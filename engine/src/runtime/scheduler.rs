@@ -62,8 +62,6 @@ pub(crate) struct Shared {
     pub(super) failure: std::sync::OnceLock<String>,
     /// Failures of user systems not yet taken by [`Runtime::take_system_errors`].
     pub(super) system_errors: Mutex<Vec<Error>>,
-    /// Commands alive in the scheduler after its last flush.
-    pub(super) live: AtomicU64,
     /// Pending commands past which `submit` waits.
     pub(super) max_pending: u64,
     /// The active fusions, for cancellations at the call.
@@ -239,9 +237,9 @@ impl Shared {
             core.world.resource_mut::<Stats>().system_failures += report.user.len() as u64;
             let mut errors = self.system_errors.lock();
             for fault in report.user {
-                let stage = fault.user_stage.expect("a user fault names its stage");
-                tracing::error!(?stage, "a system added to the flush schedule failed: {}", fault.message);
-                errors.push(Error::SystemFailed { stage, message: fault.message });
+                let (stage, message) = (fault.stage, fault.message);
+                tracing::error!(?stage, "a system added to the flush schedule failed: {message}");
+                errors.push(Error::SystemFailed { stage, message });
             }
         }
         if let Some(message) = report.fatal {
@@ -251,7 +249,6 @@ impl Shared {
         let has_work = core.world.resource::<WorkLists>().has_work() || !self.msg_rx.is_empty();
         let stats = core.world.resource::<Stats>();
         let idle = !has_work && stats.in_driver == 0 && self.done_rx.is_empty();
-        self.live.store(stats.live_commands, Ordering::Relaxed);
         Some(Progress { has_work, idle, ingested: stats.messages })
     }
 
