@@ -60,12 +60,14 @@ pub trait LeafKey: Copy + Eq {
 }
 
 impl LeafKey for Entity {
+    #[inline]
     fn bits(self) -> u64 {
         self.to_bits()
     }
 }
 
 impl LeafKey for u32 {
+    #[inline]
     fn bits(self) -> u64 {
         u64::from(self)
     }
@@ -117,6 +119,7 @@ impl<K: LeafKey> LeafSet<K> {
     }
 
     /// Adds a leaf.
+    #[inline]
     pub fn push(&mut self, leaf: Leaf<K>) {
         if let Some(index) = &mut self.index {
             self.max_len = self.max_len.max(leaf.range.len());
@@ -132,6 +135,7 @@ impl<K: LeafKey> LeafSet<K> {
     }
 
     /// Calls `f` for every leaf whose range overlaps `range`.
+    #[inline]
     pub fn for_each_overlapping(&self, range: &ByteRange, mut f: impl FnMut(&Leaf<K>)) {
         match &self.index {
             None => self.list.iter().filter(|l| l.range.overlaps(range)).for_each(f),
@@ -184,6 +188,7 @@ impl<K: LeafKey> LeafSet<K> {
     }
 
     /// Removes every leaf that `range` covers, except those of `keep`.
+    #[inline]
     pub fn remove_covered(&mut self, range: &ByteRange, keep: K) {
         match &mut self.index {
             None => self.list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
@@ -202,6 +207,7 @@ impl<K: LeafKey> LeafSet<K> {
     }
 
     /// Removes the leaves of `cmd` that start where `range` starts.
+    #[inline]
     pub fn remove(&mut self, cmd: K, range: &ByteRange) {
         match &mut self.index {
             None => self.list.retain(|l| l.cmd != cmd),
