@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use gantry_driver::fusion::Promotion;
-use gantry_driver::{AccessMode, AllocId, ClosureKernel, Geometry, HostStorage, MemSpace, OpHandle};
+use gantry_driver::{AccessMode, AllocId, Geometry, HostStorage, KernelRef, MemSpace, OpHandle, ScalarBlock};
 use smallvec::SmallVec;
 
 use crate::event::EventShared;
@@ -97,9 +97,11 @@ pub enum Work {
     /// Launch a kernel; one requirement per global accessor slot.
     Kernel {
         /// The kernel.
-        kernel: Arc<ClosureKernel>,
+        kernel: KernelRef,
         /// Its iteration space.
         geometry: Geometry,
+        /// Its scalar arguments.
+        scalars: ScalarBlock,
     },
     /// Run a host task; one requirement per host accessor slot.
     HostTask {

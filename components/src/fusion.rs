@@ -11,7 +11,9 @@ use std::sync::Arc;
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::resource::Resource;
-use gantry_driver::fusion::{FusionCompiler, FusionError, FusionWarning, Unfused};
+use gantry_driver::fusion::{
+    Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, KeptOnFailure,
+};
 use gantry_driver::sync::atomic::{AtomicU64, AtomicU8};
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -289,10 +291,10 @@ pub struct FusionList {
     pub complete: Option<(u64, FusionProps)>,
     /// A cancellation asked for by a message (user cancel, buffer or queue dropped).
     pub cancel: Option<CancelReason>,
-    /// The fused kernel's kernels, when a failure of the fused kernel could undo a
-    /// placement one of them made (see `retire`): a driver that reran them unfused
-    /// says which arguments they still wrote ([`Unfused::kept`]).
-    pub unfused: Option<Unfused>,
+    /// What a failure of the fused kernel keeps, when it could undo a placement one
+    /// of its kernels made (see `retire`): a driver that reran them unfused says
+    /// which arguments they still wrote ([`KeptOnFailure::kept`]).
+    pub unfused: Option<Arc<dyn KeptOnFailure>>,
 }
 
 impl FusionList {
@@ -357,12 +359,15 @@ pub struct InFusion {
     pub list: Entity,
 }
 
-/// The fusion machinery: the compiler, the lists and how many warnings may still be
+/// A device's fusion compilers, tried in order.
+pub type Compilers = SmallVec<[Arc<dyn FusionCompiler>; 1]>;
+
+/// The fusion machinery: the compilers, the lists and how many warnings may still be
 /// printed.
 #[derive(Resource)]
 pub struct Fusions {
-    /// Turns fusion lists into kernels.
-    pub compiler: Arc<dyn FusionCompiler>,
+    /// Turns fusion lists into kernels: each device's compilers (by device id).
+    pub compilers: Vec<Compilers>,
     /// The current list of each queue (by queue id).
     pub by_queue: HashMap<u64, Entity>,
     /// Lists still collecting kernels.
@@ -378,14 +383,54 @@ pub struct Fusions {
 
 impl Fusions {
     /// No lists yet.
-    pub fn new(compiler: Arc<dyn FusionCompiler>, warnings: Arc<AtomicUsize>) -> Self {
+    pub fn new(compilers: Vec<Compilers>, warnings: Arc<AtomicUsize>) -> Self {
         Self {
-            compiler,
+            compilers,
             by_queue: HashMap::new(),
             active: Vec::new(),
             pending: Vec::new(),
             deleting: Vec::new(),
             warnings,
+        }
+    }
+}
+
+/// A device's fusion compilers: its driver's own, then `closure` if it runs closure
+/// kernels.
+pub fn device_compilers(driver: &dyn gantry_driver::Driver, closure: &Arc<dyn FusionCompiler>) -> Compilers {
+    let mut compilers: Compilers = driver.fusion_compilers().into_iter().collect();
+    if driver.info().caps.image_kinds.contains(&gantry_driver::ImageKind::Closure) {
+        compilers.push(closure.clone());
+    }
+    compilers
+}
+
+/// Fuses `request` with the first of `compilers` (a device's, `device` names it in
+/// errors) whose image kind every listed kernel has; none is a typed reason.
+pub fn fuse_with(
+    compilers: &[Arc<dyn FusionCompiler>],
+    device: &str,
+    request: &FusionRequest,
+) -> Result<Fused, FusionError> {
+    let takes = |c: &Arc<dyn FusionCompiler>| {
+        request.kernels.iter().all(|k| k.kernel.kinds().any(|i| i == c.image_kind()))
+    };
+    match compilers.iter().find(|c| takes(c)) {
+        Some(c) => c.fuse(request),
+        None => {
+            let first_kind = compilers.first().map(|c| c.image_kind());
+            let missing = request
+                .kernels
+                .iter()
+                .find(|k| first_kind.is_none_or(|kind| !k.kernel.kinds().any(|i| i == kind)))
+                .or(request.kernels.first())
+                .ok_or(FusionError::Empty)?;
+            let kinds: Vec<String> = missing.kernel.kinds().map(|k| k.to_string()).collect();
+            Err(FusionError::NoCompiler {
+                device: device.to_string(),
+                kernel: missing.kernel.name.to_string(),
+                kinds: if kinds.is_empty() { "no image".into() } else { kinds.join(", ") },
+            })
         }
     }
 }

@@ -14,7 +14,9 @@ use bevy_ecs::component::Component;
 use bevy_ecs::resource::Resource;
 use gantry_driver::fusion::{FusionWarning, Promotion};
 use gantry_driver::sync::Mutex;
-use gantry_driver::{AccessMode, ClosureKernel, CommandBuffer, ExecError, Geometry, HostFn, HostStorage};
+use gantry_driver::{
+    AccessMode, CommandBuffer, ExecError, Geometry, HostFn, HostStorage, KernelRef, ScalarBlock,
+};
 use smallvec::SmallVec;
 
 use crate::command::{CommandDesc, CommandKind, Requirement, SyncCell, Work};
@@ -38,9 +40,11 @@ pub enum NodeWork {
     /// Launch a kernel; one requirement per global accessor slot.
     Kernel {
         /// The kernel.
-        kernel: Arc<ClosureKernel>,
+        kernel: KernelRef,
         /// Its iteration space.
         geometry: Geometry,
+        /// Its scalar arguments.
+        scalars: ScalarBlock,
     },
     /// Run a host task; one requirement per host accessor slot.
     HostTask {

@@ -35,8 +35,8 @@ pub use command::{
 };
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use fusion::{
-    warn_fusion, CancelReason, FusionList, FusionOutcome, FusionProps, FusionShared, FusionStatus, Fusions,
-    InFusion, ListRef, ListStatus,
+    device_compilers, fuse_with, warn_fusion, CancelReason, Compilers, FusionList, FusionOutcome,
+    FusionProps, FusionShared, FusionStatus, Fusions, InFusion, ListRef, ListStatus,
 };
 pub use graph::{
     Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, Finalizing, FusedChain, GraphHostFn,

@@ -110,6 +110,54 @@ pub enum Error {
         /// What was asked for.
         what: &'static str,
     },
+    /// The kernel has no image of a kind the device runs.
+    #[error("kernel `{kernel}` has no image that device {device} runs (it has: {kinds})")]
+    NoImageForDevice {
+        /// The kernel.
+        kernel: String,
+        /// The device.
+        device: String,
+        /// The kinds of its images.
+        kinds: String,
+    },
+    /// A launch binds another number of buffers than the kernel's signature has.
+    #[error("kernel `{kernel}` takes {expected} buffer arguments; the command group has {got} accessors")]
+    KernelArguments {
+        /// The kernel.
+        kernel: String,
+        /// Buffer arguments in its signature.
+        expected: usize,
+        /// Accessors in the group.
+        got: usize,
+    },
+    /// A launch's accessor has another access mode than the signature's argument.
+    #[error("kernel `{kernel}` argument {index} is {expected:?} in its signature; the accessor is {got:?}")]
+    KernelArgumentMode {
+        /// The kernel.
+        kernel: String,
+        /// The argument.
+        index: usize,
+        /// Its mode in the signature.
+        expected: gantry_driver::AccessMode,
+        /// The accessor's.
+        got: gantry_driver::AccessMode,
+    },
+    /// A scalar argument that does not fit the signature.
+    #[error("kernel `{kernel}`: {source}")]
+    ScalarArgument {
+        /// The kernel.
+        kernel: String,
+        /// What does not fit.
+        source: gantry_driver::ScalarMismatch,
+    },
+    /// A scalar argument the launch did not set.
+    #[error("kernel `{kernel}`: scalar argument {index} is not set")]
+    ScalarNotSet {
+        /// The kernel.
+        kernel: String,
+        /// The scalar.
+        index: usize,
+    },
     /// No device with this id.
     #[error("no device {0}")]
     UnknownDevice(u32),

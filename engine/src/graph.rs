@@ -372,7 +372,7 @@ impl CommandGraph {
             Work::HostTask { run, tag, cost_ns } => {
                 NodeWork::HostTask { run: Arc::new(Mutex::new(run.into_inner())), tag, cost_ns }
             }
-            Work::Kernel { kernel, geometry } => NodeWork::Kernel { kernel, geometry },
+            Work::Kernel { kernel, geometry, scalars } => NodeWork::Kernel { kernel, geometry, scalars },
             Work::Copy => NodeWork::Copy,
             Work::CopyFromHost(data) => NodeWork::CopyFromHost(data),
             Work::CopyToHost(out) => NodeWork::CopyToHost(out),

@@ -10,8 +10,9 @@ use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCe
 use gantry_driver::fusion::Promotion;
 use gantry_driver::{
     phase, AccessMode, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, Geometry,
-    HostAccessor, HostCtx, HostStorage, Item, LocalAccessor, Mode, NdRange, Phase, PrivateAccessor, Range,
-    Read, ReadWrite, Scratch, ScratchKind, Write,
+    HostAccessor, HostCtx, HostStorage, ImageKind, Item, KernelRef, LocalAccessor, Mode, NdRange, Phase,
+    PrivateAccessor, Range, Read, ReadWrite, ScalarArgs, ScalarBlock, ScalarMismatch, Scratch, ScratchKind,
+    Write,
 };
 use smallvec::SmallVec;
 
@@ -36,8 +37,21 @@ pub(crate) use gantry_components::KeepAlive;
 // stack space.
 #[allow(clippy::large_enum_variant)]
 enum Action {
-    Kernel { name: Arc<str>, geometry: std::result::Result<Geometry, Error>, phases: SmallVec<[Phase; 2]> },
-    HostTask { name: Arc<str>, run: gantry_components::command::HostFn },
+    Kernel {
+        name: Arc<str>,
+        geometry: std::result::Result<Geometry, Error>,
+        phases: SmallVec<[Phase; 2]>,
+    },
+    Launch {
+        kernel: KernelRef,
+        geometry: std::result::Result<Geometry, Error>,
+        scalars: ScalarArgs,
+        refused: Option<ScalarMismatch>,
+    },
+    HostTask {
+        name: Arc<str>,
+        run: gantry_components::command::HostFn,
+    },
     Copy,
     CopyFromHost(Arc<HostStorage>),
     CopyToHost(Arc<HostStorage>),
@@ -47,7 +61,7 @@ enum Action {
 impl Action {
     fn label(&self) -> &'static str {
         match self {
-            Action::Kernel { .. } => "kernel",
+            Action::Kernel { .. } | Action::Launch { .. } => "kernel",
             Action::HostTask { .. } => "host_task",
             Action::Copy | Action::CopyFromHost(_) | Action::CopyToHost(_) => "copy",
             Action::Fill(_) => "fill",
@@ -560,6 +574,110 @@ impl Handler {
         self.set_action(Action::Fill(SmallVec::from_slice(bytemuck::bytes_of(&value))));
     }
 
+    /// Launches `kernel`, given by its signature and images, over `range`: the
+    /// accessors made in this group are its global arguments, in order, and must
+    /// have the signature's access modes. Set its scalars on the returned [`Launch`].
+    /// The group's device must run one of the kernel's images.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use gantry::driver::{AccessMode, ClosureKernel, ItemCost, Signature};
+    /// use gantry::{phase, Accessor, ReadWrite, Runtime};
+    /// // A closure kernel built by hand: its native image is Rust code.
+    /// let acc = Accessor::<u32, ReadWrite>::new(0, 0, 4);
+    /// let closure = ClosureKernel {
+    ///     tag: 0,
+    ///     phases: smallvec::smallvec![phase(move |it| acc.set(it, it.global_linear_id(), 7))],
+    ///     global_slots: 1,
+    ///     scratch: vec![],
+    ///     unfused: None,
+    /// };
+    /// let kernel = closure.into_kernel("seven", [AccessMode::ReadWrite], ItemCost::default());
+    /// let rt = Runtime::new();
+    /// let data = rt.buffer_zeroed::<u32>(4);
+    /// rt.queue().submit(|cg| {
+    ///     cg.read_write(&data);
+    ///     cg.launch(&kernel, 4);
+    /// })?;
+    /// assert_eq!(data.to_vec()?, [7; 4]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn launch(&mut self, kernel: &KernelRef, range: impl Into<Range>) -> Launch<'_> {
+        let geometry = Geometry::for_range(range.into()).map_err(Error::from);
+        self.launch_geometry(kernel, geometry)
+    }
+
+    /// [`Handler::launch`] over an ND-range (work-groups of its local size).
+    pub fn launch_nd(&mut self, kernel: &KernelRef, nd: NdRange) -> Launch<'_> {
+        let geometry = nd.geometry().map_err(Error::from);
+        self.launch_geometry(kernel, geometry)
+    }
+
+    fn launch_geometry(
+        &mut self,
+        kernel: &KernelRef,
+        geometry: std::result::Result<Geometry, Error>,
+    ) -> Launch<'_> {
+        let scalars = ScalarArgs::new(&kernel.signature);
+        self.set_action(Action::Launch { kernel: kernel.clone(), geometry, scalars, refused: None });
+        let active = matches!(&self.action, Some(Action::Launch { kernel: k, .. }) if Arc::ptr_eq(k, kernel));
+        Launch { handler: self, active }
+    }
+
+    /// Checks a launch against its kernel's signature and the device.
+    fn check_launch(
+        &self,
+        kernel: &KernelRef,
+        geometry: &Geometry,
+        scalars: &ScalarArgs,
+        refused: Option<ScalarMismatch>,
+        device: &gantry_driver::DeviceInfo,
+    ) -> Result<()> {
+        let name = || kernel.name.to_string();
+        if !kernel.runs_on(device.caps.image_kinds) {
+            let kinds: Vec<String> = kernel.kinds().map(|k| k.to_string()).collect();
+            return Err(Error::NoImageForDevice {
+                kernel: name(),
+                device: device.name.to_string(),
+                kinds: kinds.join(", "),
+            });
+        }
+        let sig = &kernel.signature;
+        if sig.globals.len() != self.requirements.len() {
+            return Err(Error::KernelArguments {
+                kernel: name(),
+                expected: sig.globals.len(),
+                got: self.requirements.len(),
+            });
+        }
+        for (index, (r, &mode)) in self.requirements.iter().zip(&sig.globals).enumerate() {
+            if r.mode != mode {
+                return Err(Error::KernelArgumentMode { kernel: name(), index, expected: mode, got: r.mode });
+            }
+        }
+        if let Some(source) = refused {
+            return Err(Error::ScalarArgument { kernel: name(), source });
+        }
+        if let Some(index) = scalars.unset(sig) {
+            return Err(Error::ScalarNotSet { kernel: name(), index });
+        }
+        let local = sig.memory_bytes(ScratchKind::Local);
+        if local > 0 && !geometry.is_nd() {
+            return Err(Error::LocalMemoryNeedsNdRange);
+        }
+        if local > device.caps.max_local_memory {
+            return Err(Error::LocalMemoryTooLarge { requested: local, max: device.caps.max_local_memory });
+        }
+        let private = sig.memory_bytes(ScratchKind::Private).saturating_mul(geometry.local_size());
+        if private > device.caps.max_private_memory {
+            return Err(Error::PrivateMemoryTooLarge {
+                requested: private,
+                max: device.caps.max_private_memory,
+            });
+        }
+        Ok(())
+    }
+
     /// Rejects overlapping accessors of which one writes.
     fn check_conflicts(&self) -> Result<()> {
         let r = &self.requirements;
@@ -588,7 +706,7 @@ impl Handler {
             None => (CommandKind::Marker, Work::Marker, self.kernel_name(static_name!("empty"))),
             Some(Action::Kernel { name, geometry, phases }) => {
                 let geometry = geometry?;
-                if !device.caps.closure_kernels {
+                if !device.caps.image_kinds.contains(&ImageKind::Closure) {
                     return Err(unsupported("closure kernels"));
                 }
                 if phases.is_empty() {
@@ -631,16 +749,24 @@ impl Handler {
                         });
                     }
                 }
-                let kernel = ClosureKernel {
-                    name: name.clone(),
+                let closure = ClosureKernel {
                     tag: self.tag,
                     phases,
                     global_slots: self.requirements.len(),
                     scratch: std::mem::take(&mut self.scratch),
-                    cost: gantry_driver::ItemCost::of(self.item_cost_ns),
                     unfused: None,
                 };
-                (CommandKind::Kernel, Work::Kernel { kernel: Arc::new(kernel), geometry }, name)
+                let modes = self.requirements.iter().map(|r| r.mode);
+                let kernel =
+                    closure.into_kernel(name.clone(), modes, gantry_driver::ItemCost::of(self.item_cost_ns));
+                (CommandKind::Kernel, Work::Kernel { kernel, geometry, scalars: ScalarBlock::new() }, name)
+            }
+            Some(Action::Launch { kernel, geometry, scalars, refused }) => {
+                let geometry = geometry?;
+                let name = kernel.name.clone();
+                self.check_launch(&kernel, &geometry, &scalars, refused, device)?;
+                let scalars = scalars.into_block();
+                (CommandKind::Kernel, Work::Kernel { kernel, geometry, scalars }, name)
             }
             Some(Action::HostTask { name, run }) => (
                 CommandKind::HostTask,
@@ -688,6 +814,28 @@ pub(crate) struct Built {
     pub(crate) keep: Vec<KeepAlive>,
     /// Edges to nodes of the graph being built.
     pub(crate) graph_waits: SmallVec<[crate::graph::Node; 1]>,
+}
+
+/// Sets the scalar arguments of a launch. See [`Handler::launch`].
+pub struct Launch<'h> {
+    handler: &'h mut Handler,
+    /// False when the launch was refused (a second action): scalars go nowhere.
+    active: bool,
+}
+
+impl Launch<'_> {
+    /// Sets scalar argument `index` to `value`, whose size must be the signature's
+    /// (checked at submit, with every other scalar set).
+    pub fn scalar<T: Pod>(self, index: usize, value: T) -> Self {
+        if let (true, Some(Action::Launch { kernel, scalars, refused, .. })) =
+            (self.active, &mut self.handler.action)
+        {
+            if let Err(e) = scalars.set(&kernel.signature, index, value) {
+                refused.get_or_insert(e);
+            }
+        }
+        self
+    }
 }
 
 /// Adds phases to a work-group kernel. See [`Handler::parallel_for_work_group`].

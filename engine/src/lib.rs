@@ -57,7 +57,7 @@ pub use buffer::{Buffer, HostRead, HostWrite, Readback};
 pub use error::{Error, Result};
 pub use event::Event;
 pub use graph::{CommandGraph, DynamicBuffer, ExecutableGraph, Node, PartitionInfo};
-pub use handler::{Handler, Phases};
+pub use handler::{Handler, Launch, Phases};
 pub use queue::{Queue, QueueOptions};
 pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
@@ -71,9 +71,9 @@ pub use gantry_driver::fusion::{
     PromotionMismatch,
 };
 pub use gantry_driver::{
-    AccessMode, Accessor, BackendStatus, DeviceInfo, DeviceKind, DiscardWrite, ElemAccessor, ExecError,
-    HostAccessor, HostCtx, Item, LocalAccessor, NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Write,
-    Zeroable,
+    phase, AccessMode, Accessor, BackendStatus, CodeImage, DeviceInfo, DeviceKind, DiscardWrite,
+    ElemAccessor, ExecError, HostAccessor, HostCtx, ImageKind, Item, Kernel, KernelRef, LocalAccessor,
+    NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Signature, Write, Zeroable,
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};

@@ -36,7 +36,12 @@ impl Inline {
                 let mut arena = Arena::default();
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for g in 0..launch.geometry.group_count() {
-                        launch.kernel.run_group(&launch.geometry, g, &bindings, &mut arena);
+                        launch.kernel.closure().expect("a closure image").run_group(
+                            &launch.geometry,
+                            g,
+                            &bindings,
+                            &mut arena,
+                        );
                     }
                 }))
                 .map_err(|p| ExecError::KernelPanicked {
@@ -104,7 +109,7 @@ fn inline_driver(
         let caps = Capabilities {
             shares_host_memory: true,
             in_driver_waits: false,
-            closure_kernels: true,
+            image_kinds: &[gantry::ImageKind::Closure],
             host_tasks: true,
             max_local_memory: 64 << 10,
             max_private_memory: 1 << 20,

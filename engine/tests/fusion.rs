@@ -708,6 +708,9 @@ fn a_custom_fusion_compiler_is_used() {
         inner: ClosureFusion,
     }
     impl FusionCompiler for Counting {
+        fn image_kind(&self) -> gantry::ImageKind {
+            gantry::ImageKind::Closure
+        }
         fn fuse(&self, request: &gantry::FusionRequest) -> std::result::Result<gantry::Fused, FusionError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             if self.refuse {

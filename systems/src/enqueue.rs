@@ -76,8 +76,8 @@ fn args(reqs: &[Requirement]) -> SmallVec<[MemArg; 4]> {
 /// The device operation for `work`; `name` is needed (and given) for host tasks only.
 fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceOp {
     match work {
-        Work::Kernel { kernel, geometry } => {
-            DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs) })
+        Work::Kernel { kernel, geometry, scalars } => {
+            DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs), scalars })
         }
         Work::HostTask { run, tag, cost_ns } => {
             let name = name.expect("host tasks are built with their name");

@@ -43,11 +43,11 @@ use bevy_ecs::entity::Entity;
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 use gantry_components::{
-    warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared, Execution,
-    FusionOutcome, FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement, Requirements,
-    Stats, Status, Successor, Work, WorkLists,
+    fuse_with, warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared,
+    Execution, FusionOutcome, FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement,
+    Requirements, Stats, Status, Successor, Work, WorkLists,
 };
-use gantry_driver::fusion::{Fused, FusionArg, FusionKernel, FusionRequest};
+use gantry_driver::fusion::{Fused, FusionArg, FusionError, FusionKernel, FusionRequest};
 use gantry_driver::AccessMode;
 use smallvec::SmallVec;
 
@@ -422,7 +422,7 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
     let kernels = std::mem::take(&mut q.list_mut(world, list).expect("list").kernels);
     match fusion_request(world, q, list, &kernels, props) {
         Err(reason) => cancel(world, q, list, reason),
-        Ok(request) => match world.resource::<Fusions>().compiler.fuse(&request) {
+        Ok(request) => match fuse_on_device(world, q, kernels[0], &request) {
             Err(e) => {
                 give_back(world, q, &kernels, request);
                 cancel(world, q, list, CancelReason::Failed(e));
@@ -431,6 +431,19 @@ fn complete(world: &mut World, q: &mut Queries, list: Entity, props: FusionProps
         },
     }
     q.list_mut(world, list).expect("list").kernels = kernels;
+}
+
+/// Fuses `request` with the compilers of the device of `first`, its first kernel.
+fn fuse_on_device(
+    world: &World,
+    q: &mut Queries,
+    first: Entity,
+    request: &FusionRequest,
+) -> Result<Fused, FusionError> {
+    let device = q.command(world, first).expect("command").device as usize;
+    let name = &world.resource::<Devices>().0[device].info.name;
+    let compilers = &world.resource::<Fusions>().compilers;
+    fuse_with(compilers.get(device).map_or(&[][..], |c| &c[..]), name, request)
 }
 
 /// What the fusion compiler is asked for `kernels`, or why they cannot be fused. The
@@ -469,8 +482,8 @@ fn fusion_request(
         );
         let mut exec = q.execution_mut(world, k).expect("execution");
         match exec.work.take() {
-            Some(Work::Kernel { kernel, geometry }) => {
-                request.kernels.push(FusionKernel { kernel, geometry, args, deps })
+            Some(Work::Kernel { kernel, geometry, scalars }) => {
+                request.kernels.push(FusionKernel { kernel, geometry, args, deps, scalars })
             }
             other => {
                 exec.work = other;
@@ -484,8 +497,9 @@ fn fusion_request(
 
 /// Puts the work [`fusion_request`] took back into the listed kernels' commands.
 fn give_back(world: &mut World, q: &mut Queries, kernels: &[Entity], request: FusionRequest) {
-    for (&k, FusionKernel { kernel, geometry, .. }) in kernels.iter().zip(request.kernels) {
-        q.execution_mut(world, k).expect("listed kernel").work = Some(Work::Kernel { kernel, geometry });
+    for (&k, FusionKernel { kernel, geometry, scalars, .. }) in kernels.iter().zip(request.kernels) {
+        q.execution_mut(world, k).expect("listed kernel").work =
+            Some(Work::Kernel { kernel, geometry, scalars });
     }
 }
 
@@ -571,7 +585,7 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     // still wrote when run unfused, so retire asks them (only then: most fusions
     // place nothing).
     let unfused =
-        if reqs.iter().any(|r| r.valid_before.is_some()) { fused.kernel.unfused.clone() } else { None };
+        if reqs.iter().any(|r| r.valid_before.is_some()) { fused.kept_on_failure.clone() } else { None };
 
     // The union of the kernels' edges, minus those among them.
     let mut preds = Preds::new();
@@ -611,7 +625,8 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
         // the fused kernel's from now on.
         let mut exec = q.execution_mut(world, e).expect("execution");
         debug_assert!(Arc::as_ptr(&exec.event) == fusion_event, "a listed kernel carries its fusion's event");
-        exec.work = Some(Work::Kernel { kernel: fused.kernel, geometry: fused.geometry });
+        exec.work =
+            Some(Work::Kernel { kernel: fused.kernel, geometry: fused.geometry, scalars: fused.scalars });
         exec.not_before_ns = not_before_ns;
         exec.event.command.set(e);
     }

@@ -79,8 +79,14 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(Stats::default());
     world.insert_resource(gantry_components::QueueFailures::default());
     world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(partition::ReverseDfs) });
+    let closure: std::sync::Arc<dyn gantry_driver::fusion::FusionCompiler> =
+        std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new());
+    let compilers = {
+        let devices = world.resource::<Devices>();
+        devices.0.iter().map(|d| gantry_components::device_compilers(&*d.driver, &closure)).collect()
+    };
     world.insert_resource(Fusions::new(
-        std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new()),
+        compilers,
         std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(16)),
     ));
     world

@@ -21,11 +21,12 @@ use std::sync::Arc;
 
 use bevy_ecs::world::World;
 use gantry_components::{
-    warn_fusion, BufferCore, CommandKind, Devices, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob,
-    Finalizing, FusedChain, Fusions, GraphNode, GraphNodes, GraphPolicy, Linearizer, NodeId, NodeList,
-    NodeUse, NodeWork, PartitionBody, PartitionPlan, Requirement, SchedulerConfig, WorkLists,
+    fuse_with, warn_fusion, BufferCore, CommandKind, Compilers, Devices, Entry, EntrySource, ExecPlan,
+    FinalizeError, FinalizeJob, Finalizing, FusedChain, Fusions, GraphNode, GraphNodes, GraphPolicy,
+    Linearizer, NodeId, NodeList, NodeUse, NodeWork, PartitionBody, PartitionPlan, Requirement,
+    SchedulerConfig, WorkLists,
 };
-use gantry_driver::fusion::{FusionCompiler, FusionKernel, FusionRequest};
+use gantry_driver::fusion::{FusionKernel, FusionRequest};
 use gantry_driver::{
     AccessMode, CommandBufferDesc, DeviceInfo, Driver, ExecError, OpPatch, RecordedArg, RecordedOp, SyncPoint,
 };
@@ -121,7 +122,7 @@ pub fn partition(world: &mut World) {
             let ctx = Finalize {
                 devices: &devices,
                 linearizer: &*linearizer,
-                compiler: &*fusions.compiler,
+                compilers: &fusions.compilers,
                 warnings: &fusions.warnings,
             };
             // The linearizer and the fusion compiler may be user code: a panic in
@@ -139,7 +140,7 @@ pub fn partition(world: &mut World) {
 struct Finalize<'a> {
     devices: &'a [(Arc<dyn Driver>, DeviceInfo)],
     linearizer: &'a dyn Linearizer,
-    compiler: &'a dyn FusionCompiler,
+    compilers: &'a [Compilers],
     warnings: &'a std::sync::atomic::AtomicUsize,
 }
 
@@ -381,7 +382,11 @@ struct Step<'a> {
 
 enum StepOp<'a> {
     Node(&'a NodeWork),
-    Fused { kernel: Arc<gantry_driver::ClosureKernel>, geometry: gantry_driver::Geometry },
+    Fused {
+        kernel: gantry_driver::KernelRef,
+        geometry: gantry_driver::Geometry,
+        scalars: gantry_driver::ScalarBlock,
+    },
 }
 
 /// A partition laid out but not recorded yet.
@@ -527,7 +532,7 @@ fn undo_patches(drivers: &[Arc<dyn Driver>], nodes: &[GraphNode], partitions: &m
 /// The patch that gives an operation recorded for a node the payload of `work`.
 fn op_patch(work: &NodeWork) -> OpPatch<'_> {
     match work {
-        NodeWork::Kernel { kernel, geometry } => OpPatch::Kernel { kernel, geometry },
+        NodeWork::Kernel { kernel, geometry, scalars } => OpPatch::Kernel { kernel, geometry, scalars },
         NodeWork::CopyFromHost(data) => OpPatch::Write(data),
         NodeWork::CopyToHost(out) => OpPatch::Read(out),
         NodeWork::Fill(pattern) => OpPatch::Fill(pattern),
@@ -890,7 +895,7 @@ impl Finalize<'_> {
         let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
         for (i, (&n, reqs)) in chain.iter().zip(&reqs).enumerate() {
             let node = &nodes[n as usize];
-            let NodeWork::Kernel { kernel, geometry } = &node.work else {
+            let NodeWork::Kernel { kernel, geometry, scalars } = &node.work else {
                 return Err(format!("`{}` is not a kernel", node.name));
             };
             let args = reqs.iter().map(fusion_arg).collect();
@@ -902,9 +907,18 @@ impl Finalize<'_> {
                 .iter()
                 .filter_map(|p| earlier.iter().position(|e| e == p).map(|j| j as u32))
                 .collect();
-            request.kernels.push(FusionKernel { kernel: kernel.clone(), geometry: *geometry, args, deps });
+            request.kernels.push(FusionKernel {
+                kernel: kernel.clone(),
+                geometry: *geometry,
+                args,
+                deps,
+                scalars: scalars.clone(),
+            });
         }
-        let fused = self.compiler.fuse(&request).map_err(|e| e.to_string())?;
+        let device = nodes[chain[0] as usize].device as usize;
+        let (compilers, name) =
+            (self.compilers.get(device).map_or(&[][..], |c| &c[..]), &self.devices[device].1.name);
+        let fused = fuse_with(compilers, name, &request).map_err(|e| e.to_string())?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
         let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
         let info =
@@ -913,7 +927,7 @@ impl Finalize<'_> {
             nodes: chain.iter().copied().collect(),
             uses: Cow::Owned(uses),
             params: &[],
-            op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry },
+            op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry, scalars: fused.scalars },
             deps: SmallVec::new(),
         };
         Ok((step, info))
@@ -1002,13 +1016,19 @@ impl Finalize<'_> {
             .map_err(|e| unsupported(first_node, e))?;
         for (step, args) in steps.iter().zip(step_args) {
             let op = match &step.op {
-                StepOp::Fused { kernel, geometry } => {
-                    RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
-                }
+                StepOp::Fused { kernel, geometry, scalars } => RecordedOp::Kernel {
+                    kernel: kernel.clone(),
+                    geometry: *geometry,
+                    args,
+                    scalars: scalars.clone(),
+                },
                 StepOp::Node(work) => match *work {
-                    NodeWork::Kernel { kernel, geometry } => {
-                        RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }
-                    }
+                    NodeWork::Kernel { kernel, geometry, scalars } => RecordedOp::Kernel {
+                        kernel: kernel.clone(),
+                        geometry: *geometry,
+                        args,
+                        scalars: scalars.clone(),
+                    },
                     NodeWork::Copy => RecordedOp::Copy { src: args[0], dst: args[1] },
                     NodeWork::CopyFromHost(data) => RecordedOp::Write { src: data.clone(), dst: args[0] },
                     NodeWork::CopyToHost(out) => RecordedOp::Read { src: args[0], dst: out.clone() },
@@ -1169,7 +1189,7 @@ mod patch_tests {
         let caps = Capabilities {
             shares_host_memory: true,
             in_driver_waits: false,
-            closure_kernels: true,
+            image_kinds: &[gantry_driver::ImageKind::Closure],
             host_tasks: true,
             max_local_memory: 0,
             max_private_memory: 0,
@@ -1180,16 +1200,15 @@ mod patch_tests {
         Arc::new(Patchy { info, calls: AtomicUsize::new(0), refuse })
     }
 
-    fn kernel(name: &str) -> Arc<ClosureKernel> {
-        Arc::new(ClosureKernel {
-            name: name.into(),
+    fn kernel(name: &str) -> gantry_driver::KernelRef {
+        ClosureKernel {
             tag: 0,
             phases: smallvec::smallvec![phase(|_| {})],
             global_slots: 1,
             scratch: vec![],
-            cost: ItemCost::default(),
             unfused: None,
-        })
+        }
+        .into_kernel(name, vec![AccessMode::ReadWrite; 1], ItemCost::default())
     }
 
     /// Node `i` runs kernel `names[i]` over all of `buffers[i]`; node 1 follows node 0.
@@ -1207,6 +1226,7 @@ mod patch_tests {
             work: NodeWork::Kernel {
                 kernel: kernel(names[i]),
                 geometry: Geometry::for_range(Range::d1(4)).unwrap(),
+                scalars: Default::default(),
             },
             preds: if i == 0 { SmallVec::new() } else { smallvec::smallvec![0] },
         };
@@ -1218,7 +1238,7 @@ mod patch_tests {
         let partition = |i: u32| {
             let desc = CommandBufferDesc { entries: 1, in_order: true, ops: 1 };
             let mut b = PlanBuilder::new(desc, "patchy".into(), |_| true, |plan| Arc::new(plan));
-            let NodeWork::Kernel { kernel, geometry } = &nodes[i as usize].work else { unreachable!() };
+            let NodeWork::Kernel { kernel, geometry, .. } = &nodes[i as usize].work else { unreachable!() };
             let bytes = nodes[i as usize].uses[0].buffer.bytes;
             let args = smallvec::smallvec![RecordedArg {
                 entry: 0,
@@ -1226,7 +1246,16 @@ mod patch_tests {
                 len: bytes,
                 mode: AccessMode::ReadWrite
             }];
-            b.append(RecordedOp::Kernel { kernel: kernel.clone(), geometry: *geometry, args }, &[]).unwrap();
+            b.append(
+                RecordedOp::Kernel {
+                    kernel: kernel.clone(),
+                    geometry: *geometry,
+                    args,
+                    scalars: Default::default(),
+                },
+                &[],
+            )
+            .unwrap();
             let range = gantry_components::ByteRange { start: 0, end: bytes };
             let entries = vec![Entry { source: EntrySource::Buffer(i), mode: AccessMode::ReadWrite, range }];
             PartitionPlan {

@@ -14,7 +14,7 @@ use gantry_components::{
     CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
     QueueFailure, QueueFailures, Slice, Stats, Status, Timeline, WorkLists,
 };
-use gantry_driver::fusion::Unfused;
+use gantry_driver::fusion::KeptOnFailure;
 use gantry_driver::{ExecError, MemSpace};
 use smallvec::SmallVec;
 
@@ -289,7 +289,11 @@ type Undo = (u64, Arc<gantry_components::BufferCore>, SmallVec<[MemSpace; 2]>);
 /// placement one of them completed holds what it wrote (`unfused` says which
 /// argument, the fused kernel's requirement of the same index), as it would have
 /// unfused, and stays valid.
-fn undos_of(reqs: &[gantry_components::Requirement], unfused: Option<&Unfused>, out: &mut Vec<Undo>) {
+fn undos_of(
+    reqs: &[gantry_components::Requirement],
+    unfused: Option<&Arc<dyn KeptOnFailure>>,
+    out: &mut Vec<Undo>,
+) {
     for (i, r) in reqs.iter().enumerate() {
         if let Some((order, before)) = r.valid_before.as_deref() {
             if unfused.is_some_and(|u| u.kept(i)) {
@@ -302,7 +306,7 @@ fn undos_of(reqs: &[gantry_components::Requirement], unfused: Option<&Unfused>, 
 
 /// The kernels of `e`, if it is a fused kernel whose failure may have to keep some
 /// of its placements ([`FusionList::unfused`]).
-fn fused_kernels(world: &World, q: &mut Queries, e: Entity) -> Option<Unfused> {
+fn fused_kernels(world: &World, q: &mut Queries, e: Entity) -> Option<Arc<dyn KeptOnFailure>> {
     let list = q.in_fusion(world, e)?;
     let l = q.list(world, list)?;
     if l.command != Some(e) {

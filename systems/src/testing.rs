@@ -82,7 +82,7 @@ fn scripted(
             caps: Capabilities {
                 shares_host_memory,
                 in_driver_waits,
-                closure_kernels: true,
+                image_kinds: &[gantry_driver::ImageKind::Closure],
                 host_tasks: true,
                 max_local_memory: 0,
                 max_private_memory: 0,

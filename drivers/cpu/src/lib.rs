@@ -21,11 +21,11 @@ use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AllocId, Arena, Binding, Capabilities,
-    ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
-    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, KernelLaunch,
-    MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp, Snapshot,
-    SnapshotPool, Submission,
+    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AllocId, Arena, Binding,
+    Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
+    Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
+    ImageKind, KernelLaunch, KernelRef, MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder,
+    RecordedArg, RecordedOp, Snapshot, SnapshotPool, Submission,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -121,7 +121,7 @@ impl CpuDriver {
             caps: Capabilities {
                 shares_host_memory: true,
                 in_driver_waits: true,
-                closure_kernels: true,
+                image_kinds: &[ImageKind::Closure],
                 host_tasks: true,
                 max_local_memory: 1 << 20,
                 max_private_memory: MAX_PRIVATE_MEMORY,
@@ -461,11 +461,12 @@ impl Inner {
 
     fn run_kernel(&self, launch: &KernelLaunch, preserve: bool) -> Result<(), ExecError> {
         let bindings = bind_all(self, &launch.args)?;
-        if bindings.len() != launch.kernel.global_slots {
+        let slots = launch.kernel.closure().map(|c| c.global_slots);
+        if slots.is_some_and(|n| n != bindings.len()) {
             return Err(self.invalid(format!(
                 "kernel `{}` has {} buffer slots but {} arguments",
                 launch.kernel.name,
-                launch.kernel.global_slots,
+                slots.unwrap_or_default(),
                 bindings.len()
             )));
         }
@@ -528,7 +529,7 @@ impl Inner {
     /// order).
     fn run_recorded(&self, op: &RecordedOp, bindings: &[Binding], preserve: bool) -> Result<(), ExecError> {
         match op {
-            RecordedOp::Kernel { kernel, geometry, args } => {
+            RecordedOp::Kernel { kernel, geometry, args, .. } => {
                 let saved = preserve.then(|| {
                     let pairs = args.iter().map(|a| a.mode).zip(bindings.iter().copied());
                     // SAFETY: live bindings, ordered against other work by scheduling.
@@ -571,7 +572,7 @@ impl Inner {
     /// unfused. Without a snapshot nothing was restored, and nothing runs again.
     fn run_bound(
         &self,
-        kernel: &ClosureKernel,
+        kernel: &KernelRef,
         geometry: &Geometry,
         bindings: &[Binding],
         snapshot: Option<Snapshot>,
@@ -581,7 +582,7 @@ impl Inner {
         let Some(s) = snapshot else { return Err(error) };
         // SAFETY: every group has stopped; nothing else touches the ranges.
         unsafe { s.restore() };
-        match &kernel.unfused {
+        match kernel.closure().and_then(|c| c.unfused.as_ref()) {
             // SAFETY: the bindings are live and this operation's alone (scheduling);
             // the fused kernel's writes were just undone.
             Some(unfused) => {
@@ -594,24 +595,20 @@ impl Inner {
 
     /// Runs a kernel over bound memory, all its work-groups; a panic stops it and is
     /// its error (what it wrote stays written).
-    fn launch(
-        &self,
-        kernel: &ClosureKernel,
-        geometry: &Geometry,
-        bindings: &[Binding],
-    ) -> Result<(), ExecError> {
+    fn launch(&self, kernel: &KernelRef, geometry: &Geometry, bindings: &[Binding]) -> Result<(), ExecError> {
+        let Some(closure) = kernel.closure() else { return Err(no_image(&self.info.name, &kernel.name)) };
         let groups = geometry.group_count();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             if groups == 1 || self.workers.is_none() {
-                with_arena(kernel, |arena| {
+                with_arena(closure, |arena| {
                     for g in 0..groups {
-                        kernel.run_group(geometry, g, bindings, arena);
+                        closure.run_group(geometry, g, bindings, arena);
                     }
                 })
             } else {
                 let run = || {
                     (0..groups).into_par_iter().for_each(|g| {
-                        with_arena(kernel, |arena| kernel.run_group(geometry, g, bindings, arena))
+                        with_arena(closure, |arena| closure.run_group(geometry, g, bindings, arena))
                     })
                 };
                 match (&self.workers, rayon::current_thread_index()) {
@@ -687,8 +684,7 @@ mod tests {
     fn add_one(n: usize, storage: &Arc<HostStorage>, name: &str) -> DeviceOp {
         let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
         DeviceOp::Kernel(KernelLaunch {
-            kernel: Arc::new(ClosureKernel {
-                name: name.into(),
+            kernel: ClosureKernel {
                 tag: 1,
                 phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
@@ -696,14 +692,19 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            }),
+            }
+            .into_kernel(
+                name,
+                vec![AccessMode::ReadWrite; 1],
+                gantry_driver::ItemCost::default(),
+            ),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
                 mem: MemSlice::host(storage.clone()),
                 mode: AccessMode::ReadWrite
             }],
+            scalars: Default::default(),
         })
     }
 
@@ -754,8 +755,7 @@ mod tests {
         let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
         let tile = LocalAccessor::<u32>::new(0, 1, local);
         DeviceOp::Kernel(KernelLaunch {
-            kernel: Arc::new(ClosureKernel {
-                name: "probe".into(),
+            kernel: ClosureKernel {
                 tag: 1,
                 phases: smallvec::smallvec![phase(move |it| {
                     let (i, l) = (it.global_linear_id(), it.local_id(0));
@@ -764,14 +764,19 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, local * 4)],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            }),
+            }
+            .into_kernel(
+                "probe",
+                vec![AccessMode::ReadWrite; 1],
+                gantry_driver::ItemCost::default(),
+            ),
             geometry: NdRange::new(n, 64).geometry().unwrap(),
             args: smallvec::smallvec![MemArg {
                 mem: MemSlice::host(out.clone()),
                 mode: AccessMode::ReadWrite
             }],
+            scalars: Default::default(),
         })
     }
 
@@ -817,8 +822,7 @@ mod tests {
         let storage = Arc::new(HostStorage::zeroed(n * 4));
         let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
         let bad = DeviceOp::Kernel(KernelLaunch {
-            kernel: Arc::new(ClosureKernel {
-                name: "bad".into(),
+            kernel: ClosureKernel {
                 tag: 1,
                 phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
@@ -829,14 +833,19 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            }),
+            }
+            .into_kernel(
+                "bad",
+                vec![AccessMode::ReadWrite; 1],
+                gantry_driver::ItemCost::default(),
+            ),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg {
                 mem: MemSlice::host(storage.clone()),
                 mode: AccessMode::ReadWrite
             }],
+            scalars: Default::default(),
         });
         let h = d
             .submit(Submission {
@@ -877,8 +886,7 @@ mod tests {
         let n = 3000;
         let storage = Arc::new(HostStorage::zeroed(n * 4));
         let bad = DeviceOp::Kernel(KernelLaunch {
-            kernel: Arc::new(ClosureKernel {
-                name: "bad".into(),
+            kernel: ClosureKernel {
                 tag: 1,
                 phases: smallvec::smallvec![phase(move |it| {
                     if it.global_linear_id() == n - 1 {
@@ -887,11 +895,16 @@ mod tests {
                 })],
                 global_slots: 0,
                 scratch: vec![],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            }),
+            }
+            .into_kernel(
+                "bad",
+                vec![AccessMode::ReadWrite; 0],
+                gantry_driver::ItemCost::default(),
+            ),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![],
+            scalars: Default::default(),
         });
         let sub =
             Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true, not_before_ns: 0 };

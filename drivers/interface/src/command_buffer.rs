@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 
 use crate::access::AccessMode;
 use crate::error::ExecError;
-use crate::kernel::ClosureKernel;
+use crate::kernel::{KernelRef, ScalarBlock};
 use crate::memory::Binding;
 use crate::memory::HostStorage;
 use crate::op::{fill_fits, MemArg};
@@ -66,11 +66,13 @@ pub enum RecordedOp {
     /// A kernel launch; one argument per global accessor slot.
     Kernel {
         /// The kernel.
-        kernel: Arc<ClosureKernel>,
+        kernel: KernelRef,
         /// Its iteration space.
         geometry: Geometry,
         /// Its arguments.
         args: SmallVec<[RecordedArg; 4]>,
+        /// Its scalar arguments, laid out by its signature.
+        scalars: ScalarBlock,
     },
     /// A buffer-to-buffer copy of equal lengths.
     Copy {
@@ -274,13 +276,21 @@ impl Plan {
 fn patch_fits(op: &RecordedOp, change: &OpPatch<'_>) -> Result<(), String> {
     let fits = match (op, change) {
         (_, OpPatch::Keep) => true,
-        (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, .. }) => {
-            if kernel.global_slots != args.len() {
+        (RecordedOp::Kernel { args, .. }, OpPatch::Kernel { kernel, scalars, .. }) => {
+            if kernel.signature.globals.len() != args.len() {
                 return Err(format!(
                     ": kernel `{}` has {} buffer slots, the recorded one {}",
                     kernel.name,
-                    kernel.global_slots,
+                    kernel.signature.globals.len(),
                     args.len()
+                ));
+            }
+            if kernel.signature.scalar_bytes() != scalars.len() {
+                return Err(format!(
+                    ": kernel `{}` takes {} bytes of scalars, the patch gives {}",
+                    kernel.name,
+                    kernel.signature.scalar_bytes(),
+                    scalars.len()
                 ));
             }
             true
@@ -299,11 +309,17 @@ fn patch_fits(op: &RecordedOp, change: &OpPatch<'_>) -> Result<(), String> {
 /// Gives `op` the payload of `change`, which [`patch_fits`] accepted.
 fn apply_patch(op: &mut RecordedOp, change: &OpPatch<'_>) {
     match (op, *change) {
-        (RecordedOp::Kernel { kernel, geometry, .. }, OpPatch::Kernel { kernel: k, geometry: g }) => {
+        (
+            RecordedOp::Kernel { kernel, geometry, scalars, .. },
+            OpPatch::Kernel { kernel: k, geometry: g, scalars: s },
+        ) => {
             if !Arc::ptr_eq(kernel, k) {
                 *kernel = k.clone();
             }
             *geometry = *g;
+            if scalars[..] != *s {
+                *scalars = SmallVec::from_slice(s);
+            }
         }
         (RecordedOp::Write { src, .. }, OpPatch::Write(data)) => *src = data.clone(),
         (RecordedOp::Read { dst, .. }, OpPatch::Read(out)) => *dst = out.clone(),
@@ -338,12 +354,14 @@ pub fn patch_buffer<T: Any + Send + Sync, E>(
 pub enum OpPatch<'a> {
     /// Nothing.
     Keep,
-    /// Another kernel with as many buffer slots, and its iteration space.
+    /// Another kernel with as many buffer slots, its iteration space and scalars.
     Kernel {
         /// The kernel.
-        kernel: &'a Arc<ClosureKernel>,
+        kernel: &'a KernelRef,
         /// Its iteration space.
         geometry: &'a Geometry,
+        /// Its scalar block.
+        scalars: &'a [u8],
     },
     /// Other host bytes for a memory buffer write (of the same length).
     Write(&'a Arc<HostStorage>),
@@ -403,12 +421,22 @@ impl CommandBufferBuilder for PlanBuilder {
             }
         }
         match &op {
-            RecordedOp::Kernel { kernel, args, .. } if args.len() != kernel.global_slots => {
+            RecordedOp::Kernel { kernel, args, .. } if args.len() != kernel.signature.globals.len() => {
                 return Err(self.invalid(format!(
                     "kernel `{}` has {} buffer slots but {} arguments",
                     kernel.name,
-                    kernel.global_slots,
+                    kernel.signature.globals.len(),
                     args.len()
+                )));
+            }
+            RecordedOp::Kernel { kernel, scalars, .. }
+                if scalars.len() != kernel.signature.scalar_bytes() =>
+            {
+                return Err(self.invalid(format!(
+                    "kernel `{}` takes {} bytes of scalars but {} are recorded",
+                    kernel.name,
+                    kernel.signature.scalar_bytes(),
+                    scalars.len()
                 )));
             }
             RecordedOp::Copy { src, dst } if src.len != dst.len => {
@@ -458,17 +486,16 @@ mod tests {
         Box::new(PlanBuilder::new(desc, "test".into(), accepts, |plan| Arc::new(plan)))
     }
 
-    fn test_kernel(name: &str, slots: usize) -> Arc<ClosureKernel> {
-        use crate::kernel::{phase, ItemCost};
-        Arc::new(ClosureKernel {
-            name: name.into(),
+    fn test_kernel(name: &str, slots: usize) -> KernelRef {
+        use crate::closure::{phase, ClosureKernel, ItemCost};
+        let closure = ClosureKernel {
             tag: 0,
             phases: smallvec::smallvec![phase(|_| {})],
             global_slots: slots,
             scratch: vec![],
-            cost: ItemCost::default(),
             unfused: None,
-        })
+        };
+        closure.into_kernel(name, vec![AccessMode::ReadWrite; slots], ItemCost::default())
     }
 
     fn geometry(n: usize) -> Geometry {
@@ -479,7 +506,12 @@ mod tests {
     fn recorded() -> CommandBuffer {
         let mut b = builder(true);
         let args: SmallVec<[RecordedArg; 4]> = smallvec::smallvec![arg(0, 8), arg(1, 8)];
-        let kernel = RecordedOp::Kernel { kernel: test_kernel("a", 2), geometry: geometry(4), args };
+        let kernel = RecordedOp::Kernel {
+            kernel: test_kernel("a", 2),
+            geometry: geometry(4),
+            args,
+            scalars: SmallVec::new(),
+        };
         b.append(kernel, &[]).unwrap();
         b.append(RecordedOp::Fill { dst: arg(1, 8), pattern: [1, 2].into_iter().collect() }, &[]).unwrap();
         b.append(RecordedOp::Copy { src: arg(0, 8), dst: arg(1, 8) }, &[]).unwrap();
@@ -503,7 +535,11 @@ mod tests {
         let original = Plan::of(&buffer).unwrap();
         let mut plan = original.clone();
         let (b, g16, fill) = (test_kernel("b", 2), geometry(16), [7u8; 4]);
-        let patch = [OpPatch::Kernel { kernel: &b, geometry: &g16 }, OpPatch::Fill(&fill), OpPatch::Keep];
+        let patch = [
+            OpPatch::Kernel { kernel: &b, geometry: &g16, scalars: &[] },
+            OpPatch::Fill(&fill),
+            OpPatch::Keep,
+        ];
         plan.apply_patches(&patch).unwrap();
         assert_eq!(kernel_name(&plan), ("b", 16));
         let args =
@@ -516,7 +552,11 @@ mod tests {
         assert_eq!(plan.work_items, 16 + 1 + 1);
 
         let RecordedOp::Kernel { kernel: a, geometry: g4, .. } = &original.ops[0].op else { unreachable!() };
-        let back = [OpPatch::Kernel { kernel: a, geometry: g4 }, OpPatch::Fill(&[1, 2]), OpPatch::Keep];
+        let back = [
+            OpPatch::Kernel { kernel: a, geometry: g4, scalars: &[] },
+            OpPatch::Fill(&[1, 2]),
+            OpPatch::Keep,
+        ];
         plan.apply_patches(&back).unwrap();
         assert_eq!(kernel_name(&plan), ("a", 4), "the original payloads undo it");
         assert!(matches!(&plan.ops[1].op, RecordedOp::Fill { pattern, .. } if pattern.as_slice() == [1, 2]));
@@ -532,10 +572,10 @@ mod tests {
         };
         assert!(refused(&[OpPatch::Keep]).contains("1 patches for 3 operations"));
         let (c, g4) = (test_kernel("c", 3), geometry(4));
-        let wrong_slots = OpPatch::Kernel { kernel: &c, geometry: &g4 };
+        let wrong_slots = OpPatch::Kernel { kernel: &c, geometry: &g4, scalars: &[] };
         assert!(refused(&[wrong_slots, OpPatch::Keep, OpPatch::Keep]).contains("3 buffer slots"));
         let d = test_kernel("d", 2);
-        let fine = OpPatch::Kernel { kernel: &d, geometry: &g4 };
+        let fine = OpPatch::Kernel { kernel: &d, geometry: &g4, scalars: &[] };
         let fill_of_3 = OpPatch::Fill(&[1, 2, 3]);
         assert!(refused(&[fine, fill_of_3, OpPatch::Keep]).contains("operation 1 is a fill"));
         let host = Arc::new(HostStorage::zeroed(8));
@@ -548,10 +588,10 @@ mod tests {
     #[test]
     fn buffers_are_patched_in_place_unless_shared() {
         let g8 = geometry(8);
-        let swap = |kernel: Arc<ClosureKernel>| {
+        let swap = |kernel: KernelRef| {
             move |plan: &mut Plan| {
                 plan.apply_patches(&[
-                    OpPatch::Kernel { kernel: &kernel, geometry: &g8 },
+                    OpPatch::Kernel { kernel: &kernel, geometry: &g8, scalars: &[] },
                     OpPatch::Keep,
                     OpPatch::Keep,
                 ])

@@ -9,6 +9,8 @@ use crate::sync::channel::Sender;
 
 use crate::command_buffer::{CommandBuffer, CommandBufferBuilder, CommandBufferDesc, OpPatch};
 use crate::error::ExecError;
+use crate::fusion::FusionCompiler;
+use crate::image::ImageKind;
 use crate::memory::AllocId;
 use crate::op::{Accepted, Completion, Submission};
 
@@ -53,8 +55,9 @@ pub struct Capabilities {
     /// Wait-lists may name operations that have not finished: the driver orders them
     /// itself, so the scheduler can hand over a whole dependent batch at once.
     pub in_driver_waits: bool,
-    /// Runs closure kernels.
-    pub closure_kernels: bool,
+    /// The kinds of kernel image it runs ([`ImageKind::Closure`]: Rust closure
+    /// kernels). The scheduler refuses a kernel with no image of these kinds.
+    pub image_kinds: &'static [ImageKind],
     /// Runs host tasks.
     pub host_tasks: bool,
     /// Largest local (work-group) memory per group, in bytes.
@@ -160,6 +163,15 @@ pub trait Driver: Send + Sync {
     /// ([`Submission::not_before_ns`]). Real-time drivers keep the default, 0.
     fn virtual_now_ns(&self) -> u64 {
         0
+    }
+
+    /// Fusion compilers for kernels of this device's image kinds other than closure
+    /// kernels (an LLVM JIT for IR images, say); the runtime adds the closure
+    /// compiler for devices that run closures. A fusion list is fused by the first
+    /// compiler, this device's then the closure one, that every listed kernel has an
+    /// image for ([`FusionCompiler::image_kind`]).
+    fn fusion_compilers(&self) -> Vec<Arc<dyn FusionCompiler>> {
+        Vec::new()
     }
 
     /// Makes progress on accepted work. Drivers that run on their own threads have

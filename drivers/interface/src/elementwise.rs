@@ -21,9 +21,9 @@ use std::sync::Arc;
 use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
+use crate::closure::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
 use crate::isa::Isa;
 use crate::item::{GroupCtx, Item};
-use crate::kernel::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
 use crate::memory::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
@@ -39,12 +39,10 @@ struct MapCode<T, U, F>(PhantomData<fn(T, F) -> U>);
 /// let mut out = vec![0f32; 2048];
 /// let (a, o) = (Accessor::<f32, Read>::new(0, 1, 2048), ElemAccessor::<f32, DiscardWrite>::new(1, 1, 2048));
 /// let kernel = ClosureKernel {
-///     name: "double".into(),
 ///     tag: 1,
 ///     phases: smallvec::smallvec![map_phase(a, o, |x: f32| x * 2.0)],
 ///     global_slots: 2,
 ///     scratch: vec![],
-///     cost: ItemCost::default(),
 ///     unfused: None,
 /// };
 /// let geometry = NdRange::new(2048, 256).geometry().unwrap();
@@ -289,17 +287,15 @@ pub(crate) fn contiguous_run(
 mod tests {
     use super::*;
     use crate::access::{DiscardWrite, Read};
-    use crate::kernel::{Arena, ClosureKernel, ItemCost};
+    use crate::closure::{Arena, ClosureKernel};
     use crate::range::{Geometry, NdRange, Range};
 
     fn kernel(phase: Phase) -> ClosureKernel {
         ClosureKernel {
-            name: "map".into(),
             tag: 3,
             phases: smallvec::smallvec![phase],
             global_slots: 2,
             scratch: vec![],
-            cost: ItemCost::default(),
             unfused: None,
         }
     }
@@ -383,7 +379,7 @@ mod tests {
             let back = Accessor::<u32, crate::access::Write>::new(0, 3, n);
             let phases = [
                 map_phase(a, o, |x: u32| x + 5),
-                crate::kernel::phase(move |it| {
+                crate::closure::phase(move |it| {
                     let v = *o.elem(it);
                     back.set(it, it.global_linear_id(), v);
                 }),

@@ -87,6 +87,14 @@ pub enum ExecError {
         /// What was asked for.
         what: &'static str,
     },
+    /// The kernel has no image of a kind the device runs.
+    #[error("kernel `{kernel}` has no image that {device} runs")]
+    NoImage {
+        /// Device name.
+        device: Arc<str>,
+        /// Kernel name.
+        kernel: Arc<str>,
+    },
     /// A fault injected on purpose (simulated device fault plans).
     #[error("injected fault on {device}: {what}")]
     Fault {

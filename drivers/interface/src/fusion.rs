@@ -22,13 +22,12 @@
 //! ```
 //! use std::sync::Arc;
 //! use gantry_driver::fusion::{ClosureFusion, FusionArg, FusionCompiler, FusionKernel, FusionRequest};
-//! use gantry_driver::{phase, Accessor, Arena, Binding, ClosureKernel, Geometry, ItemCost, Range, ReadWrite};
+//! use gantry_driver::{phase, AccessMode, Accessor, Arena, Binding, ClosureKernel, Geometry, ItemCost, Range, ReadWrite};
 //!
 //! // Two kernels over one buffer: x = x + 1, then x = x * 2.
 //! let kernel = |tag: u64, f: fn(u32) -> u32| {
 //!     let acc = Accessor::<u32, ReadWrite>::new(0, tag, 8);
-//!     Arc::new(ClosureKernel {
-//!         name: "step".into(),
+//!     let closure = ClosureKernel {
 //!         tag,
 //!         phases: smallvec::smallvec![phase(move |it| {
 //!             let i = it.global_linear_id();
@@ -36,9 +35,9 @@
 //!         })],
 //!         global_slots: 1,
 //!         scratch: vec![],
-//!         cost: ItemCost::default(),
 //!         unfused: None,
-//!     })
+//!     };
+//!     closure.into_kernel("step", [AccessMode::ReadWrite], ItemCost::default())
 //! };
 //! let geometry = Geometry::for_range(Range::d1(8)).unwrap();
 //! let arg = FusionArg::new(1, 0..32, 4);
@@ -49,6 +48,7 @@
 //!             geometry,
 //!             args: smallvec::smallvec![arg.clone()],
 //!             deps: smallvec::smallvec![],
+//!             scalars: Default::default(),
 //!         },
 //!         // It depends on the first kernel (through the buffer).
 //!         FusionKernel {
@@ -56,6 +56,7 @@
 //!             geometry,
 //!             args: smallvec::smallvec![arg],
 //!             deps: smallvec::smallvec![0],
+//!             scalars: Default::default(),
 //!         },
 //!     ],
 //!     barriers: true,
@@ -64,7 +65,7 @@
 //! assert_eq!(fused.args.len(), 1, "one argument per buffer");
 //! let mut data = [1u32; 8];
 //! let globals = [Binding::new(data.as_mut_ptr().cast(), 32)];
-//! fused.kernel.run_group(&fused.geometry, 0, &globals, &mut Arena::default());
+//! fused.kernel.closure().unwrap().run_group(&fused.geometry, 0, &globals, &mut Arena::default());
 //! assert_eq!(data, [4; 8]);
 //! ```
 
@@ -76,12 +77,14 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::access::AccessMode;
-use crate::elementwise::contiguous_run;
-use crate::error::ExecError;
-use crate::item::GroupCtx;
-use crate::kernel::{
+use crate::closure::{
     ClosureKernel, Elementwise, ElementwisePhase, ItemCost, Phase, ResolvedMap, Scratch, ScratchKind,
 };
+use crate::elementwise::contiguous_run;
+use crate::error::ExecError;
+use crate::image::ImageKind;
+use crate::item::GroupCtx;
+use crate::kernel::{KernelRef, ScalarBlock};
 use crate::memory::{Binding, HostStorage, Internal};
 use crate::op::SnapshotPool;
 use crate::range::{Geometry, NdRange, Range};
@@ -135,11 +138,13 @@ impl FusionArg {
 #[derive(Clone, Debug)]
 pub struct FusionKernel {
     /// The kernel.
-    pub kernel: Arc<ClosureKernel>,
+    pub kernel: KernelRef,
     /// Its geometry.
     pub geometry: Geometry,
     /// One per global slot, in slot order.
     pub args: SmallVec<[FusionArg; 4]>,
+    /// Its scalar arguments (a closure kernel captures its own, and has none).
+    pub scalars: ScalarBlock,
     /// The earlier kernels of the list (by index) it depends on directly, by any of
     /// the scheduler's rules (a buffer, queue order, an event): a failure of one of
     /// them fails it. Only [`Unfused::rerun`] reads them, so that a failed fused
@@ -210,6 +215,27 @@ pub enum FusionError {
         global: [usize; 3],
         /// The fused grid's.
         fused: [usize; 3],
+    },
+    /// A listed kernel has no image of the kind the compiler fuses.
+    #[error("kernel `{kernel}` has no {kind} image to fuse")]
+    MissingImage {
+        /// The kernel.
+        kernel: String,
+        /// The kind the compiler fuses.
+        kind: ImageKind,
+    },
+    /// No fusion compiler of the device fuses every listed kernel: none takes an
+    /// image kind they all have.
+    #[error(
+        "no fusion compiler of {device} takes an image kind every listed kernel has (`{kernel}` has {kinds})"
+    )]
+    NoCompiler {
+        /// The device.
+        device: String,
+        /// A kernel the compilers' kinds miss.
+        kernel: String,
+        /// Its image kinds.
+        kinds: String,
     },
     /// The kernels' global offsets differ, or are non-zero where ids must be remapped.
     #[error("different offsets: `{kernel}` has {offset:?}, the fused grid {fused:?}")]
@@ -307,9 +333,11 @@ pub struct InternalArg {
 #[derive(Clone, Debug)]
 pub struct Fused {
     /// The kernel; its global slots are `args`, in order.
-    pub kernel: Arc<ClosureKernel>,
+    pub kernel: KernelRef,
     /// The fused grid.
     pub geometry: Geometry,
+    /// Its scalar arguments, laid out by its signature.
+    pub scalars: ScalarBlock,
     /// Its arguments, one per buffer kept in global memory (inline up to four: a
     /// fusion from the cache allocates no list of its own).
     pub args: SmallVec<[FusedArg; 4]>,
@@ -319,13 +347,35 @@ pub struct Fused {
     pub warnings: Vec<FusionWarning>,
     /// Whether the plan came from the cache.
     pub cached: bool,
+    /// Which arguments a failed launch of the fused kernel keeps written, for the
+    /// scheduler's failure rules; `None` when a failure keeps none.
+    pub kept_on_failure: Option<Arc<dyn KeptOnFailure>>,
+}
+
+/// What a fused kernel's failed launch kept: a driver may run the listed kernels
+/// one by one after the fused form failed, so that the ones that succeed keep their
+/// results, as they would have unfused.
+pub trait KeptOnFailure: Send + Sync + std::fmt::Debug {
+    /// Whether the last failed launch left fused argument `arg` holding what its
+    /// kernels wrote.
+    fn kept(&self, arg: usize) -> bool;
 }
 
 /// Turns a fusion list into one kernel. The closure compiler is [`ClosureFusion`];
-/// an LLVM JIT plugs in here for kernels with an IR image.
+/// an LLVM JIT plugs in here for kernels with an IR image. A device's compilers are
+/// tried in turn ([`Driver::fusion_compilers`](crate::Driver::fusion_compilers)):
+/// the first whose [`image_kind`](FusionCompiler::image_kind) every listed kernel
+/// has fuses the list.
 pub trait FusionCompiler: Send + Sync {
+    /// The image kind it fuses: it is asked only for kernels that all have one.
+    fn image_kind(&self) -> ImageKind;
     /// Fuses the request's kernels, in order.
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError>;
+}
+
+/// The closure image of a kernel [`ClosureFusion::fuse`] has checked.
+fn closure_of(kernel: &KernelRef) -> &ClosureKernel {
+    kernel.closure().expect("checked by ClosureFusion::fuse")
 }
 
 /// Where a kernel's accessor slot points inside the fused kernel.
@@ -411,7 +461,7 @@ enum KeyPart {
 fn key_parts(request: &FusionRequest, buffers: &[u64], key: &mut SmallVec<[KeyPart; 16]>) {
     key.push(KeyPart::Barriers(request.barriers));
     for k in &request.kernels {
-        let kernel = &k.kernel;
+        let kernel = closure_of(&k.kernel);
         key.push(KeyPart::Kernel {
             phases: kernel.phases.len(),
             scratch: kernel.scratch.len(),
@@ -693,7 +743,7 @@ fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
     let grid_size = geometry.global_size() as f64;
     for k in kernels {
         scratch_base.push(scratch.len());
-        scratch.extend(k.kernel.scratch.iter().copied());
+        scratch.extend(closure_of(&k.kernel).scratch.iter().copied());
         let share = k.geometry.global_size() as f64 / grid_size;
         cost.ns += k.kernel.cost.ns * share;
         cost.default_items += k.kernel.cost.default_items * share;
@@ -762,7 +812,7 @@ fn streams(
 
 /// The single elementwise phase of a kernel that has one.
 fn elementwise(kernel: &FusionKernel) -> Option<Elementwise> {
-    match kernel.kernel.phases.as_slice() {
+    match closure_of(&kernel.kernel).phases.as_slice() {
         [phase] => phase.elementwise.as_ref().map(|e| e.touches),
         _ => None,
     }
@@ -817,11 +867,18 @@ impl SlotSource {
 
 /// One kernel inside a fused kernel.
 struct Part {
-    kernel: Arc<ClosureKernel>,
+    kernel: KernelRef,
     /// The ids and ranges its work-items see.
     geometry: Geometry,
     /// The earlier parts it depends on ([`FusionKernel::deps`]).
     deps: SmallVec<[u32; 2]>,
+}
+
+impl Part {
+    #[inline]
+    fn closure(&self) -> &ClosureKernel {
+        closure_of(&self.kernel)
+    }
 }
 
 /// The body of a fused closure kernel: the kernels and the (cached) plan that says
@@ -849,15 +906,15 @@ impl FusedBody {
                 remap: plan.remap[k].then_some(grid.geometry),
                 group: grid.group,
                 bindings: &table[plan.slot_start[k]..plan.slot_start[k + 1]],
-                scratch: &grid.scratch[base..base + part.kernel.scratch.len()],
-                tag: part.kernel.tag,
+                scratch: &grid.scratch[base..base + part.closure().scratch.len()],
+                tag: part.closure().tag,
                 only: None,
                 span: None,
             }
         };
         let streams = |from: usize| plan.streams[from..].iter().take_while(|&&s| s).count();
         let interleave =
-            |p: &Part| !self.barriers && p.kernel.phases.len() == 1 && p.kernel.phases[0].per_item;
+            |p: &Part| !self.barriers && p.closure().phases.len() == 1 && p.closure().phases[0].per_item;
         let mut k = 0;
         while k < self.parts.len() {
             let run = streams(k);
@@ -877,7 +934,7 @@ impl FusedBody {
                         for i2 in 0..ext[2] {
                             for (sub, part) in subs.iter().zip(&self.parts[k..]) {
                                 let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
-                                (part.kernel.phases[0].group)(&one);
+                                (part.closure().phases[0].group)(&one);
                             }
                         }
                     }
@@ -886,7 +943,7 @@ impl FusedBody {
                 continue;
             }
             let sub = ctx(k);
-            for phase in &self.parts[k].kernel.phases {
+            for phase in &self.parts[k].closure().phases {
                 (phase.group)(&sub);
             }
             k += 1;
@@ -923,7 +980,7 @@ impl FusedBody {
         // is written), which a span keeps in L1.
         let mut local_bytes = 0;
         for k in parts.clone() {
-            let phase = self.parts[k].kernel.phases[0].elementwise.as_ref();
+            let phase = self.parts[k].closure().phases[0].elementwise.as_ref();
             let ElementwisePhase { touches: e, map } = phase.expect("a streaming kernel is elementwise");
             let e = *e;
             let own = &table[plan.slot_start[k]..plan.slot_start[k + 1]];
@@ -979,7 +1036,7 @@ impl FusedBody {
                 // shape): each kernel's own phase over the span, per work-item.
                 for k in parts.clone() {
                     let sub = GroupCtx { span: Some((lo, lo + count)), ..ctx(k) };
-                    (self.parts[k].kernel.phases[0].group)(&sub);
+                    (self.parts[k].closure().phases[0].group)(&sub);
                 }
             }
         }
@@ -1039,7 +1096,7 @@ impl Unfused {
         globals: &[Binding],
         writes: impl Fn(usize) -> bool,
         snapshots: &Arc<SnapshotPool>,
-        mut launch: impl FnMut(&ClosureKernel, &Geometry, &[Binding]) -> Result<(), ExecError>,
+        mut launch: impl FnMut(&KernelRef, &Geometry, &[Binding]) -> Result<(), ExecError>,
     ) -> Option<Result<(), ExecError>> {
         let FusedBody { parts, plan, .. } = &*self.0;
         let sized = |(g, (_, start, end, _)): (&Binding, &(usize, usize, usize, Uses))| g.len == end - start;
@@ -1098,8 +1155,21 @@ impl Unfused {
     /// Its answer is the last rerun's: meaningful for a kernel launched once (a
     /// queue's fusion), read after that launch completed.
     pub fn kept(&self, arg: usize) -> bool {
-        let completed = self.0.completed.lock().expect("rerun outcome");
-        let (Some(completed), Some((.., uses))) = (completed.as_ref(), self.0.plan.args.get(arg)) else {
+        self.0.kept(arg)
+    }
+}
+
+impl std::fmt::Debug for FusedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.parts.iter().map(|p| &*p.kernel.name).collect();
+        f.debug_struct("FusedBody").field("kernels", &names).field("barriers", &self.barriers).finish()
+    }
+}
+
+impl KeptOnFailure for FusedBody {
+    fn kept(&self, arg: usize) -> bool {
+        let completed = self.completed.lock().expect("rerun outcome");
+        let (Some(completed), Some((.., uses))) = (completed.as_ref(), self.plan.args.get(arg)) else {
             return false;
         };
         uses.iter().any(|&(k, _)| completed.get(k as usize).copied().unwrap_or(false))
@@ -1345,7 +1415,17 @@ impl ClosureFusion {
 }
 
 impl FusionCompiler for ClosureFusion {
+    fn image_kind(&self) -> ImageKind {
+        ImageKind::Closure
+    }
+
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
+        if let Some(k) = request.kernels.iter().find(|k| k.kernel.closure().is_none()) {
+            return Err(FusionError::MissingImage {
+                kernel: k.kernel.name.to_string(),
+                kind: ImageKind::Closure,
+            });
+        }
         let buffers = canonical_buffers(request);
         let (plan, name, cached) = self.plan_for(request, &buffers)?;
         // Plain loops: collecting these short lists through `SmallVec`'s `extend` cost
@@ -1379,11 +1459,27 @@ impl FusionCompiler for ClosureFusion {
             (plan.args.len(), plan.scratch.clone(), plan.cost, plan.geometry);
         // The closure and the kernel's fallback share the body, and the body owns the
         // plan.
+        // Each argument's mode in the fused kernel's signature: whether any slot on it
+        // reads, and whether any writes.
+        let modes = args.iter().map(|a: &FusedArg| {
+            let mode = |&(k, s): &(u32, u32)| {
+                let sig = &request.kernels[k as usize].kernel.signature;
+                sig.globals.get(s as usize).copied().unwrap_or(AccessMode::ReadWrite)
+            };
+            let (reads, writes) =
+                (a.uses.iter().any(|u| mode(u).reads()), a.uses.iter().any(|u| mode(u).writes()));
+            match (reads, writes) {
+                (true, true) => AccessMode::ReadWrite,
+                (false, true) => AccessMode::Write,
+                _ => AccessMode::Read,
+            }
+        });
+        let modes: SmallVec<[AccessMode; 4]> = modes.collect();
         let body =
             Arc::new(FusedBody { parts, plan, barriers: request.barriers, completed: Mutex::new(None) });
         let unfused = Unfused(body.clone());
+        let kept_on_failure: Arc<dyn KeptOnFailure> = body.clone();
         let kernel = ClosureKernel {
-            name,
             tag: 0,
             phases: smallvec::smallvec![Phase {
                 group: Arc::new(move |ctx: &GroupCtx<'_>| body.run_group(ctx)),
@@ -1393,10 +1489,19 @@ impl FusionCompiler for ClosureFusion {
             }],
             global_slots,
             scratch,
-            cost,
             unfused: Some(unfused),
         };
-        Ok(Fused { kernel: Arc::new(kernel), geometry, args, internal, warnings, cached })
+        let kernel = kernel.into_kernel(name, modes, cost);
+        Ok(Fused {
+            kernel,
+            geometry,
+            scalars: ScalarBlock::new(),
+            args,
+            internal,
+            warnings,
+            cached,
+            kept_on_failure: Some(kept_on_failure),
+        })
     }
 }
 
@@ -1407,9 +1512,9 @@ mod tests {
 
     use super::*;
     use crate::access::{Accessor, DiscardWrite, ElemAccessor, LocalAccessor, Read, ReadWrite, Write};
+    use crate::closure::{phase, Arena};
     use crate::elementwise::map_phase;
     use crate::item::Item;
-    use crate::kernel::{phase, Arena};
 
     /// A single-phase kernel named `name` whose one-slot-per-buffer accessors are
     /// built by the test.
@@ -1418,16 +1523,15 @@ mod tests {
         tag: u64,
         slots: usize,
         f: impl Fn(&mut Item<'_>) + Send + Sync + 'static,
-    ) -> Arc<ClosureKernel> {
-        Arc::new(ClosureKernel {
-            name: name.into(),
+    ) -> KernelRef {
+        ClosureKernel {
             tag,
             phases: smallvec::smallvec![phase(f)],
             global_slots: slots,
             scratch: vec![],
-            cost: ItemCost::default(),
             unfused: None,
-        })
+        }
+        .into_kernel(name, vec![AccessMode::ReadWrite; slots], ItemCost::default())
     }
 
     fn range(n: usize) -> Geometry {
@@ -1455,7 +1559,7 @@ mod tests {
             })
             .collect();
         for g in 0..fused.geometry.group_count() {
-            fused.kernel.run_group(&fused.geometry, g, &globals, arena);
+            fused.kernel.closure().unwrap().run_group(&fused.geometry, g, &globals, arena);
         }
     }
 
@@ -1476,6 +1580,7 @@ mod tests {
                 geometry: *g,
                 args: smallvec::smallvec![],
                 deps: Default::default(),
+                scalars: Default::default(),
             })
             .collect();
         ClosureFusion::new().fuse(&request(kernels)).unwrap_err()
@@ -1505,6 +1610,7 @@ mod tests {
             geometry: *g,
             args: smallvec::smallvec![],
             deps: Default::default(),
+            scalars: Default::default(),
         });
         assert!(ClosureFusion::new().fuse(&request(kernels.collect())).is_ok());
         // Remapping a reshaped plain kernel with non-zero offsets is not.
@@ -1536,18 +1642,21 @@ mod tests {
                 geometry: range(10),
                 args: smallvec::smallvec![],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: kernel("grid", 2, 0, log(1)),
                 geometry: Geometry::for_range(Range::d2(3, 8)).unwrap(),
                 args: smallvec::smallvec![],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: kernel("cube", 3, 0, log(2)),
                 geometry: Geometry::for_range(Range::d3(2, 2, 3)).unwrap(),
                 args: smallvec::smallvec![],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1590,12 +1699,14 @@ mod tests {
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), whole(11, n).promoted(Promotion::Private)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: k2,
                 geometry: range(n),
                 args: smallvec::smallvec![whole(11, n).promoted(Promotion::Private), whole(12, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1621,15 +1732,14 @@ mod tests {
         let map = |name: &str, tag: u64, f: fn(u32) -> u32| {
             let (input, output) =
                 (Accessor::<u32, Read>::new(0, tag, n), ElemAccessor::<u32, DiscardWrite>::new(1, tag, n));
-            Arc::new(ClosureKernel {
-                name: name.into(),
+            ClosureKernel {
                 tag,
                 phases: smallvec::smallvec![map_phase(input, output, f)],
                 global_slots: 2,
                 scratch: vec![],
-                cost: ItemCost::default(),
                 unfused: None,
-            })
+            }
+            .into_kernel(name, vec![AccessMode::ReadWrite; 2], ItemCost::default())
         };
         let (peek_in, peek_out) = (Accessor::<u32, Read>::new(0, 3, n), Accessor::<u32, Write>::new(1, 3, n));
         let peek = kernel("peek", 3, 2, move |it| {
@@ -1644,41 +1754,43 @@ mod tests {
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(11)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: map("inc", 2, |v| v + 1),
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), whole(12, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: peek,
                 geometry: range(n),
                 args: smallvec::smallvec![private(13), whole(14, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: map("triple", 4, |v| v * 3),
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(13)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
         assert_eq!(fused.internal.iter().map(|i| i.buffer).collect::<Vec<_>>(), vec![11, 13]);
-        let zeroed: Vec<bool> = fused.kernel.scratch.iter().map(|s| s.zeroed).collect();
+        let zeroed: Vec<bool> = fused.kernel.closure().unwrap().scratch.iter().map(|s| s.zeroed).collect();
         assert_eq!(zeroed, vec![false, true]);
 
         // An arena that a kernel with a large local region filled with ones.
         let mut arena = Arena::default();
         let tile = LocalAccessor::<u32>::new(0, 5, 1 << 14);
         let dirty = ClosureKernel {
-            name: "dirty".into(),
             tag: 5,
             phases: smallvec::smallvec![phase(move |it| (0..tile.len()).for_each(|j| tile.set(it, j, !0)))],
             global_slots: 0,
             scratch: vec![Scratch::new(ScratchKind::Local, 4 << 14)],
-            cost: ItemCost::default(),
             unfused: None,
         };
         dirty.run_group(&range(1), 0, &[], &mut arena);
@@ -1718,7 +1830,7 @@ mod tests {
     }
 
     /// Map kernel `k` (tag `k`, `n` elements, slots 0 and 1) of `f`, counted in `counters`.
-    fn counted_map(k: usize, n: usize, f: fn(u32) -> u32, counters: &Arc<Counters>) -> Arc<ClosureKernel> {
+    fn counted_map(k: usize, n: usize, f: fn(u32) -> u32, counters: &Arc<Counters>) -> KernelRef {
         use std::sync::atomic::Ordering::Relaxed;
         let (input, output) = (
             Accessor::<u32, Read>::new(0, k as u64, n),
@@ -1732,15 +1844,14 @@ mod tests {
             c.calls[k].fetch_add(1, Relaxed);
             f(v)
         };
-        Arc::new(ClosureKernel {
-            name: format!("k{k}").into(),
+        ClosureKernel {
             tag: k as u64,
             phases: smallvec::smallvec![map_phase(input, output, counted)],
             global_slots: 2,
             scratch: vec![],
-            cost: ItemCost::default(),
             unfused: None,
-        })
+        }
+        .into_kernel(format!("k{k}"), vec![AccessMode::ReadWrite; 2], ItemCost::default())
     }
 
     /// A chain of elementwise kernels runs span by span (`FusedBody::stream`), with
@@ -1776,6 +1887,7 @@ mod tests {
                     geometry: range(n),
                     args: args.into(),
                     deps: Default::default(),
+                    scalars: Default::default(),
                 })
                 .collect::<Vec<_>>()
         };
@@ -1842,24 +1954,28 @@ mod tests {
                 geometry: range(n),
                 args: smallvec::smallvec![whole(10, n), private(11)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: counted_map(1, n, |v| v + 1, &counters),
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), private(12)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: counted_map(2, n, |v| v * 3, &counters),
                 geometry: range(n),
                 args: smallvec::smallvec![private(12), whole(13, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: reader,
                 geometry: range(n),
                 args: smallvec::smallvec![private(11), whole(14, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1898,12 +2014,14 @@ mod tests {
                     geometry: range(n),
                     args: smallvec::smallvec![whole(10, n), whole(11, n)],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
                 FusionKernel {
                     kernel: counted_map(1, m, |v| v + 1, &counters),
                     geometry: range(m),
                     args: args.into(),
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
             ];
             ClosureFusion::new().fuse(&request(kernels)).unwrap()
@@ -1953,12 +2071,14 @@ mod tests {
                 geometry: nd(n, 8),
                 args: smallvec::smallvec![whole(1, n), whole(2, n).promoted(Promotion::Local)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
             FusionKernel {
                 kernel: k2,
                 geometry: nd(n, 8),
                 args: smallvec::smallvec![whole(2, n).promoted(Promotion::Local), whole(3, n)],
                 deps: Default::default(),
+                scalars: Default::default(),
             },
         ];
         let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -1986,12 +2106,14 @@ mod tests {
                     geometry: ga,
                     args: smallvec::smallvec![a],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
                 FusionKernel {
                     kernel: noop(),
                     geometry: gb,
                     args: smallvec::smallvec![b],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
             ];
             let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
@@ -2046,12 +2168,14 @@ mod tests {
                     geometry: nd(n, 4),
                     args: smallvec::smallvec![whole(1, n)],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
                 FusionKernel {
                     kernel: k2,
                     geometry: nd(n, 4),
                     args: smallvec::smallvec![whole(1, n), whole(2, n)],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
             ];
             let fused = ClosureFusion::new().fuse(&FusionRequest { kernels, barriers }).unwrap();
@@ -2083,12 +2207,14 @@ mod tests {
                     geometry: range(8),
                     args: smallvec::smallvec![whole(b, 8)],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
                 FusionKernel {
                     kernel: k,
                     geometry: range(8),
                     args: smallvec::smallvec![whole(b, 8)],
                     deps: Default::default(),
+                    scalars: Default::default(),
                 },
             ])
         };
@@ -2104,6 +2230,7 @@ mod tests {
             geometry: range(16),
             args: smallvec::smallvec![whole(1, 16)],
             deps: Default::default(),
+            scalars: Default::default(),
         }]);
         assert!(!fusion.fuse(&other_range).unwrap().cached);
     }
@@ -2140,6 +2267,7 @@ mod tests {
                 geometry: range(n),
                 args: args.iter().cloned().collect(),
                 deps: deps.iter().copied().collect(),
+                scalars: Default::default(),
             };
             let fused = ClosureFusion::new()
                 .fuse(&request(vec![
@@ -2157,10 +2285,10 @@ mod tests {
                 .iter()
                 .map(|a| Binding::new(bufs.get_mut(&a.buffer).unwrap().as_mut_ptr().cast(), a.end - a.start))
                 .collect();
-            let launch = |k: &ClosureKernel, g: &Geometry, b: &[Binding]| {
+            let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for group in 0..g.group_count() {
-                        k.run_group(g, group, b, &mut Arena::default());
+                        k.closure().unwrap().run_group(g, group, b, &mut Arena::default());
                     }
                 }))
                 .map_err(|p| ExecError::KernelPanicked {
@@ -2168,7 +2296,8 @@ mod tests {
                     message: crate::error::panic_message(&*p),
                 })
             };
-            let unfused = fused.kernel.unfused.as_ref().expect("a fused kernel can run unfused");
+            let unfused =
+                fused.kernel.closure().unwrap().unfused.as_ref().expect("a fused kernel can run unfused");
             assert_eq!(unfused.len(), 5);
             let pool = Arc::new(SnapshotPool::default());
             // SAFETY (both): the vectors outlive the call, and nothing else touches them.
@@ -2212,6 +2341,7 @@ mod tests {
                         geometry: range(8),
                         args: smallvec::smallvec![whole(b, 8).promoted(promotion)],
                         deps: Default::default(),
+                        scalars: Default::default(),
                     })
                     .collect(),
                 barriers,
@@ -2252,6 +2382,7 @@ mod tests {
             geometry: range(n),
             args: smallvec::smallvec![whole(b, n)],
             deps: Default::default(),
+            scalars: Default::default(),
         }])
     }
 

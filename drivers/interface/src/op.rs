@@ -9,7 +9,7 @@ use crate::access::AccessMode;
 use crate::command_buffer::CommandBufferLaunch;
 use crate::error::ExecError;
 use crate::item::HostCtx;
-use crate::kernel::ClosureKernel;
+use crate::kernel::{KernelRef, ScalarBlock};
 use crate::memory::{Binding, MemSlice};
 use crate::range::Geometry;
 
@@ -35,11 +35,13 @@ pub struct MemArg {
 #[derive(Clone, Debug)]
 pub struct KernelLaunch {
     /// The kernel.
-    pub kernel: Arc<ClosureKernel>,
+    pub kernel: KernelRef,
     /// Its iteration space.
     pub geometry: Geometry,
     /// One argument per global accessor slot.
     pub args: SmallVec<[MemArg; 4]>,
+    /// Its scalar arguments, laid out by its signature.
+    pub scalars: ScalarBlock,
 }
 
 /// A host task's closure. `FnMut`, not `FnOnce`: a command graph runs its host tasks

@@ -61,11 +61,11 @@ use std::sync::{Arc, OnceLock};
 
 use gantry_driver::sync::{Mutex, MutexGuard};
 use gantry_driver::{
-    fill_bytes, fill_fits, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena, Binding,
-    Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
+    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena,
+    Binding, Capabilities, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
     Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
-    HostFn, HostStorage, KernelLaunch, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg,
-    RecordedOp, ScratchKind, SnapshotPool, Submission,
+    HostFn, HostStorage, ImageKind, KernelLaunch, KernelRef, MemRef, MemSlice, OpId, OpPatch, Plan,
+    PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool, Submission,
 };
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
@@ -537,7 +537,7 @@ impl Region {
 /// [`Pending`] (whose box is reused, so recording a kernel allocates nothing for it);
 /// four slots inline, like [`gantry_driver::KernelLaunch::args`].
 struct KernelWork {
-    kernel: Arc<ClosureKernel>,
+    kernel: KernelRef,
     geometry: Geometry,
     /// Each slot's memory and how the kernel uses it, in slot order.
     args: SmallVec<[(Region, AccessMode); 4]>,
@@ -671,7 +671,7 @@ impl SimDriver {
             caps: Capabilities {
                 shares_host_memory: host_pool,
                 in_driver_waits: true,
-                closure_kernels: !host_pool,
+                image_kinds: if host_pool { &[] } else { &[ImageKind::Closure] },
                 host_tasks: host_pool,
                 max_local_memory: if host_pool { 0 } else { MAX_LOCAL_MEMORY },
                 max_private_memory: if host_pool { 0 } else { MAX_PRIVATE_MEMORY },
@@ -833,15 +833,16 @@ impl SimDriver {
     }
 
     /// Checks a kernel's argument count and local memory against the device.
-    fn check_kernel(&self, kernel: &ClosureKernel, args: usize) -> Result<(), ExecError> {
-        if args != kernel.global_slots {
+    fn check_kernel(&self, kernel: &KernelRef, args: usize) -> Result<(), ExecError> {
+        let Some(closure) = kernel.closure() else { return Err(no_image(&self.info.name, &kernel.name)) };
+        if args != closure.global_slots {
             return Err(self.driver_error(format!(
                 "kernel `{}` has {} global slots but {} arguments",
-                kernel.name, kernel.global_slots, args
+                kernel.name, closure.global_slots, args
             )));
         }
         let local: usize =
-            kernel.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
+            closure.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
         if local > MAX_LOCAL_MEMORY {
             return Err(self.driver_error(format!(
                 "kernel `{}` needs {local} bytes of local memory, the device has {}",
@@ -976,7 +977,7 @@ impl SimDriver {
         };
         match op {
             RecordedOp::Marker => Ok((Engine::None, 0)),
-            RecordedOp::Kernel { kernel, geometry, args } => {
+            RecordedOp::Kernel { kernel, geometry, args, .. } => {
                 self.check_kernel(kernel, args.len())?;
                 for a in args {
                     out.push(bind(a, Some("kernel arguments in host memory"))?.0);
@@ -1171,7 +1172,7 @@ impl SimDriver {
     /// The bindings must be live for the whole call.
     unsafe fn run_kernel(
         &self,
-        kernel: &ClosureKernel,
+        kernel: &KernelRef,
         geometry: &Geometry,
         modes: impl Iterator<Item = AccessMode> + Clone,
         bindings: &[Binding],
@@ -1189,24 +1190,31 @@ impl SimDriver {
         // SAFETY: the kernel has stopped; the memory is still alive and nothing else
         // touches it.
         unsafe { snapshot.restore() };
-        let Some(unfused) = &kernel.unfused else { return Err(error) };
+        let Some(unfused) = kernel.closure().and_then(|c| c.unfused.as_ref()) else { return Err(error) };
         let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
-        let launch = |k: &ClosureKernel, g: &Geometry, b: &[Binding]| Self::launch(k, g, b, arena);
+        let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| Self::launch(k, g, b, arena);
         // SAFETY: as above; the fused kernel's writes were just undone.
         unsafe { unfused.rerun(bindings, |i| writes[i], &self.snapshots, launch) }.unwrap_or(Err(error))
     }
 
     /// Runs a kernel over `bindings`, all its work-groups; a panic stops it and is its
-    /// error (what it wrote stays written).
+    /// error (what it wrote stays written). Its closure image was checked at
+    /// submission ([`SimDriver::check_kernel`]).
     fn launch(
-        kernel: &ClosureKernel,
+        kernel: &KernelRef,
         geometry: &Geometry,
         bindings: &[Binding],
         arena: &mut Arena,
     ) -> Result<(), ExecError> {
+        let Some(closure) = kernel.closure() else {
+            return Err(ExecError::Unsupported {
+                device: "simulated device".into(),
+                what: "kernels without a closure image",
+            });
+        };
         catch_unwind(AssertUnwindSafe(|| {
             for g in 0..geometry.group_count() {
-                kernel.run_group(geometry, g, bindings, arena);
+                closure.run_group(geometry, g, bindings, arena);
             }
         }))
         .map_err(|p| ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) })
@@ -1230,7 +1238,7 @@ impl SimDriver {
         };
         match op {
             RecordedOp::Marker => Ok(()),
-            RecordedOp::Kernel { kernel, geometry, args } => {
+            RecordedOp::Kernel { kernel, geometry, args, .. } => {
                 let bindings = &bindings[start..start + args.len()];
                 // SAFETY: forwarded.
                 unsafe {
@@ -1508,6 +1516,12 @@ mod tests {
         DeviceOp::Copy { src, dst }
     }
 
+    /// The same closure kernel with another declared cost.
+    fn with_cost(kernel: &KernelRef, cost: gantry_driver::ItemCost) -> KernelRef {
+        let closure = kernel.closure().unwrap().clone();
+        closure.into_kernel(kernel.name.clone(), kernel.signature.globals.clone(), cost)
+    }
+
     /// A kernel over the `n` u32s of `mem` that sets each element to `f(old, index)`.
     fn map_kernel(
         name: &str,
@@ -1517,8 +1531,7 @@ mod tests {
     ) -> DeviceOp {
         let acc = Accessor::<u32, ReadWrite>::new(0, 1, n);
         DeviceOp::Kernel(KernelLaunch {
-            kernel: Arc::new(ClosureKernel {
-                name: name.into(),
+            kernel: ClosureKernel {
                 tag: 1,
                 phases: smallvec::smallvec![phase(move |it| {
                     let i = it.global_linear_id();
@@ -1526,11 +1539,16 @@ mod tests {
                 })],
                 global_slots: 1,
                 scratch: vec![],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            }),
+            }
+            .into_kernel(
+                name,
+                vec![AccessMode::ReadWrite; 1],
+                gantry_driver::ItemCost::default(),
+            ),
             geometry: Geometry::for_range(Range::d1(n)).unwrap(),
             args: smallvec::smallvec![MemArg { mem, mode: AccessMode::ReadWrite }],
+            scalars: Default::default(),
         })
     }
 
@@ -1560,7 +1578,7 @@ mod tests {
         assert_eq!(&*info.name, "gpu0");
         assert_eq!(info.kind, DeviceKind::Sim);
         assert!(!info.caps.shares_host_memory && !info.caps.host_tasks);
-        assert!(info.caps.in_driver_waits && info.caps.closure_kernels);
+        assert!(info.caps.in_driver_waits && info.caps.image_kinds.contains(&ImageKind::Closure));
         assert_eq!(info.caps.max_local_memory, 64 * 1024);
         assert_eq!(d.now_ns(), 0);
     }
@@ -2098,15 +2116,18 @@ mod tests {
         let buf = d.alloc(16).unwrap();
         for (id, bytes) in [(0, 64 * 1024), (1, 64 * 1024 + 1)] {
             let DeviceOp::Kernel(mut launch) = add(4, dev(buf, 0, 16), 1) else { unreachable!() };
-            launch.kernel = Arc::new(ClosureKernel {
-                name: "tiled".into(),
+            launch.kernel = ClosureKernel {
                 tag: 1,
-                phases: launch.kernel.phases.clone(),
+                phases: launch.kernel.closure().unwrap().phases.clone(),
                 global_slots: 1,
                 scratch: vec![Scratch::new(ScratchKind::Local, bytes)],
-                cost: gantry_driver::ItemCost::default(),
                 unfused: None,
-            });
+            }
+            .into_kernel(
+                "tiled",
+                vec![AccessMode::ReadWrite; 1],
+                gantry_driver::ItemCost::default(),
+            );
             submit(&d, id, DeviceOp::Kernel(launch), &[]);
         }
         d.poll();
@@ -2164,9 +2185,8 @@ mod tests {
         submit(&d, 1, add(n, dev(buf, 0, n * 4), 1), &[]);
         let mut heavy = add(n, dev(buf, 0, n * 4), 1);
         if let DeviceOp::Kernel(launch) = &mut heavy {
-            let mut k = (*launch.kernel).clone();
-            k.cost = gantry_driver::ItemCost::of(Some(10.0)); // 1,000 ns of compute: compute-bound
-            launch.kernel = Arc::new(k);
+            // 1,000 ns of compute: compute-bound.
+            launch.kernel = with_cost(&launch.kernel, gantry_driver::ItemCost::of(Some(10.0)));
         }
         submit(&d, 2, heavy, &[]);
         let other = d.alloc(100).unwrap();
@@ -2209,6 +2229,7 @@ mod tests {
             kernel: launch.kernel,
             geometry: launch.geometry,
             args: smallvec::smallvec![arg],
+            scalars: Default::default(),
         }
     }
 
@@ -2649,12 +2670,14 @@ mod tests {
         let RecordedOp::Kernel { kernel, geometry, .. } = rec_add(CB_N, rarg(0, 0, bytes), 10) else {
             unreachable!()
         };
-        let dearer =
-            Arc::new(ClosureKernel { cost: gantry_driver::ItemCost::of(Some(2.0)), ..(*kernel).clone() });
+        let dearer = with_cost(&kernel, gantry_driver::ItemCost::of(Some(2.0)));
         // `original` is still held here: the patch makes a copy.
         let mut patched = original.clone();
-        d.patch_command_buffer(&mut patched, &[OpPatch::Kernel { kernel: &dearer, geometry: &geometry }])
-            .unwrap();
+        d.patch_command_buffer(
+            &mut patched,
+            &[OpPatch::Kernel { kernel: &dearer, geometry: &geometry, scalars: &[] }],
+        )
+        .unwrap();
         assert!(!Arc::ptr_eq(&patched, &original));
         assert_eq!(run(&patched), 108);
         assert_eq!(read_dev(&d, &rx, a, CB_N), vec![1 + 1 + 10; CB_N]);
@@ -2664,8 +2687,11 @@ mod tests {
         // default cost back must also drop the binding that holds the dearer one's.
         drop(original);
         let before = Arc::as_ptr(&patched);
-        d.patch_command_buffer(&mut patched, &[OpPatch::Kernel { kernel: &kernel, geometry: &geometry }])
-            .unwrap();
+        d.patch_command_buffer(
+            &mut patched,
+            &[OpPatch::Kernel { kernel: &kernel, geometry: &geometry, scalars: &[] }],
+        )
+        .unwrap();
         assert!(std::ptr::eq(Arc::as_ptr(&patched), before), "in place");
         assert_eq!(run(&patched), 104);
     }

@@ -236,7 +236,10 @@ impl RuntimeBuilder {
         self.fusion_cache = plans;
         self
     }
-    /// The fusion compiler (default: [`ClosureFusion`], which fuses closure kernels).
+    /// A fusion compiler tried first on every device, for kernels that all have an
+    /// image of its kind; each device then tries its driver's compilers
+    /// ([`Driver::fusion_compilers`](gantry_driver::Driver::fusion_compilers)) and,
+    /// if it runs closure kernels, [`ClosureFusion`].
     pub fn fusion_compiler(mut self, compiler: Arc<dyn FusionCompiler>) -> Self {
         self.fusion_compiler = Some(Compiler(compiler));
         self
@@ -352,11 +355,20 @@ impl RuntimeBuilder {
         });
         let fusion_warnings = Arc::new(std::sync::atomic::AtomicUsize::new(warnings));
         let closure_fusion = Arc::new(ClosureFusion::with_capacity(self.fusion_cache));
-        let compiler = match &self.fusion_compiler {
-            Some(c) => c.0.clone(),
-            None => closure_fusion.clone(),
-        };
-        world.insert_resource(Fusions::new(compiler, fusion_warnings.clone()));
+        let closure: Arc<dyn FusionCompiler> = closure_fusion.clone();
+        let compilers = world
+            .resource::<gantry_components::Devices>()
+            .0
+            .iter()
+            .map(|d| {
+                let mut compilers = gantry_components::device_compilers(&*d.driver, &closure);
+                if let Some(user) = &self.fusion_compiler {
+                    compilers.insert(0, user.0.clone());
+                }
+                compilers
+            })
+            .collect();
+        world.insert_resource(Fusions::new(compilers, fusion_warnings.clone()));
         if let Some(Policy(linearizer)) = &self.linearizer {
             world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
         }
