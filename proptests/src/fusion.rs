@@ -29,7 +29,9 @@
 //! cancelled as `Empty` or `Failed` when it has no kernel or illegal ND-ranges; in
 //! any window, a fusion fuses all of the window's kernels or none.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+
+use gantry::{CancelReason, FusionOutcome, Promotion};
 
 use super::*;
 

@@ -39,9 +39,11 @@
 //! A [`GraphProgram`] prints (its `Debug` form) and parses back
 //! ([`GraphProgram::parse`]), so a failing case can be pasted into a test.
 
+use std::collections::BTreeSet;
+use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use gantry::{CommandGraph, ExecutableGraph, GraphProps};
+use gantry::{CommandGraph, Event, ExecutableGraph, GraphProps};
 
 use super::*;
 

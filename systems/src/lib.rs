@@ -8,7 +8,7 @@
 //! | ingest | [`ingest`] |
 //! | resolve | [`resolve`] — the dependency rules |
 //! | fusion-sync, fuse | [`fusion`] — early cancellation and `complete_fusion` |
-//! | partition | [`partition`] — command-graph finalize: linearize, partition, fuse, record |
+//! | partition | [`graph`] — command-graph finalize: linearize, partition, fuse, record |
 //! | enqueue | [`enqueue`] |
 //! | retire | [`retire`] |
 //!
@@ -20,11 +20,15 @@
 pub mod enqueue;
 pub mod faults;
 pub mod fusion;
+pub mod graph;
 pub mod ingest;
-pub mod partition;
 mod queries;
 pub mod resolve;
 pub mod retire;
+
+// The partition stage's module under its name from before it became a folder:
+// `gantry_systems::partition::…` paths keep working.
+pub use graph as partition;
 
 #[cfg(test)]
 mod testing;
@@ -61,7 +65,7 @@ pub fn flush_schedule() -> Schedule {
         resolve::resolve.in_set(Stage::Resolve).in_set(Builtin(Stage::Resolve)),
         fusion::fusion_sync.in_set(Stage::FusionSync).in_set(Builtin(Stage::FusionSync)),
         fusion::fuse.in_set(Stage::Fuse).in_set(Builtin(Stage::Fuse)),
-        partition::partition.in_set(Stage::Partition).in_set(Builtin(Stage::Partition)),
+        graph::partition.in_set(Stage::Partition).in_set(Builtin(Stage::Partition)),
         enqueue::enqueue.in_set(Stage::Enqueue).in_set(Builtin(Stage::Enqueue)),
         retire::retire.in_set(Stage::Retire).in_set(Builtin(Stage::Retire)),
     ));
@@ -78,7 +82,7 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(WorkLists::default());
     world.insert_resource(Stats::default());
     world.insert_resource(gantry_components::QueueFailures::default());
-    world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(partition::ReverseDfs) });
+    world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(graph::ReverseDfs) });
     let closure: std::sync::Arc<dyn gantry_driver::fusion::FusionCompiler> =
         std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new());
     let compilers = {

@@ -1,0 +1,206 @@
+//! Graph fusion: a partition's kernel chains ([`fusion_chains`]), fused through the
+//! fusion compiler into the partition's steps.
+
+use std::borrow::Cow;
+
+use gantry_components::{
+    fuse_with, warn_fusion, CommandKind, ExecPlan, FusedChain, GraphNode, NodeId, NodeUse, NodeWork,
+    Requirement,
+};
+use gantry_driver::fusion::{FusionKernel, FusionRequest};
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::record::{Step, StepOp};
+use super::Finalize;
+use crate::fusion::{fused_requirements, fusion_arg};
+
+/// Groups a partition's kernels into chains to fuse (in execution order). A copy,
+/// fill or empty node that depends on a chain's kernel and that a later kernel
+/// depends on ends the chain; one that does not depend on the chain is moved before
+/// it. Returns the chains and, per chain end, why it ended early.
+pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>, Vec<String>) {
+    let mut chains: Vec<Vec<NodeId>> = Vec::new();
+    let mut why = Vec::new();
+    let mut current: Vec<NodeId> = Vec::new();
+    let mut after: FxHashMap<NodeId, bool> = FxHashMap::default();
+    for &n in nodes {
+        let node = &graph[n as usize];
+        let in_chain = |p: &NodeId| current.contains(p);
+        let depends_on_chain =
+            node.preds.iter().any(|p| in_chain(p) || after.get(p).copied().unwrap_or(false));
+        // Kernels with dynamic parameters stay unfused (their arguments change).
+        if node.kind == CommandKind::Kernel && node.params.is_empty() {
+            let through_other = node.preds.iter().find(|p| after.get(p).copied().unwrap_or(false));
+            if let Some(&other) = through_other {
+                why.push(format!(
+                    "`{}` orders between the kernels `{}` and `{}`",
+                    graph[other as usize].name, graph[current[0] as usize].name, node.name
+                ));
+                chains.push(std::mem::take(&mut current));
+                after.clear();
+            }
+            current.push(n);
+        } else {
+            if node.kind == CommandKind::Kernel {
+                why.push(format!("kernel `{}` has dynamic parameters and is not fused", node.name));
+            }
+            after.insert(n, depends_on_chain);
+        }
+    }
+    chains.push(current);
+    chains.retain(|c| c.len() > 1);
+    (chains, why)
+}
+
+impl Finalize<'_> {
+    /// The steps of a partition with kernel chains fused (into `steps`, which is
+    /// empty).
+    pub(super) fn fused_steps<'a>(
+        &self,
+        members: &[NodeId],
+        nodes: &'a [GraphNode],
+        barriers: bool,
+        plan: &mut ExecPlan,
+        steps: &mut Vec<Step<'a>>,
+        node_step: impl Fn(NodeId) -> Step<'a>,
+    ) {
+        // Which chain (by index) each fused node belongs to.
+        let mut chain_of: FxHashMap<NodeId, usize> = FxHashMap::default();
+        // The fused steps (their `nodes` are the chain), until emitted.
+        let mut fused: Vec<Option<Step<'a>>> = Vec::new();
+        let (chains, why) = fusion_chains(members, nodes);
+        for w in why {
+            warn_fusion(self.warnings, format_args!("graph fusion: chain not fused further: {w}"));
+            plan.not_fused.push(w);
+        }
+        for chain in chains {
+            match self.fuse(&chain, nodes, barriers) {
+                Ok((step, chain_info)) => {
+                    for &n in &chain {
+                        chain_of.insert(n, fused.len());
+                    }
+                    fused.push(Some(step));
+                    plan.fused.push(chain_info);
+                }
+                Err(why) => {
+                    let names: Vec<&str> = chain.iter().map(|&n| &*nodes[n as usize].name).collect();
+                    let msg = format!("kernels {names:?} not fused: {why}");
+                    warn_fusion(self.warnings, format_args!("graph fusion: {msg}"));
+                    plan.not_fused.push(msg);
+                }
+            }
+        }
+
+        // Emit in order: a fused chain at its last kernel; a node that depends on
+        // chains not emitted yet waits until all of them are (then in order).
+        let mut depends_on: FxHashMap<NodeId, SmallVec<[usize; 2]>> = FxHashMap::default();
+        for &n in members {
+            if chain_of.contains_key(&n) {
+                continue;
+            }
+            let mut chains: SmallVec<[usize; 2]> = SmallVec::new();
+            for p in &nodes[n as usize].preds {
+                let via: SmallVec<[usize; 2]> = match chain_of.get(p) {
+                    Some(&c) => smallvec::smallvec![c],
+                    None => depends_on.get(p).cloned().unwrap_or_default(),
+                };
+                for c in via {
+                    if !chains.contains(&c) {
+                        chains.push(c);
+                    }
+                }
+            }
+            if !chains.is_empty() {
+                depends_on.insert(n, chains);
+            }
+        }
+        let mut pending: Vec<NodeId> = Vec::new();
+        let last_of: Vec<NodeId> =
+            fused.iter().map(|f| *f.as_ref().expect("chain").nodes.last().expect("kernel")).collect();
+        let mut emitted = vec![false; fused.len()];
+        let ready =
+            |n: &NodeId, emitted: &[bool]| depends_on.get(n).is_none_or(|cs| cs.iter().all(|&c| emitted[c]));
+        for &n in members {
+            if let Some(&c) = chain_of.get(&n) {
+                if n == last_of[c] {
+                    let step = fused[c].take().expect("chain emitted once");
+                    steps.push(step);
+                    emitted[c] = true;
+                    // Waiting nodes whose chains are all out now follow, in order (a
+                    // waiting node's own waiting predecessors wait for a subset).
+                    let waiting = std::mem::take(&mut pending);
+                    for d in waiting {
+                        if ready(&d, &emitted) {
+                            steps.push(node_step(d));
+                        } else {
+                            pending.push(d);
+                        }
+                    }
+                }
+                continue;
+            }
+            if ready(&n, &emitted) {
+                steps.push(node_step(n));
+            } else {
+                pending.push(n);
+            }
+        }
+        // Every chain is emitted at its last kernel, so nothing is left waiting; should
+        // a node be, it still runs (the driver checks its sync points).
+        steps.extend(pending.into_iter().map(node_step));
+    }
+
+    /// Fuses one chain through the fusion compiler.
+    fn fuse(
+        &self,
+        chain: &[NodeId],
+        nodes: &[GraphNode],
+        barriers: bool,
+    ) -> Result<(Step<'static>, FusedChain), String> {
+        // The fusion rules read requirements (placed nowhere: no resolution state).
+        let reqs: Vec<Vec<Requirement>> = chain
+            .iter()
+            .map(|&n| nodes[n as usize].uses.iter().map(NodeUse::requirement).collect())
+            .collect();
+        let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
+        for (i, (&n, reqs)) in chain.iter().zip(&reqs).enumerate() {
+            let node = &nodes[n as usize];
+            let NodeWork::Kernel { kernel, geometry, scalars } = &node.work else {
+                return Err(format!("`{}` is not a kernel", node.name));
+            };
+            let args = reqs.iter().map(fusion_arg).collect();
+            // Its predecessors in the chain (a chain has no path between its kernels
+            // through other nodes: `fusion_chains` ends it before one).
+            let earlier = &chain[..i];
+            let deps = node
+                .preds
+                .iter()
+                .filter_map(|p| earlier.iter().position(|e| e == p).map(|j| j as u32))
+                .collect();
+            request.kernels.push(FusionKernel {
+                kernel: kernel.clone(),
+                geometry: *geometry,
+                args,
+                deps,
+                scalars: scalars.clone(),
+            });
+        }
+        let device = nodes[chain[0] as usize].device as usize;
+        let (compilers, name) =
+            (self.compilers.get(device).map_or(&[][..], |c| &c[..]), &self.devices[device].1.name);
+        let fused = fuse_with(compilers, name, &request).map_err(|e| e.to_string())?;
+        let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
+        let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
+        let info =
+            FusedChain { nodes: chain.to_vec(), name: fused.kernel.name.clone(), warnings: fused.warnings };
+        let step = Step {
+            nodes: chain.iter().copied().collect(),
+            uses: Cow::Owned(uses),
+            params: &[],
+            op: StepOp::Fused { kernel: fused.kernel, geometry: fused.geometry, scalars: fused.scalars },
+            deps: SmallVec::new(),
+        };
+        Ok((step, info))
+    }
+}
