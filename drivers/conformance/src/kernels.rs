@@ -8,6 +8,7 @@
 //! on overflow (an overflow panic would be a kernel failure the check did not ask
 //! for).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
@@ -34,6 +35,11 @@ pub(crate) struct Kernel {
 }
 
 impl Kernel {
+    /// Its name, as failures must report it.
+    pub(crate) fn name(&self) -> &str {
+        &self.kernel.name
+    }
+
     /// A launch over `args` (one per buffer slot, in slot order).
     pub(crate) fn launch(&self, args: impl IntoIterator<Item = MemArg>) -> DeviceOp {
         DeviceOp::Kernel(KernelLaunch {
@@ -103,4 +109,36 @@ pub(crate) fn reverse_affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         dst.set(it, i, src.get(it, n - 1 - i).wrapping_mul(a).wrapping_add(b))
     });
     build(name, geometry(n), 2, body)
+}
+
+/// `x[i] = value` over `n` elements of slot 0 (write), counting its work-items in
+/// `ran`: a kernel that must not run shows that it did not.
+pub(crate) fn counted_store(name: &str, n: usize, value: u32, ran: Arc<AtomicUsize>) -> Kernel {
+    let x = Accessor::<u32, Write>::new(0, TAG, n);
+    let body = phase(move |it| {
+        ran.fetch_add(1, Ordering::Relaxed);
+        x.set(it, it.global_linear_id(), value)
+    });
+    build(name, geometry(n), 1, body)
+}
+
+/// Writes `value` to each of the `n` elements of slot 0 (write), in order in one
+/// work-group, and panics (a message starting with [`DELIBERATE`]) at the last one,
+/// after it wrote: everything written before it failed.
+pub(crate) fn write_then_panic(name: &str, n: usize, value: u32) -> Kernel {
+    let x = Accessor::<u32, Write>::new(0, TAG, n);
+    let body = phase(move |it| {
+        let i = it.global_linear_id();
+        x.set(it, i, value);
+        if i == n - 1 {
+            panic!("{DELIBERATE} in a kernel");
+        }
+    });
+    let one_group = NdRange::new(n, n).geometry().expect("a valid ND-range");
+    build(name, one_group, 1, body)
+}
+
+/// The message [`write_then_panic`]'s kernels panic with.
+pub(crate) fn kernel_panic_message() -> String {
+    format!("{DELIBERATE} in a kernel")
 }

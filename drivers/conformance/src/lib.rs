@@ -25,8 +25,9 @@
 //! * [`suite!`] and [`run_check`]: the macro and what its tests call;
 //! * the kernels the checks launch are built in one private module (`kernels`).
 //!
-//! A check that asks for something the driver does not offer (device allocations on
-//! a driver that shares host memory) returns
+//! A check that asks for something the driver does not offer (host tasks without
+//! [`Capabilities::host_tasks`](gantry_driver::Capabilities::host_tasks), device
+//! allocations on a driver that shares host memory) returns
 //! [`Outcome::Skipped`] with the reason; the suite prints it, or, given the list of
 //! checks a driver is expected to skip (`skips = [..]`), fails on any difference.
 //!

@@ -125,12 +125,17 @@ macro_rules! __suite_module {
             wait_list_order,
             dependent_chain,
             independent_ops_complete_once,
+            kernel_panic_is_reported,
+            dependency_failure_propagates,
+            failure_preserves_written_ranges,
             copy_round_trip,
             copy_within_device_memory,
             fill_patterns,
             fill_length_mismatch,
             malformed_ops_are_errors,
             allocation_limits,
+            host_task_runs_once,
+            host_task_panic_is_reported,
         );
     };
 }

@@ -21,5 +21,5 @@ gantry_conformance::suite!(
     |ctx: DriverContext| -> Arc<dyn Driver> {
         Arc::new(CpuDriver::new(CpuConfig { worker_threads: 0, host_threads: 0, ..Default::default() }, ctx))
     },
-    skips = [allocation_limits]
+    skips = [allocation_limits, dependency_failure_propagates]
 );

@@ -26,7 +26,7 @@ gantry_conformance::suite!(
             ctx,
         ))
     },
-    skips = []
+    skips = [host_task_runs_once, host_task_panic_is_reported]
 );
 
 gantry_conformance::suite!(
@@ -41,5 +41,5 @@ gantry_conformance::suite!(
             .expect("the machine has a host pool"),
         )
     },
-    skips = [allocation_limits]
+    skips = [kernel_panic_is_reported, failure_preserves_written_ranges, allocation_limits]
 );

@@ -8,11 +8,19 @@
 //!
 //! * [`ordering`]: wait-lists order dependent operations; independent ones complete
 //!   exactly once each, in any order;
-//! * [`memory`]: copies, fills, malformed operations and allocation limits.
+//! * [`failure`]: kernel panics, their dependents, and `preserve_on_failure`;
+//! * [`memory`]: copies, fills, malformed operations and allocation limits;
+//! * [`host_tasks`]: host tasks run once with their arguments, and their panics.
 
+pub mod failure;
+pub mod host_tasks;
 pub mod memory;
 pub mod ordering;
 
+pub use failure::{
+    dependency_failure_propagates, failure_preserves_written_ranges, kernel_panic_is_reported,
+};
+pub use host_tasks::{host_task_panic_is_reported, host_task_runs_once};
 pub use memory::{
     allocation_limits, copy_round_trip, copy_within_device_memory, fill_length_mismatch, fill_patterns,
     malformed_ops_are_errors,
@@ -25,6 +33,7 @@ use gantry_driver::{panic_message, DeviceOp, ExecError, MemSlice};
 use smallvec::SmallVec;
 
 use crate::harness::{Buf, Harness};
+use crate::Outcome;
 
 /// A fill of `dst` with `pattern`.
 pub(crate) fn fill(dst: MemSlice, pattern: &[u8]) -> DeviceOp {
@@ -39,6 +48,11 @@ pub(crate) fn fill_u32(buf: &Buf, value: u32) -> DeviceOp {
 /// A copy.
 pub(crate) fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
     DeviceOp::Copy { src, dst }
+}
+
+/// The skip of a check that launches kernels, where the driver runs none.
+pub(crate) fn needs_kernels(h: &Harness) -> Option<Outcome> {
+    (!h.caps().closure_kernels).then(|| Outcome::skipped("the driver runs no closure kernels"))
 }
 
 /// Submits `op` with `preserve_on_failure` and returns its error: it must be refused
