@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    phase, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, MemArg, NdRange, Phase, Read,
-    ReadWrite, Write,
+    phase, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, MemArg, NdRange, OpPatch,
+    Phase, Read, ReadWrite, RecordedArg, RecordedOp, Write,
 };
 
 /// How the message of every panic the checks cause on purpose starts; the harness
@@ -47,6 +47,16 @@ impl Kernel {
             geometry: self.geometry,
             args: args.into_iter().collect(),
         })
+    }
+
+    /// The kernel recorded into a command buffer over `args`.
+    pub(crate) fn record(&self, args: &[RecordedArg]) -> RecordedOp {
+        RecordedOp::Kernel { kernel: self.kernel.clone(), geometry: self.geometry, args: args.into() }
+    }
+
+    /// A patch that makes a recorded kernel this one.
+    pub(crate) fn patch(&self) -> OpPatch<'_> {
+        OpPatch::Kernel { kernel: &self.kernel, geometry: &self.geometry }
     }
 }
 
@@ -107,6 +117,18 @@ pub(crate) fn reverse_affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
     let body = phase(move |it| {
         let i = it.global_linear_id();
         dst.set(it, i, src.get(it, n - 1 - i).wrapping_mul(a).wrapping_add(b))
+    });
+    build(name, geometry(n), 2, body)
+}
+
+/// `acc[i] += src[i]` over `n` elements: slot 0 is `src` (read), slot 1 `acc`
+/// (read-write).
+pub(crate) fn accumulate(name: &str, n: usize) -> Kernel {
+    let src = Accessor::<u32, Read>::new(0, TAG, n);
+    let acc = Accessor::<u32, ReadWrite>::new(1, TAG, n);
+    let body = phase(move |it| {
+        let i = it.global_linear_id();
+        acc.set(it, i, acc.get(it, i).wrapping_add(src.get(it, i)))
     });
     build(name, geometry(n), 2, body)
 }

@@ -27,7 +27,8 @@
 //!
 //! A check that asks for something the driver does not offer (host tasks without
 //! [`Capabilities::host_tasks`](gantry_driver::Capabilities::host_tasks), device
-//! allocations on a driver that shares host memory) returns
+//! allocations on a driver that shares host memory, command buffers refused with
+//! [`ExecError::Unsupported`](gantry_driver::ExecError::Unsupported)) returns
 //! [`Outcome::Skipped`] with the reason; the suite prints it, or, given the list of
 //! checks a driver is expected to skip (`skips = [..]`), fails on any difference.
 //!

@@ -136,6 +136,8 @@ macro_rules! __suite_module {
             allocation_limits,
             host_task_runs_once,
             host_task_panic_is_reported,
+            command_buffer_replay,
+            command_buffer_patch,
         );
     };
 }

@@ -41,5 +41,11 @@ gantry_conformance::suite!(
             .expect("the machine has a host pool"),
         )
     },
-    skips = [kernel_panic_is_reported, failure_preserves_written_ranges, allocation_limits]
+    skips = [
+        kernel_panic_is_reported,
+        failure_preserves_written_ranges,
+        allocation_limits,
+        command_buffer_replay,
+        command_buffer_patch
+    ]
 );

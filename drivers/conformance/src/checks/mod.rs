@@ -10,13 +10,16 @@
 //!   exactly once each, in any order;
 //! * [`failure`]: kernel panics, their dependents, and `preserve_on_failure`;
 //! * [`memory`]: copies, fills, malformed operations and allocation limits;
-//! * [`host_tasks`]: host tasks run once with their arguments, and their panics.
+//! * [`host_tasks`]: host tasks run once with their arguments, and their panics;
+//! * [`command_buffers`]: recording, replay with other argument tables, patching.
 
+pub mod command_buffers;
 pub mod failure;
 pub mod host_tasks;
 pub mod memory;
 pub mod ordering;
 
+pub use command_buffers::{command_buffer_patch, command_buffer_replay};
 pub use failure::{
     dependency_failure_propagates, failure_preserves_written_ranges, kernel_panic_is_reported,
 };
