@@ -1,5 +1,5 @@
 //! Every kernel the checks run, built here and nowhere else: the one file that knows
-//! what a kernel is (today an [`Arc<ClosureKernel>`] of phases over accessors), so
+//! what a kernel is (a [`KernelRef`] whose image is a closure of phases over accessors), so
 //! that a change of the kernel type changes this file only. The checks see a
 //! [`Kernel`]: a name, an iteration space and what it computes, which they launch
 //! over memory arguments, record into a command buffer, or patch into one.
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    phase, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, MemArg, NdRange, OpPatch,
-    Phase, Read, ReadWrite, RecordedArg, RecordedOp, Write,
+    phase, AccessMode, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, KernelRef,
+    MemArg, NdRange, OpPatch, Phase, Read, ReadWrite, RecordedArg, RecordedOp, Write,
 };
 
 /// How the message of every panic the checks cause on purpose starts; the harness
@@ -30,7 +30,7 @@ const GROUP: usize = 64;
 /// A kernel and its iteration space.
 #[derive(Clone)]
 pub(crate) struct Kernel {
-    kernel: Arc<ClosureKernel>,
+    kernel: KernelRef,
     geometry: Geometry,
 }
 
@@ -46,17 +46,23 @@ impl Kernel {
             kernel: self.kernel.clone(),
             geometry: self.geometry,
             args: args.into_iter().collect(),
+            scalars: Default::default(),
         })
     }
 
     /// The kernel recorded into a command buffer over `args`.
     pub(crate) fn record(&self, args: &[RecordedArg]) -> RecordedOp {
-        RecordedOp::Kernel { kernel: self.kernel.clone(), geometry: self.geometry, args: args.into() }
+        RecordedOp::Kernel {
+            kernel: self.kernel.clone(),
+            geometry: self.geometry,
+            args: args.into(),
+            scalars: Default::default(),
+        }
     }
 
     /// A patch that makes a recorded kernel this one.
     pub(crate) fn patch(&self) -> OpPatch<'_> {
-        OpPatch::Kernel { kernel: &self.kernel, geometry: &self.geometry }
+        OpPatch::Kernel { kernel: &self.kernel, geometry: &self.geometry, scalars: &[] }
     }
 }
 
@@ -71,17 +77,15 @@ fn geometry(n: usize) -> Geometry {
     NdRange::new(n, local).geometry().expect("a valid ND-range")
 }
 
-fn build(name: &str, geometry: Geometry, slots: usize, body: Phase) -> Kernel {
-    let kernel = ClosureKernel {
-        name: name.into(),
+fn build(name: &str, geometry: Geometry, modes: &[AccessMode], body: Phase) -> Kernel {
+    let closure = ClosureKernel {
         tag: TAG,
         phases: smallvec::smallvec![body],
-        global_slots: slots,
+        global_slots: modes.len(),
         scratch: vec![],
-        cost: ItemCost::default(),
         unfused: None,
     };
-    Kernel { kernel: Arc::new(kernel), geometry }
+    Kernel { kernel: closure.into_kernel(name, modes.iter().copied(), ItemCost::default()), geometry }
 }
 
 /// `x[i] = a * x[i] + b` over `n` elements of slot 0 (read-write). Two of these with
@@ -92,7 +96,7 @@ pub(crate) fn affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         let i = it.global_linear_id();
         x.set(it, i, x.get(it, i).wrapping_mul(a).wrapping_add(b))
     });
-    build(name, geometry(n), 1, body)
+    build(name, geometry(n), &[AccessMode::ReadWrite], body)
 }
 
 /// `dst[i] = f(src[i], i)` over `n` elements: slot 0 is `src` (read), slot 1 `dst`
@@ -104,7 +108,7 @@ pub(crate) fn derive(name: &str, n: usize, f: impl Fn(u32, u32) -> u32 + Send + 
         let i = it.global_linear_id();
         dst.set(it, i, f(src.get(it, i), i as u32))
     });
-    build(name, geometry(n), 2, body)
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body)
 }
 
 /// `dst[i] = a * src[n - 1 - i] + b` over `n` elements: slot 0 is `src` (read), slot 1
@@ -118,7 +122,7 @@ pub(crate) fn reverse_affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         let i = it.global_linear_id();
         dst.set(it, i, src.get(it, n - 1 - i).wrapping_mul(a).wrapping_add(b))
     });
-    build(name, geometry(n), 2, body)
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body)
 }
 
 /// `acc[i] += src[i]` over `n` elements: slot 0 is `src` (read), slot 1 `acc`
@@ -130,7 +134,7 @@ pub(crate) fn accumulate(name: &str, n: usize) -> Kernel {
         let i = it.global_linear_id();
         acc.set(it, i, acc.get(it, i).wrapping_add(src.get(it, i)))
     });
-    build(name, geometry(n), 2, body)
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::ReadWrite], body)
 }
 
 /// `x[i] = value` over `n` elements of slot 0 (write), counting its work-items in
@@ -141,7 +145,7 @@ pub(crate) fn counted_store(name: &str, n: usize, value: u32, ran: Arc<AtomicUsi
         ran.fetch_add(1, Ordering::Relaxed);
         x.set(it, it.global_linear_id(), value)
     });
-    build(name, geometry(n), 1, body)
+    build(name, geometry(n), &[AccessMode::Write], body)
 }
 
 /// Writes `value` to each of the `n` elements of slot 0 (write), in order in one
@@ -157,7 +161,7 @@ pub(crate) fn write_then_panic(name: &str, n: usize, value: u32) -> Kernel {
         }
     });
     let one_group = NdRange::new(n, n).geometry().expect("a valid ND-range");
-    build(name, one_group, 1, body)
+    build(name, one_group, &[AccessMode::Write], body)
 }
 
 /// The message [`write_then_panic`]'s kernels panic with.

@@ -69,7 +69,7 @@ pub fn dependency_failure_propagates(factory: &Factory) -> Outcome {
             "no in-driver waits: the scheduler fails the dependents of a failed operation itself",
         );
     }
-    let kernels = h.caps().closure_kernels;
+    let kernels = h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure);
     let failing = if kernels {
         let x = h.alloc(N * 4);
         kernels::write_then_panic("conformance_failing_dependency", N, 7).launch([x.arg(Write)])

@@ -55,7 +55,8 @@ pub(crate) fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
 
 /// The skip of a check that launches kernels, where the driver runs none.
 pub(crate) fn needs_kernels(h: &Harness) -> Option<Outcome> {
-    (!h.caps().closure_kernels).then(|| Outcome::skipped("the driver runs no closure kernels"))
+    (!h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure))
+        .then(|| Outcome::skipped("the driver runs no closure kernels"))
 }
 
 /// Submits `op` with `preserve_on_failure` and returns its error: it must be refused
