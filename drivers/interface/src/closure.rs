@@ -307,7 +307,7 @@ impl ClosureKernel {
             scalars: SmallVec::new(),
             memory: self.scratch.iter().copied().collect(),
         };
-        Arc::new(Kernel::with_native(name, signature, Some(ImageKind::Closure), self).with_cost(cost))
+        Kernel::with_native(name, signature, Some(ImageKind::Closure), self).with_cost(cost).into_ref()
     }
 
     /// Bytes of scratch one work-group of `local_size` work-items needs.

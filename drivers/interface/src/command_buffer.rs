@@ -583,6 +583,33 @@ mod tests {
         assert!(refused(&[fine, OpPatch::Fill(&fill), write]).contains("operation 2 is a copy"));
     }
 
+    /// A kernel's scalar arguments are patched like its other payloads, and must
+    /// fill the kernel's scalar block: recording and patching check their size.
+    #[test]
+    fn scalars_are_recorded_and_patched_by_size() {
+        use crate::kernel::{Kernel, Signature};
+        let sig = Signature::new().global(AccessMode::ReadWrite).scalar::<u32>();
+        let kernel = Kernel::new("scaled", sig).into_ref();
+        let op = |scalars: &[u8]| RecordedOp::Kernel {
+            kernel: kernel.clone(),
+            geometry: geometry(4),
+            args: smallvec::smallvec![arg(0, 8)],
+            scalars: SmallVec::from_slice(scalars),
+        };
+        let mut b = builder(true);
+        let e = b.append(op(&[1, 0]), &[]).unwrap_err();
+        assert!(e.to_string().contains("takes 4 bytes of scalars but 2 are recorded"), "{e}");
+        b.append(op(&2u32.to_ne_bytes()), &[]).unwrap();
+        let mut plan = Plan::of(&b.finalize().unwrap()).unwrap().clone();
+        let g4 = geometry(4);
+        let patch = |scalars| OpPatch::Kernel { kernel: &kernel, geometry: &g4, scalars };
+        let e = plan.apply_patches(&[patch(&[0; 8])]).unwrap_err();
+        assert!(e.contains("takes 4 bytes of scalars, the patch gives 8"), "{e}");
+        plan.apply_patches(&[patch(&7u32.to_ne_bytes())]).unwrap();
+        let RecordedOp::Kernel { scalars, .. } = &plan.ops[0].op else { unreachable!() };
+        assert_eq!(scalars[..], 7u32.to_ne_bytes());
+    }
+
     /// `patch_buffer` patches a command buffer nothing else holds in place, and a
     /// shared one in a copy that leaves the original to its other holders.
     #[test]

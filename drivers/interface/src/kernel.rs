@@ -111,12 +111,10 @@ impl Signature {
 /// [`KernelRef`].
 ///
 /// ```
-/// use std::sync::Arc;
 /// use gantry_driver::{AccessMode, CodeImage, ImageKind, Kernel, KernelRef, Signature};
 /// let sig = Signature::new().global(AccessMode::ReadWrite).scalar::<f32>();
-/// let k: KernelRef = Arc::new(
-///     Kernel::new("scale", sig).with_image(CodeImage::new(ImageKind::Wgsl, "main", b"...".to_vec())),
-/// );
+/// let k: KernelRef =
+///     Kernel::new("scale", sig).with_image(CodeImage::new(ImageKind::Wgsl, "main", b"...".to_vec())).into_ref();
 /// assert_eq!(k.kinds().collect::<Vec<_>>(), [ImageKind::Wgsl]);
 /// assert!(k.image(ImageKind::Ptx).is_none());
 /// assert!(k.native::<u32>().is_none());
@@ -170,6 +168,13 @@ impl<N: ?Sized> Kernel<N> {
     {
         self.code.push(image);
         self
+    }
+    /// Shares it as a [`KernelRef`].
+    pub fn into_ref(self) -> KernelRef
+    where
+        N: Any + Send + Sync + Sized,
+    {
+        Arc::new(self)
     }
     /// The same kernel with a declared virtual cost per work-item.
     pub fn with_cost(mut self, cost: ItemCost) -> Self
