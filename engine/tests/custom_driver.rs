@@ -45,7 +45,7 @@ enum Op {
 /// does once per image (compile a module, build a pipeline), done once here too.
 fn decode(image: &CodeImage) -> Result<Vec<Op>, ExecError> {
     let invalid = |message: String| ExecError::Driver { device: "inline".into(), message };
-    if image.code().len() % 2 != 0 {
+    if !image.code().len().is_multiple_of(2) {
         return Err(invalid(format!("image `{}` has an odd length", image.entry())));
     }
     image
