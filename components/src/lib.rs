@@ -26,6 +26,7 @@ pub mod handle;
 pub mod memory;
 pub mod queue;
 pub mod resources;
+pub mod rules;
 pub mod stage;
 pub mod timeline;
 
@@ -49,5 +50,6 @@ pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{
     fail_message, Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,
 };
+pub use rules::{Accesses, QueueOrder};
 pub use stage::{Flush, Stage};
 pub use timeline::{Slice, Timeline};

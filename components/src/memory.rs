@@ -288,10 +288,9 @@ impl Location {
 pub struct MemoryRecord {
     /// The buffer.
     pub buffer: Arc<BufferCore>,
-    /// Unfinished readers, by range.
-    pub reads: LeafSet,
-    /// Unfinished writers, by range.
-    pub writes: LeafSet,
+    /// Unfinished readers and writers, by range (the memory rule's leaves:
+    /// [`Accesses`](crate::rules::Accesses)).
+    pub leaves: crate::rules::Accesses<Entity>,
     /// Copies of the contents; the host copy is always first.
     pub locations: SmallVec<[Location; 2]>,
 }
@@ -301,8 +300,7 @@ impl MemoryRecord {
     pub fn new(buffer: Arc<BufferCore>) -> Self {
         Self {
             buffer,
-            reads: LeafSet::default(),
-            writes: LeafSet::default(),
+            leaves: crate::rules::Accesses::new(),
             locations: SmallVec::from_iter([Location {
                 space: MemSpace::Host,
                 alloc: None,
@@ -324,8 +322,8 @@ impl MemoryRecord {
 
     /// Forgets `cmd`, which used `range`, as a leaf and as a producer: it finished.
     pub fn release(&mut self, cmd: Entity, range: &ByteRange) {
-        self.reads.remove(cmd, range);
-        self.writes.remove(cmd, range);
+        self.leaves.reads.remove(cmd, range);
+        self.leaves.writes.remove(cmd, range);
         for loc in &mut self.locations {
             if loc.producer == Some(cmd) {
                 loc.producer = None;
@@ -335,7 +333,7 @@ impl MemoryRecord {
 
     /// Whether any unfinished command still uses the buffer.
     pub fn is_idle(&self) -> bool {
-        self.reads.is_empty() && self.writes.is_empty() && self.locations.iter().all(|l| l.producer.is_none())
+        self.leaves.is_empty() && self.locations.iter().all(|l| l.producer.is_none())
     }
 }
 

@@ -10,14 +10,17 @@ use bevy_ecs::resource::Resource;
 use gantry_driver::ExecError;
 
 use crate::handle::QueueCore;
+use crate::rules::QueueOrder;
 
 /// Per-queue scheduling state.
 #[derive(Component, Debug)]
 pub struct QueueState {
     /// The queue.
     pub core: Arc<QueueCore>,
-    /// The last command submitted (in-order queues depend on it).
-    pub last: Option<Entity>,
+    /// The queue-order rule's state: the last command submitted (in-order queues
+    /// depend on it) and the commands since the last barrier that may still be
+    /// unfinished (a barrier depends on all of them and then replaces them).
+    pub order: QueueOrder<Entity>,
     /// Set when `last` failed and retired (in-order queues only), until the user
     /// synchronizes (see [`FailureSync`]): the next command depends on a command that
     /// is gone, and fails as it would have had `last` still been alive.
@@ -29,9 +32,6 @@ pub struct QueueState {
     pub barrier_failure: Option<QueueFailure>,
     /// Whether the queue is in [`QueueFailures::queues`].
     pub failure_listed: bool,
-    /// Commands submitted since the last barrier that may still be unfinished; a
-    /// barrier depends on all of them and then replaces them.
-    pub since_barrier: Vec<Entity>,
 }
 
 impl QueueState {
@@ -39,11 +39,10 @@ impl QueueState {
     pub fn new(core: Arc<QueueCore>) -> Self {
         Self {
             core,
-            last: None,
+            order: QueueOrder::eager(),
             last_failure: None,
             barrier_failure: None,
             failure_listed: false,
-            since_barrier: Vec::new(),
         }
     }
 }

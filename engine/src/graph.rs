@@ -8,9 +8,9 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use gantry_components::BufferCore;
 use gantry_components::{
-    CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphLaunch, GraphNode, GraphNodes,
-    GraphOrder, GraphProps, GraphSubmission, Leaf, LeafSet, Message, NodeId, NodeUse, NodeWork, ParamTable,
-    PartitionBody, QueueCore, Work,
+    Accesses, CommandKind, EventShared, EventStatus, ExecPlan, FinalizeJob, GraphLaunch, GraphNode,
+    GraphNodes, GraphOrder, GraphProps, GraphSubmission, Message, NodeId, NodeUse, NodeWork, ParamTable,
+    PartitionBody, QueueCore, QueueOrder, Work,
 };
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
@@ -35,17 +35,6 @@ impl Node {
     }
 }
 
-/// The accesses to one buffer that later nodes may conflict with: the reads and the
-/// writes not yet covered by a later write, by node, in the scheduler's leaf index.
-/// Kept apart so a read looks only at the writes, and indexed by range so that nodes
-/// touching disjoint ranges of one buffer find their conflicts in O(log n + k):
-/// building a graph stays linear in its nodes for every access pattern.
-#[derive(Default)]
-struct Accesses {
-    reads: LeafSet<NodeId>,
-    writes: LeafSet<NodeId>,
-}
-
 /// A dynamic parameter's state in its graph.
 struct Param {
     /// The runtime of its first buffer: another runtime's cannot be bound.
@@ -58,11 +47,8 @@ struct Param {
 /// A queue recording into the graph.
 struct Recorder {
     queue: u64,
-    /// Its last node (in-order queues chain their nodes).
-    last: Option<NodeId>,
-    /// Its nodes since its last barrier, and that barrier.
-    since_barrier: Vec<NodeId>,
-    barrier: Option<NodeId>,
+    /// Its queue order (the scheduler's rule, with the recording semantics).
+    order: QueueOrder<NodeId>,
 }
 
 #[derive(Default)]
@@ -72,7 +58,7 @@ struct GraphState {
     nodes: Arc<GraphNodes>,
     /// Copy on write, shared with the executable graphs like `nodes`.
     keep: Arc<Vec<KeepAlive>>,
-    accesses: HashMap<u64, Accesses>,
+    accesses: HashMap<u64, Accesses<NodeId>>,
     recorders: Vec<Recorder>,
     /// Buffers marked as recorded (host access refused) until recording ends.
     marked: Vec<Arc<BufferCore>>,
@@ -210,24 +196,12 @@ impl std::fmt::Debug for ExecutableGraph {
 impl GraphState {
     /// Edges from the buffer accesses of `reqs` to earlier conflicting ones, recorded
     /// as accesses of `node`.
+    /// The memory rule is the scheduler's, over its leaf index per buffer, so nodes
+    /// touching disjoint ranges of one buffer find their conflicts in O(log n + k).
     fn access_edges(&mut self, node: NodeId, reqs: &[NodeUse], preds: &mut SmallVec<[NodeId; 4]>) {
         for r in reqs {
             let acc = self.accesses.entry(r.buffer.id).or_default();
-            let writes = r.mode.writes();
-            let mut edge = |a: &Leaf<NodeId>| {
-                if a.cmd != node {
-                    preds.push(a.cmd);
-                }
-            };
-            let access = Leaf { cmd: node, range: r.range };
-            if writes {
-                acc.writes.overlap_and_cover(&r.range, node, &mut edge);
-                acc.reads.overlap_and_cover(&r.range, node, &mut edge);
-                acc.writes.push(access);
-            } else {
-                acc.writes.for_each_overlapping(&r.range, &mut edge);
-                acc.reads.push(access);
-            }
+            acc.access(node, &r.range, r.mode.writes(), |p| preds.push(p));
         }
         // A node reached through several ranges or buffers is one edge.
         preds.sort_unstable();
@@ -521,12 +495,7 @@ impl CommandGraph {
         self.device()?;
         let mut st = self.inner.state.lock();
         queue.start_recording(self)?;
-        st.recorders.push(Recorder {
-            queue: queue.id(),
-            last: None,
-            since_barrier: Vec::new(),
-            barrier: None,
-        });
+        st.recorders.push(Recorder { queue: queue.id(), order: QueueOrder::recorded() });
         Ok(())
     }
 
@@ -592,30 +561,13 @@ impl CommandGraph {
         let r =
             st.recorders.iter().position(|r| r.queue == queue.id).ok_or(Error::QueueRecording(queue.id))?;
         let mut preds: SmallVec<[NodeId; 4]> = SmallVec::new();
-        let rec = &st.recorders[r];
-        if barrier && queue.in_order {
-            // Its last node already follows everything before it.
-            preds.extend(rec.last);
-        } else if barrier {
-            preds.extend(rec.since_barrier.iter().copied());
-            preds.extend(rec.barrier);
-        } else {
-            preds.extend(rec.barrier);
-            if queue.in_order {
-                preds.extend(rec.last);
-            }
-        }
+        let last = st.recorders[r].order.preds(queue.in_order, barrier, |p| preds.push(p));
+        preds.extend(last);
         preds.sort_unstable();
         preds.dedup();
+        // The queue order advances only once the node is added.
         let index = add(self, &mut st, preds)?;
-        let rec = &mut st.recorders[r];
-        rec.last = Some(index);
-        if barrier {
-            rec.barrier = Some(index);
-            rec.since_barrier.clear();
-        } else {
-            rec.since_barrier.push(index);
-        }
+        st.recorders[r].order.push(index, barrier);
         let shared = Arc::new(EventShared::new(name, self.inner.rt.id, self.inner.rt.now_ns()));
         Ok(Event::of_node(shared, &self.inner.rt, self.node(index)))
     }

@@ -665,18 +665,18 @@ fn replace(world: &mut World, q: &mut Queries, list: Entity, kernels: &[Entity],
     );
     for (record, range) in placed {
         let Some(mut record) = record.and_then(|r| q.record_mut(world, r)) else { continue };
-        if record.writes.remove_commands(listed).is_some() {
-            record.writes.push(Leaf { cmd: e, range });
+        if record.leaves.writes.remove_commands(listed).is_some() {
+            record.leaves.writes.push(Leaf { cmd: e, range });
         }
-        if record.reads.remove_commands(listed).is_some() {
-            record.reads.push(Leaf { cmd: e, range });
+        if record.leaves.reads.remove_commands(listed).is_some() {
+            record.leaves.reads.push(Leaf { cmd: e, range });
         }
     }
     // Queue order follows the fused kernel.
     if let Some(qe) = queue {
         if let Some(mut state) = q.queue_mut(world, qe) {
-            if state.last.is_some_and(listed) {
-                state.last = Some(e);
+            if state.order.last.is_some_and(listed) {
+                state.order.last = Some(e);
             }
             // The listed kernels are all in `since_barrier` (a barrier after one of
             // them would have cancelled the fusion), the first as the fused kernel, the

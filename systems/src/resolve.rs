@@ -2,12 +2,12 @@
 //!
 //! For each new command, in submission order:
 //!
-//! * **Memory** — per requirement, against the buffer's [`MemoryRecord`] leaves:
-//!   a reader depends on every unfinished writer of an overlapping range
-//!   (read-after-write); a writer depends on every unfinished reader and writer of an
-//!   overlapping range (write-after-read, write-after-write). A writer then replaces
-//!   the leaves its range covers; a reader joins the read leaves. Non-overlapping
-//!   ranges of one buffer never conflict.
+//! * **Memory** — per requirement, against the buffer's [`MemoryRecord`] leaves, by
+//!   the memory rule ([`Accesses::access`](gantry_components::Accesses::access),
+//!   which command graphs apply too): a reader depends on every unfinished writer of
+//!   an overlapping range; a writer on every unfinished reader and writer of one, and
+//!   then replaces the leaves its range covers. Non-overlapping ranges of one buffer
+//!   never conflict.
 //! * **Placement** — a command needs the buffer's contents in its device's memory
 //!   space. If that copy is not valid, a memory move is inserted: straight from a
 //!   device in the same peer group (a device-to-device link), else through host
@@ -190,24 +190,22 @@ fn queue_order(
 ) -> Option<ExecError> {
     let qe = queue_entity(world, q, queue);
     let mut state = q.queue_mut(world, qe).expect("queue state");
-    let last = state.last.replace(e).filter(|_| queue.in_order);
+    let barrier = kind == CommandKind::Barrier;
+    let last = state.order.next(e, queue.in_order, barrier, |p| push_unique(preds, p, e));
     // A failure is kept only for a command that has retired (rarely), so the common
     // path neither copies it nor asks whether `last` lives (`connect` skips an edge
     // to a command that is gone).
     let kept = state.last_failure.take();
     let mut failed = None;
-    if kind == CommandKind::Barrier {
+    if barrier {
         failed = state.barrier_failure.take().map(|f| f.root.as_dependency_of(f.command.clone()));
-        let since = std::mem::replace(&mut state.since_barrier, vec![e]);
-        for p in since {
-            push_unique(preds, p, e);
-        }
     } else {
-        state.since_barrier.push(e);
-        if state.since_barrier.len() >= 256 && state.since_barrier.len().is_power_of_two() {
-            let mut since = std::mem::take(&mut state.since_barrier);
+        let since = state.order.since_barrier.len();
+        if since >= 256 && since.is_power_of_two() {
+            // Forget the commands since the barrier that have finished.
+            let mut since = std::mem::take(&mut state.order.since_barrier);
             since.retain(|&p| is_live(world, q, p));
-            q.queue_mut(world, qe).expect("queue state").since_barrier = since;
+            q.queue_mut(world, qe).expect("queue state").order.since_barrier = since;
         }
     }
     if let Some(last) = last {
@@ -312,16 +310,10 @@ fn resolve_requirement(
             push_unique(preds, p, e);
         }
     }
-    // Read-after-write, write-after-write.
-    record.writes.for_each_overlapping(&req.range, |leaf| push_unique(preds, leaf.cmd, e));
-    if req.mode.writes() {
-        // Write-after-read.
-        record.reads.for_each_overlapping(&req.range, |leaf| push_unique(preds, leaf.cmd, e));
-        // Leaves this write covers are reachable through it from now on.
-        let range = req.range;
-        record.reads.remove_covered(&range, e);
-        record.writes.remove_covered(&range, e);
-        record.writes.push(gantry_components::Leaf { cmd: e, range });
+    // The memory rule: read-after-write, write-after-read, write-after-write.
+    let writes = req.mode.writes();
+    record.leaves.access(e, &req.range, writes, |p| push_unique(preds, p, e));
+    if writes {
         // Only this space now holds the current contents. Its producer (a move still
         // filling it) stays: readers of other ranges must still wait for the move.
         // The writer itself is found through the write leaves, per range.
@@ -339,8 +331,6 @@ fn resolve_requirement(
         if placed_over_nothing {
             req.valid_before = Some(Box::new((next_placement(world), before)));
         }
-    } else {
-        record.reads.push(gantry_components::Leaf { cmd: e, range: req.range });
     }
     Ok(())
 }
@@ -478,8 +468,8 @@ fn insert_move(
     if let Some(p) = src.producer {
         push_unique(&mut preds, p, m);
     }
-    record.writes.for_each(|leaf| push_unique(&mut preds, leaf.cmd, m));
-    record.reads.push(gantry_components::Leaf { cmd: m, range: whole });
+    // It reads the whole buffer.
+    record.leaves.access(m, &whole, false, |p| push_unique(&mut preds, p, m));
     let target = record.location_mut(to).expect("location");
     target.valid = true;
     target.producer = Some(m);

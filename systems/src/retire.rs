@@ -247,11 +247,11 @@ fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &E
     let Some(qe) = queue.entity.get() else { return };
     let command = cmd.name.clone();
     let Some(state) = q.queue(world, qe) else { return };
-    let last = queue.in_order && state.last == Some(e);
+    let last = queue.in_order && state.order.last == Some(e);
     // The first failure since the last barrier is the one the barrier names.
     let before_barrier = cmd.kind != CommandKind::Barrier
         && state.barrier_failure.is_none()
-        && state.since_barrier.contains(&e);
+        && state.order.since_barrier.contains(&e);
     if !(last || before_barrier) {
         return;
     }
@@ -449,7 +449,7 @@ mod tests {
         assert_eq!(h.world.resource::<Stats>().live_commands, 0);
         let rec = a.record.get().unwrap();
         let record = h.world.get::<MemoryRecord>(rec).unwrap();
-        assert!(record.reads.is_empty() && record.writes.is_empty());
+        assert!(record.leaves.reads.is_empty() && record.leaves.writes.is_empty());
     }
 
     /// Retired commands leave no trace: after thousands of flushes the world holds
