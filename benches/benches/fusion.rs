@@ -42,10 +42,10 @@
 //!
 //! Ids: `fusion_chain/{set}/{size}/K{k}/{variant}`; throughput is elements per second.
 //! The `threaded` 16M cases run only with `GANTRY_BENCH_FUSION_THREADED_16M=1`: the
-//! per-item variant costs about 2–10 ns per work-item per kernel (measured on a
-//! 2-core machine), so the 16M chains cost most of the run's time, and the inline set
-//! already covers that size. (A full run takes about three minutes on 2 cores, most
-//! of it the 16M per-item chains; `-- --quick` about one.)
+//! per-item variant is by far the slowest (figures: `docs/PERFORMANCE.md`), so the 16M
+//! chains would take most of the run's time, and the inline set already covers that
+//! size. (A full run takes about three minutes on 2 cores, most of it the 16M
+//! per-item chains; `-- --quick` about one.)
 //!
 //! `fusion_overhead/{set}/fused` times one round of a tiny chain (2 kernels of one
 //! work-item) with `start_fusion` + submits + `complete_fusion` + wait, the plan
@@ -457,8 +457,9 @@ impl Tiny {
 
     /// The time `rounds` fused rounds take beyond as many unfused ones, run in
     /// alternating blocks of [`BLOCK`] rounds so that both kinds see the same
-    /// machine: on a shared VM, the same unfused round ran at 4.7 and 8.4 µs within a
-    /// minute, more than the difference measured. (Zero if fusing were cheaper.)
+    /// machine: on a shared VM one round's time drifts within a minute by more than
+    /// the difference measured (figures: `docs/PERFORMANCE.md`). (Zero if fusing were
+    /// cheaper.)
     fn difference(&mut self, rounds: u64) -> Duration {
         let (mut fused, mut unfused) = (Duration::ZERO, Duration::ZERO);
         let mut left = rounds;

@@ -24,8 +24,9 @@
 //! and of their edges, minus the edges among them; their memory-record leaves become
 //! the fused kernel's; queue order follows it. The first listed kernel's entity
 //! becomes the fused kernel and the list's command, with the fusion's event: a fused
-//! list spawns nothing (a command spawned for the fusion, turned into the fused
-//! kernel and retired was a sixth of what fusing added to a round's host cost).
+//! list spawns nothing, since spawning a command for the fusion, turning it into the
+//! fused kernel and retiring it is a good part of what fusing adds to a round's host
+//! cost (figures: `docs/PERFORMANCE.md`).
 //! Replacing leaves in place is the same as the seed's "restore the leaves and add
 //! the fused kernel": nothing resolved between the listed kernels depends on them (it
 //! would have cancelled the fusion), so the fused kernel stands exactly where they

@@ -75,7 +75,8 @@ impl MapLoop {
     /// closure: resolved once, then one indirect call per run of elements. A fused
     /// chain calls each kernel's loop once per span of a few hundred elements, where
     /// a virtual call, the instruction-set dispatch and a slice-building layer per
-    /// call were more instructions than an AVX-512 span's arithmetic.
+    /// call would be more instructions than an AVX-512 span's arithmetic (figures:
+    /// `docs/PERFORMANCE.md`).
     #[inline]
     pub fn resolve(&self) -> ResolvedMap<'_> {
         let (call, f) = self.0.resolve();

@@ -168,9 +168,10 @@ fn map_fn<T: Copy, U, F: Fn(T) -> U>(isa: Isa) -> MapFn {
 }
 
 /// The map loop over raw runs, inlined into each instruction set's copy. A call of
-/// its own (through a [`MapFn`]), it is not inlined into the phase, where it stayed
-/// scalar. The compiler cannot see that the runs are apart, so each call first
-/// compares the two addresses (four instructions) and then runs the vector loop.
+/// its own (through a [`MapFn`]), it is not inlined into the phase, where the compiler
+/// does not vectorize it (`docs/PERFORMANCE.md`). The compiler cannot see that the
+/// runs are apart, so each call first compares the two addresses (a few instructions)
+/// and then runs the vector loop.
 ///
 /// # Safety
 /// `f` points to an `F`; `src` to `count` live, aligned `T`s and `dst` to `count`

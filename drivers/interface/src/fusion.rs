@@ -424,9 +424,8 @@ impl Plan {
     /// span, so every span can use the same span of the region: the chain's
     /// intermediates stay in the few kilobytes of L1 a span needs, where walking the
     /// group's region (16 KiB per intermediate in a group of 4,096, 256 KiB in one of
-    /// 65,536) sent them to L2 and back between spans once a chain had several. A
-    /// hand-blocked K = 8 chain at 16M elements in groups of 4,096 ran in 0.69 of its
-    /// one-loop speed walking a region, 1.13 reusing one span.
+    /// 65,536) would send them to L2 and back between spans once a chain has several
+    /// (figures: `docs/PERFORMANCE.md`).
     fn span_local(&self, source: SlotSource, parts: &std::ops::Range<usize>) -> bool {
         let SlotSource::Internal { index } = source else { return false };
         let (_, kind, _, uses) = &self.internal[index as usize];
@@ -456,8 +455,8 @@ enum KeyPart {
 }
 
 /// The request's cache key, buffers numbered by `buffers` (see [`KeyPart`]), written
-/// into `key`. (Plain loops: the same sequence as a chain of iterators cost four times
-/// the instructions, a good part of a cache hit.)
+/// into `key`. (Plain loops: the same sequence as a chain of iterators costs several
+/// times the instructions, a good part of a cache hit; figures: `docs/PERFORMANCE.md`.)
 fn key_parts(request: &FusionRequest, buffers: &[u64], key: &mut SmallVec<[KeyPart; 16]>) {
     key.push(KeyPart::Barriers(request.barriers));
     for k in &request.kernels {
