@@ -20,19 +20,18 @@
 //!
 //! **Fuse** performs `complete_fusion`: it asks the fusion compiler for one kernel; on
 //! failure the list is cancelled with a warning. On success the listed kernels are
-//! replaced: the fused kernel gets the union of their requirements (one per buffer)
-//! and of their edges, minus the edges among them; their memory-record leaves become
-//! the fused kernel's; queue order follows it. The first listed kernel's entity
-//! becomes the fused kernel and the list's command, with the fusion's event: a fused
-//! list spawns nothing, since spawning a command for the fusion, turning it into the
-//! fused kernel and retiring it is a good part of what fusing adds to a round's host
-//! cost (figures: `docs/PERFORMANCE.md`).
-//! Replacing leaves in place is the same as the seed's "restore the leaves and add
-//! the fused kernel": nothing resolved between the listed kernels depends on them (it
-//! would have cancelled the fusion), so the fused kernel stands exactly where they
-//! did. Last, fuse lets go of the fusion command of every list that ended (fused or
-//! cancelled, in either stage) once all the kernels its queue sent have been
-//! ingested.
+//! replaced: the fused kernel gets the union of their requirements (one per buffer) and
+//! of their edges, minus the edges among them; their memory-record leaves become the
+//! fused kernel's; queue order follows it. The first listed kernel's entity becomes the
+//! fused kernel and the list's command, with the fusion's event: a fused list spawns
+//! nothing, since spawning a command for the fusion, turning it into the fused kernel
+//! and retiring it is a good part of what fusing adds to a round's host cost (figures:
+//! `docs/PERFORMANCE.md`). Replacing leaves in place is the same as the DPC++
+//! kernel-fusion design's "restore the leaves and add the fused kernel": nothing
+//! resolved between the listed kernels depends on them (it would have cancelled the
+//! fusion), so the fused kernel stands exactly where they did. Last, fuse lets go of
+//! the fusion command of every list that ended (fused or cancelled, in either stage)
+//! once all the kernels its queue sent have been ingested.
 //!
 //! A queue's list entity outlives its fusion: the next `start_fusion` on the queue
 //! resets it once it has ended and its command is gone. [`ListRef`]s between lists

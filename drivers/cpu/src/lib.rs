@@ -153,8 +153,9 @@ impl Driver for CpuDriver {
     fn free(&self, _id: AllocId) {}
 
     /// Command buffers are [`Plan`]s replayed in order on one thread (kernels still
-    /// fan out over the pool). Reads into host memory are not recordable (the seed's
-    /// "memory buffer read", unsupported like on OpenCL backends).
+    /// fan out over the pool). Reads into host memory are not recordable (the "memory
+    /// buffer read" of the SYCL graph extension's implementation design, unsupported
+    /// like on OpenCL backends).
     fn create_command_buffer(
         &self,
         desc: CommandBufferDesc,

@@ -9,7 +9,8 @@
 //! buffer, and a dynamic parameter swaps the buffer behind an entry without
 //! re-recording anything.
 //!
-//! The entry points mirror the seed's: [`Driver::create_command_buffer`] (create),
+//! The entry points mirror the UR command-buffer entry points of the SYCL graph
+//! extension's implementation design: [`Driver::create_command_buffer`] (create),
 //! [`CommandBufferBuilder::append`] (append kernel, copy, fill or marker with sync
 //! points), [`CommandBufferBuilder::finalize`] and [`DeviceOp::CommandBuffer`]
 //! (enqueue with a wait-list). The generic [`Plan`] is what the CPU and simulated
@@ -81,15 +82,17 @@ pub enum RecordedOp {
         /// Destination bytes.
         dst: RecordedArg,
     },
-    /// A copy of host data (captured when recorded) into a buffer: the seed's "memory
-    /// buffer write", which some backends cannot record.
+    /// A copy of host data (captured when recorded) into a buffer: the "memory buffer
+    /// write" of the SYCL graph extension's implementation design, which some backends
+    /// cannot record.
     Write {
         /// The bytes.
         src: Arc<HostStorage>,
         /// Destination bytes.
         dst: RecordedArg,
     },
-    /// A copy from a buffer into host memory: the seed's "memory buffer read".
+    /// A copy from a buffer into host memory: the "memory buffer read" of the SYCL
+    /// graph extension's implementation design.
     Read {
         /// Source bytes.
         src: RecordedArg,

@@ -16,8 +16,9 @@
 //! same chain every frame costs a lookup; the cache holds a bounded number of plans
 //! and evicts the least recently used one first
 //! ([`ClosureFusion::with_capacity`]). Scalars are baked in already: a closure
-//! captures its arguments by value, so the seed's runtime constants have nothing left
-//! to propagate here; the LLVM JIT will take them through this same request.
+//! captures its arguments by value, so the runtime constants that the DPC++
+//! kernel-fusion design propagates have nothing left to propagate here; the LLVM JIT
+//! will take them through this same request.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -1336,8 +1336,8 @@ impl Driver for SimDriver {
 
     /// Command buffers are [`Plan`]s of kernels, device copies, fills and markers,
     /// replayed as one operation (see the crate docs). Host↔buffer writes and reads
-    /// (the seed's "memory buffer write/read") are refused as unsupported, like on the
-    /// seed's OpenCL backend.
+    /// (the "memory buffer write/read" of the SYCL graph extension's implementation
+    /// design) are refused as unsupported, like on that design's OpenCL backend.
     fn create_command_buffer(
         &self,
         desc: CommandBufferDesc,

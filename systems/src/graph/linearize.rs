@@ -53,7 +53,8 @@ impl Linearizer for ReverseDfs {
 }
 
 /// Breadth-first (Kahn) order: a node as soon as all its predecessors are placed,
-/// roots in insertion order. The alternative the seed names.
+/// roots in insertion order. The alternative the SYCL graph extension's
+/// implementation design names.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BreadthFirst;
 

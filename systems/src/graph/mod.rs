@@ -4,7 +4,7 @@
 //! 1. checks the edges for cycles and linearizes the nodes with the
 //!    [`GraphPolicy`]'s [`Linearizer`] ([`ReverseDfs`] by default, [`BreadthFirst`]
 //!    to compare);
-//! 2. assigns partitions with the seed's two-step algorithm ([`assign_groups`]): host
+//! 2. assigns partitions with that design's two-step algorithm ([`assign_groups`]): host
 //!    tasks (and nodes of another device) are isolated, their predecessors and
 //!    successors grouped around them, and groups merged when a `make_edge` back edge
 //!    reaches a host task that was already processed;

@@ -1,6 +1,7 @@
-//! Partition assignment: the seed's group numbers ([`assign_groups`]), the partitions
-//! built from them with their real predecessors, and a graph's [`Layout`] (its
-//! linearization and partitions), which recording reads.
+//! Partition assignment: the group numbers of the SYCL graph extension's implementation
+//! design ([`assign_groups`]), the partitions built from them with their real
+//! predecessors, and a graph's [`Layout`] (its linearization and partitions), which
+//! recording reads.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use super::{Adjacency, Finalize};
 /// at the front, and the predecessors of the node just processed are merged into the
 /// group of that node's predecessors, so both feed it together.
 ///
-/// Unlike the seed's recursive version, the walks are iterative (no stack overflow on
+/// Unlike that design's recursive version, the walks are iterative (no stack overflow on
 /// long chains), the downward walk visits each node once per pass, and a node is
 /// queued again only once at a time.
 pub fn assign_groups(preds: &Adjacency, succs: &Adjacency, isolated: &[bool]) -> Vec<i64> {
@@ -90,7 +91,7 @@ pub fn assign_groups(preds: &Adjacency, succs: &Adjacency, isolated: &[bool]) ->
 
 /// Partitions of contiguous runs of `order`, split around isolated nodes: the
 /// fallback when group merging produced partitions that depend on each other both
-/// ways (the seed leaves that case open).
+/// ways (the SYCL graph extension's implementation design leaves that case open).
 fn contiguous_groups(order: &[NodeId], isolated: &[bool]) -> Vec<i64> {
     let mut group = vec![0i64; order.len()];
     let (mut g, mut open) = (0i64, false);
