@@ -37,8 +37,9 @@ pub enum CommandKind {
     Barrier,
     /// A host access guard: runs while the user holds the data.
     HostAccess,
-    /// A cancelled fusion list's command (the DPC++ kernel-fusion design): completes after the kernels of
-    /// its list, which ran unfused. (A fused list's command is its fused kernel.)
+    /// A cancelled fusion list's command (the DPC++ kernel-fusion design): completes
+    /// after the kernels of its list, which ran unfused. (A fused list's command is its
+    /// fused kernel.)
     Fusion,
     /// One partition of a command-graph submission: a recorded command buffer.
     CommandBuffer,

@@ -1,8 +1,8 @@
-//! Fusion lists (the DPC++ kernel-fusion design, "Scheduler Integration"): one entity per fusing queue,
-//! holding its kernel commands in order and, once the fusion has ended, the fusion
-//! command whose event `submit` returned while fusing (the fused kernel, or a marker
-//! after the kernels of a cancelled list); the shared state a queue and the scheduler
-//! both change.
+//! Fusion lists (the DPC++ kernel-fusion design, "Scheduler Integration"): one entity
+//! per fusing queue, holding its kernel commands in order and, once the fusion has
+//! ended, the fusion command whose event `submit` returned while fusing (the fused
+//! kernel, or a marker after the kernels of a cancelled list); the shared state a queue
+//! and the scheduler both change.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

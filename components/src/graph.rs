@@ -1,5 +1,6 @@
-//! Command graphs (the SYCL graph extension's implementation design): the nodes of a modifiable graph, the finalize request
-//! the partition stage serves, and the executable plan it produces.
+//! Command graphs (the SYCL graph extension's implementation design): the nodes of a
+//! modifiable graph, the finalize request the partition stage serves, and the
+//! executable plan it produces.
 //!
 //! A modifiable graph is plain data owned by its user handle; the scheduler sees it
 //! once, when it is finalized: the request becomes an entity carrying [`Finalizing`],
@@ -128,8 +129,9 @@ pub struct GraphNode {
 }
 
 impl GraphNode {
-    /// Whether partitioning isolates it (the SYCL graph extension's implementation design: host tasks get a partition of their
-    /// own, and so do nodes of another device than the graph's).
+    /// Whether partitioning isolates it (the SYCL graph extension's implementation
+    /// design: host tasks get a partition of their own, and so do nodes of another
+    /// device than the graph's).
     pub fn is_isolated(&self, graph_device: DeviceId) -> bool {
         self.kind == CommandKind::HostTask || self.device != graph_device
     }
@@ -265,8 +267,8 @@ pub enum FinalizeError {
         /// What is wrong.
         why: String,
     },
-    /// A node's device cannot record it into a command buffer (the SYCL graph extension's implementation design's
-    /// `feature_not_supported`).
+    /// A node's device cannot record it into a command buffer (the SYCL graph
+    /// extension's implementation design's `feature_not_supported`).
     #[error("node {node} (`{name}`): {what} is not supported in command buffers by device `{device}`")]
     Unsupported {
         /// The node.
@@ -563,7 +565,8 @@ pub struct PartitionPlan {
     pub nodes: Vec<NodeId>,
     /// The partitions that must finish first (indexes into [`ExecPlan::partitions`]).
     pub preds: SmallVec<[u32; 2]>,
-    /// Whether its nodes form one path (the SYCL graph extension's implementation design, "In-Order Graph Partitions").
+    /// Whether its nodes form one path (the SYCL graph extension's implementation
+    /// design, "In-Order Graph Partitions").
     pub in_order: bool,
     /// What it runs.
     pub body: PartitionBody,
@@ -655,9 +658,10 @@ pub struct FinalizeJob {
 #[derive(Component, Clone)]
 pub struct Finalizing(pub Arc<FinalizeJob>);
 
-/// Orders a graph's nodes for execution (the SYCL graph extension's implementation design, "Execution Order"). The partition
-/// stage asks it for a topological order; reverse depth-first is the default, and
-/// researchers plug in others with `RuntimeBuilder::linearizer`.
+/// Orders a graph's nodes for execution (the SYCL graph extension's implementation
+/// design, "Execution Order"). The partition stage asks it for a topological order;
+/// reverse depth-first is the default, and researchers plug in others with
+/// `RuntimeBuilder::linearizer`.
 pub trait Linearizer: Send + Sync {
     /// A short name, for reports and errors.
     fn name(&self) -> &str;

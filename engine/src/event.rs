@@ -42,9 +42,10 @@ pub struct Event {
 enum Source {
     Command(Arc<EventShared>),
     /// A fusion, whose event is its fusion command's (`FusionShared::event`): waiting
-    /// on it while the fusion is collecting kernels cancels the fusion (the DPC++ kernel-fusion design).
-    /// Held once, not next to a clone of its event: a fused round hands out an event
-    /// per submit, and each shared count taken and dropped is two locked operations.
+    /// on it while the fusion is collecting kernels cancels the fusion (the DPC++
+    /// kernel-fusion design). Held once, not next to a clone of its event: a fused
+    /// round hands out an event per submit, and each shared count taken and dropped is
+    /// two locked operations.
     Fusion(Arc<FusionShared>),
 }
 

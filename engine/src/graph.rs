@@ -1,5 +1,5 @@
-//! Command graphs (the SYCL graph extension's implementation design): record a frame once, replay it every frame. See
-//! [`CommandGraph`].
+//! Command graphs (the SYCL graph extension's implementation design): record a frame
+//! once, replay it every frame. See [`CommandGraph`].
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -74,8 +74,8 @@ pub(crate) struct GraphShared {
     state: Mutex<GraphState>,
 }
 
-/// A modifiable command graph (the SYCL graph extension's implementation design): record a frame once, replay it every frame.
-/// Clones share the graph.
+/// A modifiable command graph (the SYCL graph extension's implementation design):
+/// record a frame once, replay it every frame. Clones share the graph.
 ///
 /// A [`CommandGraph`] is built with explicit [`CommandGraph::add`] calls or by
 /// recording queues ([`CommandGraph::begin_recording`]). Edges come from the
@@ -117,10 +117,10 @@ pub struct CommandGraph {
     pub(crate) inner: Arc<GraphShared>,
 }
 
-/// A buffer argument that can be swapped in an executable graph without
-/// re-finalizing (the SYCL graph extension's implementation design, "Graph Update": kernel arguments by index). Bind it to
-/// argument slots of kernel nodes with [`CommandGraph::set_arg`]; change it with
-/// [`ExecutableGraph::update_param`].
+/// A buffer argument that can be swapped in an executable graph without re-finalizing
+/// (the SYCL graph extension's implementation design, "Graph Update": kernel arguments
+/// by index). Bind it to argument slots of kernel nodes with [`CommandGraph::set_arg`];
+/// change it with [`ExecutableGraph::update_param`].
 pub struct DynamicBuffer<T> {
     graph: u64,
     index: u32,
@@ -375,8 +375,9 @@ impl CommandGraph {
         self.edge(from, to, true)
     }
 
-    /// [`make_edge`](Self::make_edge) without the cycle check (the SYCL graph extension's implementation design's opt-out, for
-    /// large graphs built by trusted code); a cycle is then reported by `finalize`.
+    /// [`make_edge`](Self::make_edge) without the cycle check (the SYCL graph
+    /// extension's implementation design's opt-out, for large graphs built by trusted
+    /// code); a cycle is then reported by `finalize`.
     pub fn make_edge_unchecked(&self, from: Node, to: Node) -> Result<()> {
         self.edge(from, to, false)
     }

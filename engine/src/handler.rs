@@ -236,11 +236,12 @@ impl Handler {
     }
 
     /// Hints that, when this kernel is fused, the accessor's buffer range is only
-    /// needed inside the fused kernel (the DPC++ kernel-fusion design, "Internalization"): each element is
-    /// touched by one work-group ([`Promotion::Local`]) or one work-item
-    /// ([`Promotion::Private`]), and the contents are not needed afterwards, so they
-    /// are kept in scratch memory and not written back. Overrides the buffer's hint
-    /// ([`Buffer::set_promotion`]). Outside fusion it has no effect.
+    /// needed inside the fused kernel (the DPC++ kernel-fusion design,
+    /// "Internalization"): each element is touched by one work-group
+    /// ([`Promotion::Local`]) or one work-item ([`Promotion::Private`]), and the
+    /// contents are not needed afterwards, so they are kept in scratch memory and not
+    /// written back. Overrides the buffer's hint ([`Buffer::set_promotion`]). Outside
+    /// fusion it has no effect.
     ///
     /// ```
     /// use gantry::{Promotion, Runtime, FusionProps};

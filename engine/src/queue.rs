@@ -28,8 +28,8 @@ pub struct QueueOptions {
 struct QueueHandle {
     core: Arc<QueueCore>,
     rt: Arc<Shared>,
-    /// The queue's latest fusion (the DPC++ kernel-fusion design: kept until the next `start_fusion`, so a
-    /// late `complete_fusion` still finds its event).
+    /// The queue's latest fusion (the DPC++ kernel-fusion design: kept until the next
+    /// `start_fusion`, so a late `complete_fusion` still finds its event).
     fusion: Mutex<Option<Arc<FusionShared>>>,
     /// The graph this queue records into, if any (checked first through `recording`).
     /// Weak: a recording ends when the user drops the graph.
@@ -261,10 +261,11 @@ impl Queue {
         self.handle.fusion.lock().as_ref().filter(|f| f.status() == FusionStatus::Active).cloned()
     }
 
-    /// Puts the queue in fusion mode (the DPC++ kernel-fusion design): kernels submitted from now on are
-    /// collected, not run, and `submit` returns the fusion's event, which completes
-    /// after them. Other commands (copies, fills, host tasks, barriers) are not fused;
-    /// if one depends on a collected kernel, the fusion is cancelled early.
+    /// Puts the queue in fusion mode (the DPC++ kernel-fusion design): kernels
+    /// submitted from now on are collected, not run, and `submit` returns the fusion's
+    /// event, which completes after them. Other commands (copies, fills, host tasks,
+    /// barriers) are not fused; if one depends on a collected kernel, the fusion is
+    /// cancelled early.
     ///
     /// ```
     /// use gantry::{FusionOutcome, FusionProps, Runtime};

@@ -1,6 +1,6 @@
-//! Queue-level kernel fusion (the DPC++ kernel-fusion design) on real data: completion, cancellation and
-//! every early-cancellation rule, event semantics, barriers, internalization,
-//! ND-range remapping and the illegal combinations, the plan cache.
+//! Queue-level kernel fusion (the DPC++ kernel-fusion design) on real data: completion,
+//! cancellation and every early-cancellation rule, event semantics, barriers,
+//! internalization, ND-range remapping and the illegal combinations, the plan cache.
 
 use gantry::{
     Buffer, CancelReason, Error, Event, EventStatus, FusionError, FusionOutcome, FusionProps, Mode, NdRange,

@@ -1,5 +1,6 @@
-//! Command graphs (the SYCL graph extension's implementation design): record & replay, explicit nodes, partitions, updates,
-//! graph fusion and every typed error, on real data.
+//! Command graphs (the SYCL graph extension's implementation design): record & replay,
+//! explicit nodes, partitions, updates, graph fusion and every typed error, on real
+//! data.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -245,10 +246,11 @@ fn multiple_roots_with_host_tasks_run_as_independent_partitions() {
     }
 }
 
-/// The SYCL graph extension's implementation design's worked examples (reconstructed from the algorithm they illustrate):
-/// A → HT1 → B and C → HT2 → E give six partitions; adding `make_edge(E, HT1)` makes
-/// HT1 depend on the second branch, HT1 is processed again, and the group holding
-/// HT2's predecessors (C) is merged into the group of HT1's (A).
+/// The SYCL graph extension's implementation design's worked examples (reconstructed
+/// from the algorithm they illustrate): A → HT1 → B and C → HT2 → E give six
+/// partitions; adding `make_edge(E, HT1)` makes HT1 depend on the second branch, HT1 is
+/// processed again, and the group holding HT2's predecessors (C) is merged into the
+/// group of HT1's (A).
 #[test]
 fn partitions_of_the_seed_worked_examples() {
     let rt = manual();

@@ -1,4 +1,5 @@
-//! The **fusion-sync** and **fuse** stages (the DPC++ kernel-fusion design, "Scheduler Integration").
+//! The **fusion-sync** and **fuse** stages (the DPC++ kernel-fusion design, "Scheduler
+//! Integration").
 //!
 //! Kernels submitted to a fusing queue are resolved like any command — they are in
 //! the dependency graph and the memory records' leaves — but *held*: one extra blocker

@@ -1,6 +1,7 @@
-//! Command buffers (the SYCL graph extension's implementation design, "UR Command-Buffer Experimental Feature"): a series of
-//! device operations and their dependencies, recorded once when a command graph is
-//! finalized and replayed on every submission of the graph.
+//! Command buffers (the SYCL graph extension's implementation design, "UR
+//! Command-Buffer Experimental Feature"): a series of device operations and their
+//! dependencies, recorded once when a command graph is finalized and replayed on every
+//! submission of the graph.
 //!
 //! A command buffer does not name memory directly. Its operations address an
 //! *argument table*: entry `i` is bound at each submission to the memory of one buffer
@@ -163,8 +164,9 @@ pub struct SyncPoint(pub u32);
 pub struct CommandBufferDesc {
     /// Size of the argument table.
     pub entries: usize,
-    /// Every operation depends on the one before it (the SYCL graph extension's implementation design, "In-Order Graph
-    /// Partitions"): a hint that the backend needs no synchronization inside.
+    /// Every operation depends on the one before it (the SYCL graph extension's
+    /// implementation design, "In-Order Graph Partitions"): a hint that the backend
+    /// needs no synchronization inside.
     pub in_order: bool,
     /// How many operations will be appended: a capacity hint.
     pub ops: usize,

@@ -129,9 +129,9 @@ pub trait Driver: Send + Sync {
     /// [`Accepted::Done`] and sends no completion.
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError>;
 
-    /// Starts recording a command buffer (the SYCL graph extension's implementation design). Drivers without command
-    /// buffers refuse, and finalizing a command graph for them fails with
-    /// [`ExecError::Unsupported`].
+    /// Starts recording a command buffer (the SYCL graph extension's implementation
+    /// design). Drivers without command buffers refuse, and finalizing a command graph
+    /// for them fails with [`ExecError::Unsupported`].
     fn create_command_buffer(
         &self,
         desc: CommandBufferDesc,

@@ -1,6 +1,6 @@
-//! Kernel fusion (the DPC++ kernel-fusion design, "Fusion Process"): what the scheduler hands a fusion
-//! compiler, the ND-range rules and work-item remapping, internalization, and the
-//! compiler for closure kernels.
+//! Kernel fusion (the DPC++ kernel-fusion design, "Fusion Process"): what the scheduler
+//! hands a fusion compiler, the ND-range rules and work-item remapping,
+//! internalization, and the compiler for closure kernels.
 //!
 //! The scheduler describes the listed kernels in a [`FusionRequest`]: each kernel with
 //! its geometry and one [`FusionArg`] per accessor slot (buffer, byte range, element
@@ -90,10 +90,10 @@ use crate::memory::{Binding, HostStorage, Internal};
 use crate::op::SnapshotPool;
 use crate::range::{Geometry, NdRange, Range};
 
-/// A hint that a buffer's contents are only needed inside the fused kernel (the DPC++ kernel-fusion design,
-/// "Internalization Behavior"): the user asserts each element is touched by one
-/// work-group (local) or one work-item (private), and that the contents are not needed
-/// afterwards. They are then not written back.
+/// A hint that a buffer's contents are only needed inside the fused kernel (the DPC++
+/// kernel-fusion design, "Internalization Behavior"): the user asserts each element is
+/// touched by one work-group (local) or one work-item (private), and that the contents
+/// are not needed afterwards. They are then not written back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Promotion {
     /// Keep the buffer in global memory.
@@ -552,9 +552,9 @@ fn range_of(dims: usize, e: [usize; 3]) -> Range {
     }
 }
 
-/// The fused grid (the DPC++ kernel-fusion design, "Fusing kernels with different nd-ranges"): the largest
-/// kernel's global range, with the common work-group size if any kernel has one; and
-/// per kernel whether its ids must be mapped from the grid.
+/// The fused grid (the DPC++ kernel-fusion design, "Fusing kernels with different
+/// nd-ranges"): the largest kernel's global range, with the common work-group size if
+/// any kernel has one; and per kernel whether its ids must be mapped from the grid.
 fn fused_geometry(kernels: &[FusionKernel]) -> Result<(Geometry, Vec<bool>), FusionError> {
     let name = |k: &FusionKernel| k.kernel.name.to_string();
     let first = kernels.first().ok_or(FusionError::Empty)?;

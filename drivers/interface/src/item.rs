@@ -10,9 +10,10 @@ pub struct GroupCtx<'a> {
     /// The kernel's own geometry: the ids and ranges its work-items see.
     pub geometry: &'a Geometry,
     /// The grid whose group `group` is being run, when it is not `geometry`: a kernel
-    /// fused with kernels of other ND-ranges (the DPC++ kernel-fusion design, "Work-item remapping"). Each
-    /// work-item of the grid's group keeps its global linear id and is mapped to the
-    /// kernel's global ids; work-items past the kernel's range skip it.
+    /// fused with kernels of other ND-ranges (the DPC++ kernel-fusion design,
+    /// "Work-item remapping"). Each work-item of the grid's group keeps its global
+    /// linear id and is mapped to the kernel's global ids; work-items past the kernel's
+    /// range skip it.
     pub remap: Option<&'a Geometry>,
     /// This group's 3-D id.
     pub group: [usize; 3],
@@ -123,10 +124,10 @@ fn items<F: Fn(&mut Item<'_>)>(
 }
 
 /// The loop for a kernel fused into a grid of another shape, or for one work-item
-/// (`GroupCtx::only`): global ids are mapped through the global linear id (the DPC++ kernel-fusion design:
-/// `global_id(0) = GLID / (GS(1) * GS(2))`, and so on), and work-items past the
-/// kernel's range skip it; local and group ids are the grid's, which the fusion rules
-/// keep unchanged for kernels with a work-group size.
+/// (`GroupCtx::only`): global ids are mapped through the global linear id (the DPC++
+/// kernel-fusion design: `global_id(0) = GLID / (GS(1) * GS(2))`, and so on), and
+/// work-items past the kernel's range skip it; local and group ids are the grid's,
+/// which the fusion rules keep unchanged for kernels with a work-group size.
 #[inline(never)]
 fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
     let base = ctx.base();

@@ -151,7 +151,8 @@ impl MemSlice {
 }
 
 /// Where an accessor slot's memory lives inside a fused kernel that internalized it
-/// (the DPC++ kernel-fusion design, "Internalization"): element `i` is found at `i % (wrap / size_of::<T>())`.
+/// (the DPC++ kernel-fusion design, "Internalization"): element `i` is found at
+/// `i % (wrap / size_of::<T>())`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Internal {
     /// Ordinary memory: `ptr` is the first element, indexes are bounds-checked.

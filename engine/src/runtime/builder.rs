@@ -245,8 +245,9 @@ impl RuntimeBuilder {
         self
     }
     /// How command graphs order their nodes at finalize (default:
-    /// [`ReverseDfs`](crate::ReverseDfs), the SYCL graph extension's implementation design's reverse depth-first order;
-    /// [`BreadthFirst`](crate::BreadthFirst) is the alternative it names).
+    /// [`ReverseDfs`](crate::ReverseDfs), the SYCL graph extension's implementation
+    /// design's reverse depth-first order; [`BreadthFirst`](crate::BreadthFirst) is the
+    /// alternative it names).
     pub fn linearizer(mut self, policy: Arc<dyn Linearizer>) -> Self {
         self.linearizer = Some(Policy(policy));
         self

@@ -9,8 +9,8 @@ use smallvec::SmallVec;
 
 use super::Adjacency;
 
-/// The SYCL graph extension's implementation design's default: reverse post-order of a depth-first walk from the roots (in
-/// insertion order).
+/// The SYCL graph extension's implementation design's default: reverse post-order of a
+/// depth-first walk from the roots (in insertion order).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReverseDfs;
 

@@ -1,5 +1,5 @@
-//! The **partition** stage: finalizes command graphs (the SYCL graph extension's implementation design, "Graph
-//! Partitioning"). For each finalize request it
+//! The **partition** stage: finalizes command graphs (the SYCL graph extension's
+//! implementation design, "Graph Partitioning"). For each finalize request it
 //!
 //! 1. checks the edges for cycles and linearizes the nodes with the
 //!    [`GraphPolicy`]'s [`Linearizer`] ([`ReverseDfs`] by default, [`BreadthFirst`]

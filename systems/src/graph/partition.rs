@@ -12,10 +12,10 @@ use smallvec::SmallVec;
 use super::linearize::{check_order, find_cycle, successors};
 use super::{Adjacency, Finalize};
 
-/// The SYCL graph extension's implementation design's partition annotation ("Graph Partitioning", the worked examples):
-/// returns a group number per node; nodes with equal numbers share a partition and
-/// groups run in increasing order. `isolated[n]` marks host tasks (and nodes of
-/// another device).
+/// The SYCL graph extension's implementation design's partition annotation ("Graph
+/// Partitioning", the worked examples): returns a group number per node; nodes with
+/// equal numbers share a partition and groups run in increasing order. `isolated[n]`
+/// marks host tasks (and nodes of another device).
 ///
 /// Isolated nodes are processed in insertion order. For each, its predecessors
 /// (upwards, stopping at isolated nodes and at nodes already in a lower group) take a

@@ -8,10 +8,10 @@ use gantry_components::{
 };
 use gantry_driver::{Driver, OpPatch};
 
-/// The SYCL graph extension's implementation design's whole-graph update check, plus node kinds and the exact edges: the
-/// reason when `b` does not have `a`'s topology; else whether each node also runs on
-/// the device of its counterpart (what, with the same topology, decides the
-/// partitions).
+/// The SYCL graph extension's implementation design's whole-graph update check, plus
+/// node kinds and the exact edges: the reason when `b` does not have `a`'s topology;
+/// else whether each node also runs on the device of its counterpart (what, with the
+/// same topology, decides the partitions).
 pub fn check_topology(a: &[GraphNode], b: &[GraphNode]) -> Result<bool, String> {
     if a.len() != b.len() {
         return Err(format!("{} nodes, the update has {}", a.len(), b.len()));
