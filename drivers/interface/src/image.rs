@@ -2,7 +2,7 @@
 //! never looks inside.
 //!
 //! A kernel ([`Kernel`](crate::Kernel)) carries one or more images. Code images
-//! ([`CodeImage`]: LLVM IR, PTX, SPIR-V, WGSL, or a kind a backend defines) are
+//! ([`CodeImage`]: LLVM IR, PTX, CUDA C, SPIR-V, WGSL, or a kind a backend defines) are
 //! bytes plus an entry point; a driver compiles or loads each one once into its own
 //! handle (a module and function, a pipeline) and keeps it in an [`ImageCache`].
 //! A native image is a value of the host program (a Rust closure kernel), which
@@ -28,6 +28,9 @@ pub enum ImageKind {
     LlvmIr,
     /// NVIDIA PTX assembly.
     Ptx,
+    /// CUDA C++ source, compiled at run time (NVRTC) for the device that runs it.
+    /// Its entry point is an `extern "C" __global__` function.
+    CudaC,
     /// A SPIR-V module.
     SpirV,
     /// WGSL source.
@@ -42,6 +45,7 @@ impl std::fmt::Display for ImageKind {
             ImageKind::Closure => f.write_str("closure"),
             ImageKind::LlvmIr => f.write_str("LLVM IR"),
             ImageKind::Ptx => f.write_str("PTX"),
+            ImageKind::CudaC => f.write_str("CUDA C"),
             ImageKind::SpirV => f.write_str("SPIR-V"),
             ImageKind::Wgsl => f.write_str("WGSL"),
             ImageKind::Other(name) => f.write_str(name),
