@@ -25,7 +25,7 @@ use crate::kernels::DELIBERATE;
 use crate::Outcome;
 
 /// What makes the driver under test: called once per check, with a fresh context.
-pub type Factory = dyn Fn(DriverContext) -> Arc<dyn Driver>;
+pub type Factory<'a> = dyn Fn(DriverContext) -> Arc<dyn Driver> + 'a;
 
 /// How long the harness waits for any one completion (polling the driver meanwhile)
 /// before it fails the check.

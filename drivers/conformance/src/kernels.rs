@@ -1,19 +1,25 @@
 //! Every kernel the checks run, built here and nowhere else: the one file that knows
-//! what a kernel is (a [`KernelRef`] whose image is a closure of phases over accessors), so
-//! that a change of the kernel type changes this file only. The checks see a
-//! [`Kernel`]: a name, an iteration space and what it computes, which they launch
-//! over memory arguments, record into a command buffer, or patch into one.
+//! what a kernel is (a [`KernelRef`] with two images: a closure of phases over
+//! accessors, for host drivers, and CUDA C source, for GPU drivers), so that a change
+//! of the kernel type changes this file only. The checks see a [`Kernel`]: a name,
+//! an iteration space and what it computes, which they launch over memory arguments,
+//! record into a command buffer, or patch into one.
 //!
 //! Every kernel works on `u32` elements, indexed by the global linear id, and wraps
 //! on overflow (an overflow panic would be a kernel failure the check did not ask
-//! for).
+//! for). Its constants are also its scalar arguments (all `u32`, the element count
+//! first), which the CUDA C image reads and the closure, having captured them,
+//! ignores. Each CUDA C source is one image shared by every kernel of its kind, so a
+//! driver compiles it once. The CUDA C images follow the CUDA driver's convention:
+//! one pointer per buffer slot, then the scalars.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    phase, AccessMode, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, KernelRef,
-    MemArg, NdRange, OpPatch, Phase, Read, ReadWrite, RecordedArg, RecordedOp, Write,
+    phase, AccessMode, Accessor, Capabilities, ClosureKernel, CodeImage, DeviceOp, ExecError, Geometry,
+    ImageKind, Kernel as KernelOf, KernelLaunch, KernelRef, MemArg, NdRange, OpPatch, Phase, Read, ReadWrite,
+    RecordedArg, RecordedOp, ScalarBlock, Signature, Write,
 };
 
 /// How the message of every panic the checks cause on purpose starts; the harness
@@ -27,11 +33,20 @@ const TAG: u64 = 0xC0F0;
 /// items, so a threaded driver spreads them.
 const GROUP: usize = 64;
 
-/// A kernel and its iteration space.
+/// The image kinds every kernel here has.
+const IMAGE_KINDS: [ImageKind; 2] = [ImageKind::Closure, ImageKind::CudaC];
+
+/// Whether a driver with `caps` runs these kernels (it runs one of their images).
+pub(crate) fn runnable(caps: &Capabilities) -> bool {
+    caps.image_kinds.iter().any(|k| IMAGE_KINDS.contains(k))
+}
+
+/// A kernel, its iteration space and its scalar arguments.
 #[derive(Clone)]
 pub(crate) struct Kernel {
     kernel: KernelRef,
     geometry: Geometry,
+    scalars: ScalarBlock,
 }
 
 impl Kernel {
@@ -46,7 +61,7 @@ impl Kernel {
             kernel: self.kernel.clone(),
             geometry: self.geometry,
             args: args.into_iter().collect(),
-            scalars: Default::default(),
+            scalars: self.scalars.clone(),
         })
     }
 
@@ -56,13 +71,13 @@ impl Kernel {
             kernel: self.kernel.clone(),
             geometry: self.geometry,
             args: args.into(),
-            scalars: Default::default(),
+            scalars: self.scalars.clone(),
         }
     }
 
     /// A patch that makes a recorded kernel this one.
     pub(crate) fn patch(&self) -> OpPatch<'_> {
-        OpPatch::Kernel { kernel: &self.kernel, geometry: &self.geometry, scalars: &[] }
+        OpPatch::Kernel { kernel: &self.kernel, geometry: &self.geometry, scalars: &self.scalars }
     }
 }
 
@@ -77,7 +92,16 @@ fn geometry(n: usize) -> Geometry {
     NdRange::new(n, local).geometry().expect("a valid ND-range")
 }
 
-fn build(name: &str, geometry: Geometry, modes: &[AccessMode], body: Phase) -> Kernel {
+/// A kernel of both images: the closure `body` and the CUDA C `source` (one per kind
+/// of kernel, see [`cuda_image`]), over `modes` and the `u32` `scalars`.
+fn build(
+    name: &str,
+    geometry: Geometry,
+    modes: &[AccessMode],
+    body: Phase,
+    source: &'static CudaSource,
+    scalars: &[u32],
+) -> Kernel {
     let closure = ClosureKernel {
         tag: TAG,
         phases: smallvec::smallvec![body],
@@ -85,8 +109,92 @@ fn build(name: &str, geometry: Geometry, modes: &[AccessMode], body: Phase) -> K
         scratch: vec![],
         unfused: None,
     };
-    Kernel { kernel: closure.into_kernel(name, modes.iter().copied(), ItemCost::default()), geometry }
+    let signature = scalars.iter().fold(Signature::new(), |s, _| s.scalar::<u32>());
+    let signature = modes.iter().fold(signature, |s, &m| s.global(m));
+    let kernel = KernelOf::with_native(name, signature, Some(ImageKind::Closure), closure)
+        .with_image(cuda_image(source))
+        .into_ref();
+    // u32 scalars lie one after the other, each at its alignment.
+    let scalars = scalars.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Kernel { kernel, geometry, scalars }
 }
+
+/// A CUDA C kernel's entry point and source, and its image once made.
+struct CudaSource {
+    entry: &'static str,
+    code: &'static str,
+    image: OnceLock<CodeImage>,
+}
+
+impl CudaSource {
+    const fn new(entry: &'static str, code: &'static str) -> Self {
+        Self { entry, code, image: OnceLock::new() }
+    }
+}
+
+/// The image of `source`: one for the process, so a driver loads it once however
+/// many kernels of its kind the checks make.
+fn cuda_image(source: &'static CudaSource) -> CodeImage {
+    source
+        .image
+        .get_or_init(|| CodeImage::new(ImageKind::CudaC, source.entry, source.code.as_bytes()))
+        .clone()
+}
+
+static AFFINE: CudaSource = CudaSource::new(
+    "conformance_affine",
+    r#"extern "C" __global__ void conformance_affine(unsigned int* x, unsigned int n, unsigned int a, unsigned int b) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = a * x[i] + b;
+}"#,
+);
+
+static DERIVE: CudaSource = CudaSource::new(
+    "conformance_derive",
+    r#"extern "C" __global__ void conformance_derive(const unsigned int* src, unsigned int* dst, unsigned int n,
+                                              unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = a * src[i] + b + c * i;
+}"#,
+);
+
+static REVERSE_AFFINE: CudaSource = CudaSource::new(
+    "conformance_reverse_affine",
+    r#"extern "C" __global__ void conformance_reverse_affine(const unsigned int* src, unsigned int* dst,
+                                                      unsigned int n, unsigned int a, unsigned int b) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = a * src[n - 1 - i] + b;
+}"#,
+);
+
+static ACCUMULATE: CudaSource = CudaSource::new(
+    "conformance_accumulate",
+    r#"extern "C" __global__ void conformance_accumulate(const unsigned int* src, unsigned int* acc, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] += src[i];
+}"#,
+);
+
+static STORE: CudaSource = CudaSource::new(
+    "conformance_store",
+    r#"extern "C" __global__ void conformance_store(unsigned int* x, unsigned int n, unsigned int value) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = value;
+}"#,
+);
+
+/// A GPU kernel cannot fail part-way and leave its device usable (a fault inside a
+/// kernel loses the context), so this one fails the only way that can: its launch
+/// is refused, before it runs, because it allows blocks of at most 32 work-items and
+/// [`write_then_panic`] launches one group of more.
+static REFUSED: CudaSource = CudaSource::new(
+    "conformance_refused",
+    r#"extern "C" __global__ void __launch_bounds__(32) conformance_refused(unsigned int* x, unsigned int n,
+                                                                          unsigned int value) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = value;
+}"#,
+);
 
 /// `x[i] = a * x[i] + b` over `n` elements of slot 0 (read-write). Two of these with
 /// different `b` do not commute, so a chain of them tells the order they ran in.
@@ -96,19 +204,35 @@ pub(crate) fn affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         let i = it.global_linear_id();
         x.set(it, i, x.get(it, i).wrapping_mul(a).wrapping_add(b))
     });
-    build(name, geometry(n), &[AccessMode::ReadWrite], body)
+    build(name, geometry(n), &[AccessMode::ReadWrite], body, &AFFINE, &[n as u32, a, b])
 }
 
-/// `dst[i] = f(src[i], i)` over `n` elements: slot 0 is `src` (read), slot 1 `dst`
+/// What [`derive`] computes: `a * v + b + c * i` for element `v` at index `i`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Linear {
+    pub a: u32,
+    pub b: u32,
+    pub c: u32,
+}
+
+impl Linear {
+    /// Its value for element `v` at index `i`.
+    pub(crate) fn at(self, v: u32, i: u32) -> u32 {
+        v.wrapping_mul(self.a).wrapping_add(self.b).wrapping_add(i.wrapping_mul(self.c))
+    }
+}
+
+/// `dst[i] = f.at(src[i], i)` over `n` elements: slot 0 is `src` (read), slot 1 `dst`
 /// (write).
-pub(crate) fn derive(name: &str, n: usize, f: impl Fn(u32, u32) -> u32 + Send + Sync + 'static) -> Kernel {
+pub(crate) fn derive(name: &str, n: usize, f: Linear) -> Kernel {
     let src = Accessor::<u32, Read>::new(0, TAG, n);
     let dst = Accessor::<u32, Write>::new(1, TAG, n);
     let body = phase(move |it| {
         let i = it.global_linear_id();
-        dst.set(it, i, f(src.get(it, i), i as u32))
+        dst.set(it, i, f.at(src.get(it, i), i as u32))
     });
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body)
+    let scalars = [n as u32, f.a, f.b, f.c];
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body, &DERIVE, &scalars)
 }
 
 /// `dst[i] = a * src[n - 1 - i] + b` over `n` elements: slot 0 is `src` (read), slot 1
@@ -122,7 +246,8 @@ pub(crate) fn reverse_affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         let i = it.global_linear_id();
         dst.set(it, i, src.get(it, n - 1 - i).wrapping_mul(a).wrapping_add(b))
     });
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body)
+    let scalars = [n as u32, a, b];
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body, &REVERSE_AFFINE, &scalars)
 }
 
 /// `acc[i] += src[i]` over `n` elements: slot 0 is `src` (read), slot 1 `acc`
@@ -134,23 +259,25 @@ pub(crate) fn accumulate(name: &str, n: usize) -> Kernel {
         let i = it.global_linear_id();
         acc.set(it, i, acc.get(it, i).wrapping_add(src.get(it, i)))
     });
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::ReadWrite], body)
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::ReadWrite], body, &ACCUMULATE, &[n as u32])
 }
 
 /// `x[i] = value` over `n` elements of slot 0 (write), counting its work-items in
-/// `ran`: a kernel that must not run shows that it did not.
+/// `ran`: a kernel that must not run shows that it did not. (Only the closure image
+/// counts; what the CUDA C image wrote shows in the memory.)
 pub(crate) fn counted_store(name: &str, n: usize, value: u32, ran: Arc<AtomicUsize>) -> Kernel {
     let x = Accessor::<u32, Write>::new(0, TAG, n);
     let body = phase(move |it| {
         ran.fetch_add(1, Ordering::Relaxed);
         x.set(it, it.global_linear_id(), value)
     });
-    build(name, geometry(n), &[AccessMode::Write], body)
+    build(name, geometry(n), &[AccessMode::Write], body, &STORE, &[n as u32, value])
 }
 
 /// Writes `value` to each of the `n` elements of slot 0 (write), in order in one
 /// work-group, and panics (a message starting with [`DELIBERATE`]) at the last one,
-/// after it wrote: everything written before it failed.
+/// after it wrote: everything written before it failed. Its CUDA C image's launch is
+/// refused instead (see [`REFUSED`]; `n` is more than 32).
 pub(crate) fn write_then_panic(name: &str, n: usize, value: u32) -> Kernel {
     let x = Accessor::<u32, Write>::new(0, TAG, n);
     let body = phase(move |it| {
@@ -161,10 +288,44 @@ pub(crate) fn write_then_panic(name: &str, n: usize, value: u32) -> Kernel {
         }
     });
     let one_group = NdRange::new(n, n).geometry().expect("a valid ND-range");
-    build(name, one_group, &[AccessMode::Write], body)
+    build(name, one_group, &[AccessMode::Write], body, &REFUSED, &[n as u32, value])
 }
 
 /// The message [`write_then_panic`]'s kernels panic with.
 pub(crate) fn kernel_panic_message() -> String {
     format!("{DELIBERATE} in a kernel")
+}
+
+/// Whether `error` is how a driver with `caps` reports [`write_then_panic`]'s
+/// `kernel` failing: running its closure, [`ExecError::KernelPanicked`] naming it
+/// with the panic's message; running its CUDA C image, whose launch is refused, the
+/// driver's own error naming it (not a dependency's failure or a lost device: the
+/// driver goes on). `Err` says what was wrong.
+pub(crate) fn expected_failure(
+    kernel: &Kernel,
+    caps: &Capabilities,
+    error: &ExecError,
+) -> Result<(), String> {
+    let name = kernel.name();
+    if caps.image_kinds.contains(&ImageKind::Closure) {
+        return match error {
+            ExecError::KernelPanicked { kernel, message } if &**kernel == name => {
+                if *message == kernel_panic_message() {
+                    Ok(())
+                } else {
+                    Err(format!("the panic's message is lost: {message:?}"))
+                }
+            }
+            e => Err(format!("a panicking kernel must fail with KernelPanicked naming `{name}`, not: {e:?}")),
+        };
+    }
+    match error {
+        ExecError::DependencyFailed { .. }
+        | ExecError::DeviceLost { .. }
+        | ExecError::KernelPanicked { .. } => Err(format!(
+            "a kernel whose launch is refused must fail with the driver's own error, not: {error:?}"
+        )),
+        e if e.to_string().contains(name) => Ok(()),
+        e => Err(format!("the error of a refused launch must name the kernel `{name}`: {e}")),
+    }
 }

@@ -23,12 +23,18 @@
 //!   and checks that every pending operation completes exactly once;
 //! * [`checks`]: the checks, one module per area of the contract;
 //! * [`suite!`] and [`run_check`]: the macro and what its tests call;
-//! * the kernels the checks launch are built in one private module (`kernels`).
+//! * the kernels the checks launch are built in one private module (`kernels`), each
+//!   with two images: a closure (host drivers) and CUDA C (GPU drivers), so the same
+//!   checks run on the CPU, the simulated device and CUDA.
+//!
+//! A factory may also be fallible (a `DriverFactory`, returning
+//! `Result<Arc<dyn Driver>, ExecError>`): where it fails, as a GPU backend's does on a
+//! machine without the GPU, every check says it was skipped and why.
 //!
 //! A check that asks for something the driver does not offer (host tasks without
 //! [`Capabilities::host_tasks`](gantry_driver::Capabilities::host_tasks), device
 //! allocations on a driver that shares host memory, command buffers refused with
-//! [`ExecError::Unsupported`](gantry_driver::ExecError::Unsupported)) returns
+//! [`ExecError::Unsupported`]) returns
 //! [`Outcome::Skipped`] with the reason; the suite prints it, or, given the list of
 //! checks a driver is expected to skip (`skips = [..]`), fails on any difference.
 //!
@@ -44,7 +50,7 @@ pub mod harness;
 mod kernels;
 mod suite;
 
-pub use gantry_driver::{Driver, DriverContext};
+pub use gantry_driver::{Driver, DriverContext, ExecError};
 pub use harness::{Buf, Factory, Harness, Ticket, DEADLINE};
 pub use kernels::DELIBERATE;
-pub use suite::{run_check, Outcome};
+pub use suite::{run_check, MadeDriver, MakeDriver, Outcome};

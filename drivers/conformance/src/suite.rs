@@ -1,6 +1,35 @@
 //! The [`suite!`](crate::suite!) macro and what its tests call.
 
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use gantry_driver::sync::channel::unbounded;
+use gantry_driver::{Driver, DriverContext, ExecError};
+
 use crate::harness::Factory;
+
+/// What a suite's factory returns: a driver, or, for a backend that cannot start on
+/// this machine (no driver library, no device), why not.
+pub trait MadeDriver {
+    /// The driver, or why there is none.
+    fn made(self) -> Result<Arc<dyn Driver>, ExecError>;
+}
+
+impl MadeDriver for Arc<dyn Driver> {
+    fn made(self) -> Result<Arc<dyn Driver>, ExecError> {
+        Ok(self)
+    }
+}
+
+impl MadeDriver for Result<Arc<dyn Driver>, ExecError> {
+    fn made(self) -> Result<Arc<dyn Driver>, ExecError> {
+        self
+    }
+}
+
+/// Makes the driver under test, or says why it cannot here.
+pub type MakeDriver = dyn Fn(DriverContext) -> Result<Arc<dyn Driver>, ExecError>;
 
 /// What a check found, when it did not panic.
 #[must_use]
@@ -27,21 +56,44 @@ impl Outcome {
 /// offering something, or starts offering it, fails the suite until the list says
 /// so. Without (`None`), a skip is printed with its reason and passes.
 ///
+/// A driver that `make` cannot make on this machine (its factory's error: no
+/// driver library, no device) skips the check, whatever `skips` says, and says so on
+/// standard error past the test harness's capture, so that a run without the device
+/// reads as skipped, not as checked. Otherwise the driver made to find that out lives
+/// until the check ends (a GPU backend then keeps its device's context between the
+/// drivers the check makes).
+///
 /// # Panics
 /// When the check fails, when `skips` names something that is not a check, or when
 /// the outcome differs from what `skips` expects.
 pub fn run_check(
     name: &str,
     check: fn(&Factory) -> Outcome,
-    factory: &Factory,
+    make: &MakeDriver,
     checks: &[&str],
     skips: Option<&[&str]>,
 ) {
     if let Some(unknown) = skips.into_iter().flatten().find(|s| !checks.contains(s)) {
         panic!("the suite's skips name `{unknown}`, which is not a check (checks: {checks:?})");
     }
+    let (tx, _rx) = unbounded();
+    let probe = match make(DriverContext { completions: tx, epoch: Instant::now() }) {
+        Ok(driver) => driver,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "`{name}` skipped: the driver is unavailable on this machine: {e}"
+            );
+            return;
+        }
+    };
+    let factory = |ctx: DriverContext| -> Arc<dyn Driver> {
+        make(ctx).unwrap_or_else(|e| panic!("the driver's factory failed after it had made a driver: {e}"))
+    };
+    let outcome = check(&factory);
+    drop(probe);
     let expected_skip = skips.map(|s| s.contains(&name));
-    match (check(factory), expected_skip) {
+    match (outcome, expected_skip) {
         (Outcome::Checked, Some(true)) => {
             panic!("`{name}` ran and passed, but the suite lists it under skips: remove it from the list")
         }
@@ -57,7 +109,9 @@ pub fn run_check(
 /// Expands to a module `$name` of `#[test]` functions, one per check of
 /// [`checks`](crate::checks), each running that check on drivers made by `$factory`
 /// (an expression callable as `Fn(DriverContext) -> Arc<dyn Driver>`, usually a
-/// closure; the module sees the items of the one it is invoked in).
+/// closure, or as a `DriverFactory`, `Fn(DriverContext) -> Result<Arc<dyn Driver>,
+/// ExecError>`, whose error skips every check: see [`run_check`]; the module sees
+/// the items of the one it is invoked in).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -99,8 +153,8 @@ macro_rules! __suite_module {
 
             fn factory(
                 ctx: $crate::DriverContext,
-            ) -> ::std::sync::Arc<dyn $crate::Driver> {
-                ($factory)(ctx)
+            ) -> ::core::result::Result<::std::sync::Arc<dyn $crate::Driver>, $crate::ExecError> {
+                $crate::MadeDriver::made(($factory)(ctx))
             }
 
             const CHECKS: &[&str] = &[$(::core::stringify!($check)),*];

@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 
 use super::needs_kernels;
 use crate::harness::{u32_bytes, Buf, Factory, Harness, Ticket};
-use crate::kernels::{self, Kernel};
+use crate::kernels::{self, Kernel, Linear};
 use crate::Outcome;
 
 /// Elements per argument-table entry.
@@ -39,15 +39,15 @@ const PATTERN: [u8; 2] = [0x34, 0x12];
 /// Op 4's pattern after [`command_buffer_patch`]'s patch.
 const PATCHED_PATTERN: [u8; 2] = [0xCD, 0xAB];
 
-/// Op 1's kernel as recorded.
-fn scale() -> (Kernel, fn(u32, u32) -> u32) {
-    let f: fn(u32, u32) -> u32 = |v, i| v.wrapping_mul(3).wrapping_add(i);
+/// Op 1's kernel as recorded: `3v + i`.
+fn scale() -> (Kernel, Linear) {
+    let f = Linear { a: 3, b: 0, c: 1 };
     (kernels::derive("conformance_cb_scale", N, f), f)
 }
 
-/// Op 1's kernel after the patch.
-fn offset() -> (Kernel, fn(u32, u32) -> u32) {
-    let f: fn(u32, u32) -> u32 = |v, i| v.wrapping_add(7).wrapping_add(i << 8);
+/// Op 1's kernel after the patch: `v + 7 + (i << 8)`.
+fn offset() -> (Kernel, Linear) {
+    let f = Linear { a: 1, b: 7, c: 1 << 8 };
     (kernels::derive("conformance_cb_offset", N, f), f)
 }
 
@@ -109,8 +109,8 @@ impl Table {
 
     /// `out` and `aux` after a replay with op 1 computing `f` and op 4 filling
     /// `pattern`.
-    fn model(&self, f: fn(u32, u32) -> u32, pattern: [u8; 2]) -> (Vec<u32>, Vec<u32>) {
-        let mut out: Vec<u32> = self.input.iter().enumerate().map(|(i, &v)| f(v, i as u32)).collect();
+    fn model(&self, f: Linear, pattern: [u8; 2]) -> (Vec<u32>, Vec<u32>) {
+        let mut out: Vec<u32> = self.input.iter().enumerate().map(|(i, &v)| f.at(v, i as u32)).collect();
         let aux: Vec<u32> = out.iter().map(|&o| AUX_FILL.wrapping_add(o)).collect();
         out[N / 2..].copy_from_slice(&aux[..N / 2]);
         let word = u32::from_ne_bytes([pattern[0], pattern[1], pattern[0], pattern[1]]);
@@ -118,7 +118,7 @@ impl Table {
         (out, aux)
     }
 
-    fn check(&self, h: &mut Harness, f: fn(u32, u32) -> u32, pattern: [u8; 2], what: &str) {
+    fn check(&self, h: &mut Harness, f: Linear, pattern: [u8; 2], what: &str) {
         let (out, aux) = self.model(f, pattern);
         for (buf, expected, name) in [(&self.bufs[1], out, "out"), (&self.bufs[2], aux, "aux")] {
             let got = h.download_u32(buf);

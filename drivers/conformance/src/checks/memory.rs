@@ -162,8 +162,8 @@ pub fn malformed_ops_are_errors(factory: &Factory) -> Outcome {
         fill(b.slice(64, 128), &[9, 9, 9, 9]),
         "a fill of bytes 64..192 of a 128-byte memory",
     );
-    if h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure) {
-        let two_slots = kernels::derive("conformance_two_slots", 32, |v, _| v);
+    if kernels::runnable(&h.caps()) {
+        let two_slots = kernels::derive("conformance_two_slots", 32, kernels::Linear { a: 1, b: 0, c: 0 });
         let one_arg = two_slots.launch([MemArg { mem: a.slice(0, 128), mode: Read }]);
         expect_typed_error(&mut h, one_arg, "a kernel with 2 buffer slots given 1 argument");
         let wide = kernels::affine("conformance_past_end", 64, 1, 1);

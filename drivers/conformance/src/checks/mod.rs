@@ -53,10 +53,11 @@ pub(crate) fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
     DeviceOp::Copy { src, dst }
 }
 
-/// The skip of a check that launches kernels, where the driver runs none.
+/// The skip of a check that launches kernels, where the driver runs none of their
+/// images.
 pub(crate) fn needs_kernels(h: &Harness) -> Option<Outcome> {
-    (!h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure))
-        .then(|| Outcome::skipped("the driver runs no closure kernels"))
+    (!crate::kernels::runnable(&h.caps()))
+        .then(|| Outcome::skipped("the driver runs none of the suite's kernel images (closure, CUDA C)"))
 }
 
 /// Submits `op` with `preserve_on_failure` and returns its error: it must be refused

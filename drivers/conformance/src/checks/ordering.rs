@@ -42,9 +42,9 @@ pub fn wait_list_order(factory: &Factory) -> Outcome {
     const A: u32 = 0x0A0A;
     let (x, y, z) = (h.alloc(BIG * 4), h.alloc(SMALL * 4), h.alloc(SMALL * 4));
     let x_head = MemArg { mem: x.slice(0, SMALL * 4), mode: Read };
-    let (a, b, expected) = if h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure) {
+    let (a, b, expected) = if kernels::runnable(&h.caps()) {
         let a = h.submit(kernels::affine("conformance_writer", BIG, 0, A).launch([x.arg(Write)]), &[]);
-        let derive = kernels::derive("conformance_reader", SMALL, |v, i| v.wrapping_mul(3).wrapping_add(i));
+        let derive = kernels::derive("conformance_reader", SMALL, kernels::Linear { a: 3, b: 0, c: 1 });
         let b = h.submit(derive.launch([x_head, y.arg(Write)]), &[&a]);
         (a, b, (0..SMALL as u32).map(|i| A * 3 + i).collect::<Vec<_>>())
     } else {
@@ -96,7 +96,7 @@ pub fn dependent_chain(factory: &Factory) -> Outcome {
     const LINKS: usize = 16;
     let mut h = Harness::new(factory);
     let mut tickets: Vec<Ticket> = Vec::new();
-    let (bufs, expected) = if h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure) {
+    let (bufs, expected) = if kernels::runnable(&h.caps()) {
         let n = 4096;
         let mut model: [Vec<u32>; 2] = [(0..n as u32).collect(), vec![0; n]];
         let bufs = [h.buffer_u32(&model[0]), h.alloc(n * 4)];
@@ -156,7 +156,7 @@ pub fn independent_ops_complete_once(factory: &Factory) -> Outcome {
     const OPS: usize = 48;
     const REGION: usize = 512; // u32s
     let mut h = Harness::new(factory);
-    let kernels = h.caps().image_kinds.contains(&gantry_driver::ImageKind::Closure);
+    let kernels = kernels::runnable(&h.caps());
     let mut model: Vec<u32> = (0..(OPS * REGION) as u32).collect();
     let buf = h.buffer_u32(&model);
     let mut tickets = Vec::new();
