@@ -84,6 +84,10 @@ pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 /// streamed chain prefetches in software (`GANTRY_STREAM_PREFETCH`).
 pub use gantry_driver::isa;
 
+/// The CUDA driver (feature `cuda`): register it with [`RuntimeBuilder::cuda`] or
+/// `Runtime::builder().driver(gantry::cuda::factory(ordinal))`.
+#[cfg(feature = "cuda")]
+pub use gantry_cuda as cuda;
 /// The driver contract, for backends written outside Gantry and registered with
 /// [`RuntimeBuilder::driver`].
 pub use gantry_driver as driver;

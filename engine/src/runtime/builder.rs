@@ -289,6 +289,21 @@ impl RuntimeBuilder {
         self.factories.push(Factory(Arc::new(factory)));
         self
     }
+    /// Registers CUDA device `ordinal` (feature `cuda`): the same as
+    /// `.driver(gantry::cuda::factory(ordinal))`. Its queues run kernels with PTX or
+    /// CUDA C images; [`RuntimeBuilder::try_build`] returns a typed error where CUDA
+    /// or the device is missing.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().cuda(0).try_build();
+    /// if let Err(e) = &rt {
+    ///     println!("no CUDA device here: {e}");
+    /// }
+    /// ```
+    #[cfg(feature = "cuda")]
+    pub fn cuda(self, ordinal: usize) -> Self {
+        self.driver(gantry_cuda::factory(ordinal))
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;

@@ -1,0 +1,158 @@
+//! The CUDA driver behind the scheduler (feature `cuda`): registered on the builder,
+//! it runs CUDA C kernels with scalars, fills and copies the scheduler hands it, moves
+//! buffers between its memory and the host's, fails a refused launch's dependents,
+//! and host tasks submitted to its queues run on the CPU. On a machine without CUDA,
+//! building the runtime is a typed error and the GPU tests say they were skipped.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use gantry::driver::ExecError;
+use gantry::{
+    AccessMode, CodeImage, DeviceKind, Error, ImageKind, Kernel, KernelRef, NdRange, QueueOptions, Runtime,
+    Signature,
+};
+
+/// A runtime with CUDA device 0 and a queue on it, or `None` after saying why not.
+fn cuda_runtime(test: &str) -> Option<(Runtime, gantry::Queue)> {
+    match Runtime::builder().cuda(0).try_build() {
+        Ok(rt) => {
+            let device = rt.devices().len() as u32 - 1;
+            let q =
+                rt.queue_with(QueueOptions { device, in_order: true }).expect("a queue on the CUDA device");
+            Some((rt, q))
+        }
+        Err(e) => {
+            assert!(
+                matches!(e, Error::Exec(ExecError::Unsupported { .. })),
+                "CUDA is present but failed: {e}"
+            );
+            let _ = writeln!(std::io::stderr(), "`{test}` skipped: no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+const SAXPY: &str = r#"
+extern "C" __global__ void saxpy(const unsigned int* x, unsigned int* y, unsigned int n, unsigned int a) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"#;
+
+fn saxpy() -> KernelRef {
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::ReadWrite)
+        .scalar::<u32>()
+        .scalar::<u32>();
+    Kernel::new("saxpy", sig)
+        .with_image(CodeImage::new(ImageKind::CudaC, "saxpy", SAXPY.as_bytes()))
+        .into_ref()
+}
+
+#[test]
+fn building_without_cuda_is_a_typed_error_and_with_it_registers_a_cuda_device() {
+    match Runtime::builder().driver(gantry::cuda::factory(0)).try_build() {
+        Ok(rt) => assert_eq!(rt.devices().last().map(|d| d.kind), Some(DeviceKind::Other("cuda"))),
+        Err(Error::Exec(ExecError::Unsupported { what, .. })) => {
+            assert!(what.starts_with("CUDA ("), "{what}")
+        }
+        Err(e) => panic!("CUDA is present but the runtime did not build: {e}"),
+    }
+}
+
+/// Kernels with scalars over a plain range (several blocks and a guarded tail), a fill
+/// and a copy on the CUDA queue; a closure kernel on the CPU and a host task (which the
+/// scheduler runs on the CPU) read what they wrote: the scheduler moves the buffers.
+#[test]
+fn kernels_fills_copies_and_host_tasks_through_the_scheduler() {
+    let Some((rt, q)) = cuda_runtime("kernels_fills_copies_and_host_tasks_through_the_scheduler") else {
+        return;
+    };
+    let n = 100_003usize;
+    let x = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
+    let y = rt.buffer(&vec![1u32; n]);
+    let (z, w, u) = (rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n));
+    let kernel = saxpy();
+    for a in [2u32, 3, 5] {
+        q.submit(|cg| {
+            cg.read(&x);
+            cg.read_write(&y);
+            cg.launch(&kernel, n).scalar(0, n as u32).scalar(1, a);
+        })
+        .unwrap();
+    }
+    q.submit(|cg| cg.fill(&z, 0xC0FFEE_u32)).unwrap();
+    q.submit(|cg| cg.copy(&y, &w)).unwrap();
+    let sum = Arc::new(AtomicU64::new(0));
+    let s = sum.clone();
+    q.submit(|cg| {
+        let w = cg.host_read(&w);
+        cg.host_task(move |ctx| s.store(w.as_slice(ctx).iter().map(|&v| v as u64).sum(), Ordering::Relaxed));
+    })
+    .unwrap()
+    .wait()
+    .unwrap();
+    rt.queue()
+        .submit(|cg| {
+            let y = cg.read(&y);
+            let u = cg.elements_out(&u);
+            cg.parallel_for(n, move |it| *u.elem(it) = y.get(it, it.global_linear_id()) + 1);
+        })
+        .unwrap()
+        .wait()
+        .unwrap();
+    let expected: Vec<u32> = (0..n as u32).map(|i| 1 + 10 * i).collect();
+    assert_eq!(y.to_vec().unwrap(), expected);
+    assert_eq!(w.to_vec().unwrap(), expected, "the copy on the GPU");
+    assert_eq!(z.to_vec().unwrap(), vec![0xC0FFEE; n], "the fill on the GPU");
+    assert_eq!(u.to_vec().unwrap(), expected.iter().map(|v| v + 1).collect::<Vec<_>>(), "read on the CPU");
+    assert_eq!(sum.load(Ordering::Relaxed), expected.iter().map(|&v| v as u64).sum::<u64>(), "host task");
+    // A closure kernel has no image the CUDA device runs: refused at submit.
+    let err = q
+        .submit(|cg| {
+            let y = cg.elements_mut(&y);
+            cg.parallel_for(n, move |it| *y.elem(it) += 1);
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. } | Error::NoImageForDevice { .. }), "{err}");
+}
+
+const REFUSED: &str = r#"
+extern "C" __global__ void __launch_bounds__(32) refused(unsigned int* y, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 0xBAD;
+}
+"#;
+
+/// A launch the device refuses fails its command with the backend's error, its
+/// dependents with a dependency error; the buffer keeps its contents and the
+/// runtime goes on.
+#[test]
+fn a_refused_launch_fails_its_dependents_and_keeps_the_buffer() {
+    let Some((rt, q)) = cuda_runtime("a_refused_launch_fails_its_dependents_and_keeps_the_buffer") else {
+        return;
+    };
+    let y = rt.buffer(&vec![5u32; 64]);
+    let sig = Signature::new().global(AccessMode::ReadWrite).scalar::<u32>();
+    let refused = Kernel::new("refused", sig)
+        .with_image(CodeImage::new(ImageKind::CudaC, "refused", REFUSED.as_bytes()))
+        .into_ref();
+    let bad = q
+        .submit(|cg| {
+            cg.read_write(&y);
+            cg.launch_nd(&refused, NdRange::new(64, 64)).scalar(0, 64u32);
+        })
+        .unwrap();
+    let after = q.submit(|cg| cg.fill(&y, 9u32)).unwrap();
+    match bad.wait() {
+        Err(Error::Exec(ExecError::Backend { call: "cuLaunchKernel", .. })) => {}
+        other => panic!("a launch of 64 work-items of a kernel bounded to 32: {other:?}"),
+    }
+    assert!(matches!(after.wait(), Err(Error::Exec(ExecError::DependencyFailed { .. }))));
+    assert_eq!(y.to_vec().unwrap(), vec![5; 64], "nothing ran");
+    q.submit(|cg| cg.fill(&y, 3u32)).unwrap().wait().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![3; 64], "the device goes on");
+}
