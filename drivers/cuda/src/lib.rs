@@ -237,6 +237,12 @@ impl CudaDriver {
         (!self.images.has_nvrtc()).then(|| self.images.nvrtc_missing())
     }
 
+    /// How many kernel images the driver holds loaded (each once, however many
+    /// launches carry it; an image's module goes some time after its last clone).
+    pub fn loaded_images(&self) -> usize {
+        self.images.loaded()
+    }
+
     fn invalid(&self, message: String) -> ExecError {
         invalid(&self.info.name, message)
     }

@@ -120,6 +120,11 @@ impl Images {
         })
     }
 
+    /// How many images are loaded.
+    pub(crate) fn loaded(&self) -> usize {
+        self.cache.len()
+    }
+
     /// Why CUDA C images cannot be compiled ("" where they can).
     pub(crate) fn nvrtc_missing(&self) -> &str {
         &self.nvrtc_missing

@@ -84,6 +84,7 @@ fn a_ptx_kernel_runs_over_a_plain_range_with_its_scalars() {
     let got = u32s(&g.download(y, 0, (n + 24) * 4));
     let expected: Vec<u32> = (0..n as u32).map(|i| 1 + 10 * i).chain([1; 24]).collect();
     assert_eq!(got, expected, "the tail past n is untouched: the kernel's guard held");
+    assert_eq!(g.driver.loaded_images(), 1, "one image loaded for three launches");
 }
 
 const TILE_C: &str = r#"
