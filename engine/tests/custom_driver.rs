@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry::driver::{
-    panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, HostCtx, MemRef, MemSlice, Submission,
+    panic_message, Accepted, AllocId, Binding, Capabilities, Completion, DeviceInfo, DeviceKind, DeviceOp,
+    Driver, DriverContext, ExecError, HostCtx, MemRef, MemSlice, Submission,
 };
+use gantry::host::{Arena, ClosureImage};
 use gantry::{Error, Mode, QueueOptions, Runtime};
 
 /// Runs every operation inline, in host memory, when the scheduler hands it over (no

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    phase, AccessMode, Accessor, ClosureKernel, DeviceOp, Geometry, ItemCost, KernelLaunch, KernelRef,
-    MemArg, NdRange, OpPatch, Phase, Read, ReadWrite, RecordedArg, RecordedOp, Write,
+    AccessMode, DeviceOp, Geometry, ItemCost, KernelLaunch, KernelRef, MemArg, NdRange, OpPatch, RecordedArg,
+    RecordedOp,
 };
+use gantry_host::{phase, Accessor, ClosureKernel, Phase, Read, ReadWrite, Write};
 
 /// How the message of every panic the checks cause on purpose starts; the harness
 /// keeps these from printing.

@@ -21,12 +21,13 @@ use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AllocId, Arena, Binding,
-    Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
-    Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
-    ImageKind, KernelLaunch, KernelRef, MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder,
-    RecordedArg, RecordedOp, Snapshot, SnapshotPool, Submission,
+    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AllocId, Binding, Capabilities,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, ImageKind, KernelLaunch,
+    KernelRef, MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp,
+    Submission,
 };
+use gantry_host::{Arena, ClosureImage, ClosureKernel, Snapshot, SnapshotPool};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
@@ -567,7 +568,7 @@ impl Inner {
 
     /// Runs a kernel over bound memory; restores `snapshot` if it panics. A fused
     /// kernel whose writes were restored so then runs its kernels one by one
-    /// ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun); `writes(i)`: whether
+    /// ([`Unfused::rerun`](gantry_host::Unfused::rerun); `writes(i)`: whether
     /// binding `i` is writable), so that its failure keeps what they would have kept
     /// unfused. Without a snapshot nothing was restored, and nothing runs again.
     fn run_bound(
@@ -666,10 +667,8 @@ fn with_arena<R>(kernel: &ClosureKernel, f: impl FnOnce(&mut Arena) -> R) -> R {
 mod tests {
     use super::*;
     use gantry_driver::sync::channel::unbounded;
-    use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, LocalAccessor, NdRange, Range,
-        ReadWrite, Scratch, ScratchKind,
-    };
+    use gantry_driver::{AccessMode, Geometry, HostStorage, NdRange, Range, Scratch, ScratchKind};
+    use gantry_host::{phase, Accessor, ClosureKernel, LocalAccessor, ReadWrite};
     use std::time::Instant;
 
     fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {

@@ -61,12 +61,13 @@ use std::sync::{Arc, OnceLock};
 
 use gantry_driver::sync::{Mutex, MutexGuard};
 use gantry_driver::{
-    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Arena,
-    Binding, Capabilities, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
-    Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
-    HostFn, HostStorage, ImageKind, KernelLaunch, KernelRef, MemRef, MemSlice, OpId, OpPatch, Plan,
-    PlanBuilder, RecordedArg, RecordedOp, ScratchKind, SnapshotPool, Submission,
+    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Binding,
+    Capabilities, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
+    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn,
+    HostStorage, ImageKind, KernelLaunch, KernelRef, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder,
+    RecordedArg, RecordedOp, ScratchKind, Submission,
 };
+use gantry_host::{Arena, ClosureImage, SnapshotPool};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -1164,7 +1165,7 @@ impl SimDriver {
 
     /// Runs a kernel over `bindings` (`modes` says how it uses each); restores what it
     /// wrote if it panics and `preserve` is set. A fused kernel restored so then runs
-    /// its kernels one by one ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun)),
+    /// its kernels one by one ([`Unfused::rerun`](gantry_host::Unfused::rerun)),
     /// so that its failure keeps what they would have kept unfused; without
     /// `preserve` nothing was restored, and nothing runs again.
     ///
@@ -1478,9 +1479,10 @@ mod tests {
     use super::*;
     use gantry_driver::sync::channel::{unbounded, Receiver};
     use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, CommandBuffer, Geometry, HostTask, KernelLaunch, MemArg,
-        OpHandle, Range, ReadWrite, Scratch, SyncPoint,
+        AccessMode, CommandBuffer, Geometry, HostTask, KernelLaunch, MemArg, OpHandle, Range, Scratch,
+        SyncPoint,
     };
+    use gantry_host::{phase, Accessor, ClosureKernel, ReadWrite};
     use std::time::Instant;
 
     fn driver(config: SimConfig) -> (SimDriver, Receiver<Completion>) {
