@@ -17,7 +17,12 @@
 //! * [`snapshot`]: copies of an operation's writable ranges, for
 //!   `preserve_on_failure`, and the pool their memory comes from;
 //! * [`fusion`]: the fusion compiler for closure kernels ([`ClosureFusion`]) and the
-//!   unfused rerun of a failed fused kernel.
+//!   unfused rerun of a failed fused kernel;
+//! * [`runner`]: the [`Runner`] drivers run bound operations with: a kernel with its
+//!   snapshot and unfused rerun, a host task, a recorded operation; drivers differ
+//!   only in how a launch's work-groups run ([`Groups`]);
+//! * [`replay`]: command buffers with a cache of their operations bound to memory,
+//!   and their replay.
 
 #![warn(missing_docs)]
 
@@ -27,6 +32,8 @@ pub mod elementwise;
 pub mod fusion;
 pub mod isa;
 pub mod item;
+pub mod replay;
+pub mod runner;
 pub mod snapshot;
 
 pub use access::{
@@ -39,4 +46,6 @@ pub use closure::{
 pub use elementwise::map_phase;
 pub use fusion::{CacheStats, ClosureFusion, Unfused};
 pub use item::{GroupCtx, Item};
+pub use replay::{BoundOps, BoundStep, CachedPlan};
+pub use runner::{Groups, Runner};
 pub use snapshot::{Snapshot, SnapshotPool};

@@ -55,19 +55,18 @@ pub use machine::{HostPoolConfig, MachineConfig, SimMachine};
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, VecDeque};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::sync::{Mutex, MutexGuard};
 use gantry_driver::{
-    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AccessMode, AllocId, Binding,
-    Capabilities, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion,
-    DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx, HostFn,
-    HostStorage, ImageKind, KernelLaunch, KernelRef, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder,
-    RecordedArg, RecordedOp, ScratchKind, Submission,
+    fill_bytes, fill_fits, no_image, patch_buffer, Accepted, AccessMode, AllocId, Binding, Capabilities,
+    CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo,
+    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostFn, HostStorage, ImageKind,
+    KernelLaunch, KernelRef, MemRef, MemSlice, OpId, OpPatch, Plan, PlanBuilder, RecordedArg, RecordedOp,
+    ScratchKind, Submission,
 };
-use gantry_host::{Arena, ClosureImage, SnapshotPool};
+use gantry_host::{Arena, BoundOps, CachedPlan, ClosureImage, Runner};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -169,10 +168,11 @@ impl CostModel {
 }
 
 /// Which engines an operation occupies.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 enum Engine {
     Compute,
     Copy,
+    #[default]
     None,
 }
 
@@ -345,8 +345,9 @@ pub struct SimDriver {
     /// Held for the whole of a [`Driver::poll`], so polls never interleave; the arena
     /// is the scratch memory every kernel launch reuses.
     poller: Mutex<Arena>,
-    /// Memory for the copies `preserve_on_failure` takes before each operation.
-    snapshots: Arc<SnapshotPool>,
+    /// Runs bound operations, with the memory for the copies `preserve_on_failure`
+    /// takes before each.
+    runner: Runner,
 }
 
 /// Everything that changes on submission, allocation and execution.
@@ -548,13 +549,7 @@ struct KernelWork {
 /// argument table of its latest replay. A graph's buffers rarely move between
 /// replays, so a replay usually reuses the binding and costs per operation only its
 /// fault draw and its own work.
-struct SimPlan {
-    plan: Plan,
-    bound: BindingCache,
-}
-
-/// A command buffer's binding for its latest argument table, if any.
-type BindingCache = Mutex<Option<Arc<BoundPlan>>>;
+type SimPlan = CachedPlan<BoundPlan>;
 
 /// The command buffer, if this driver recorded it (so its plan passed the
 /// [`PlanBuilder`]'s checks: dependencies on earlier operations, entries inside the
@@ -579,23 +574,14 @@ struct BoundPlan {
     /// The driver that bound it (its errors name the device).
     instance: u64,
     entries: SmallVec<[EntryKey; 8]>,
-    /// One per operation, in plan order.
-    steps: Vec<BoundStep>,
-    /// Every step's memory, in plan and argument order.
-    bindings: Vec<Binding>,
+    /// Every operation's memory, with its engine and work time (none when it cannot
+    /// run).
+    ops: BoundOps<(Engine, u64)>,
     /// The kernel and the copy operations, in plan order: each draws a fault at every
     /// replay's submission.
     kernels: Vec<u32>,
     copies: Vec<u32>,
     /// Engine and work time of a replay in which no operation faults.
-    cost: (Engine, u64),
-}
-
-/// One operation of a [`BoundPlan`].
-struct BoundStep {
-    /// Where its arguments start in [`BoundPlan::bindings`], or why it cannot run.
-    args: Result<u32, ExecError>,
-    /// Its engine and work time (none when it cannot run).
     cost: (Engine, u64),
 }
 
@@ -680,6 +666,7 @@ impl SimDriver {
                 peer_group: if host_pool { 0 } else { machine.peer_group() },
             },
         };
+        let runner = Runner::new(info.name.clone());
         Self {
             info,
             ctx,
@@ -697,7 +684,7 @@ impl SimDriver {
                 ..State::default()
             }),
             poller: Mutex::new(Arena::default()),
-            snapshots: Arc::new(SnapshotPool::default()),
+            runner,
         }
     }
 
@@ -810,9 +797,8 @@ impl SimDriver {
 
     /// The cost of a replay of these steps: one engine for the whole replay (compute if
     /// anything needs it) and the sum of their times.
-    fn replay_cost<'a>(steps: impl Iterator<Item = &'a BoundStep>) -> (Engine, u64) {
-        steps.fold((Engine::None, 0u64), |(engine, ns), step| {
-            let (e, t) = step.cost;
+    fn replay_cost(steps: impl Iterator<Item = (Engine, u64)>) -> (Engine, u64) {
+        steps.fold((Engine::None, 0u64), |(engine, ns), (e, t)| {
             let engine = match (engine, e) {
                 (Engine::Compute, _) | (_, Engine::Compute) => Engine::Compute,
                 (Engine::Copy, _) | (_, Engine::Copy) => Engine::Copy,
@@ -869,8 +855,9 @@ impl SimDriver {
     /// dependents with it, independent ones still run); a launch that cannot run at
     /// all is an error.
     fn prepare_plan(&self, state: &mut State, launch: CommandBufferLaunch) -> Result<Work, ExecError> {
-        let SimPlan { plan, bound: cache } = sim_plan(&launch.buffer)
+        let sim = sim_plan(&launch.buffer)
             .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
+        let plan = &sim.plan;
         if launch.args.len() != plan.entries {
             return Err(self.driver_error(format!(
                 "command buffer has {} argument entries but {} were bound",
@@ -887,17 +874,8 @@ impl SimDriver {
             .iter()
             .map(|(r, host)| EntryKey { addr: r.binding().ptr as usize, len: r.len, host: *host })
             .collect();
-        let bound = {
-            let mut slot = cache.lock();
-            match &*slot {
-                Some(b) if b.instance == self.instance && b.entries == keys => b.clone(),
-                _ => {
-                    let b = Arc::new(self.bind_plan(plan, &entries, keys));
-                    *slot = Some(b.clone());
-                    b
-                }
-            }
-        };
+        let fits = |b: &BoundPlan| b.instance == self.instance && b.entries == keys;
+        let bound = sim.bound(fits, || self.bind_plan(plan, &entries, keys.clone()));
         // Kernels, then copies: separate counters, each drawn in plan order.
         let mut faulted = Vec::new();
         for (class, ops) in [(Faulting::Kernel, &bound.kernels), (Faulting::Copy, &bound.copies)] {
@@ -916,8 +894,9 @@ impl SimDriver {
         } else {
             faulted.sort_unstable_by_key(|&(i, _)| i);
             let mut skip = faulted.iter().map(|&(i, _)| i as usize).peekable();
-            let runs = bound.steps.iter().enumerate().filter(|&(i, _)| skip.next_if_eq(&i).is_none());
-            Self::replay_cost(runs.map(|(_, step)| step))
+            let steps = bound.ops.steps().iter().enumerate();
+            let runs = steps.filter(|&(i, _)| skip.next_if_eq(&i).is_none());
+            Self::replay_cost(runs.map(|(_, step)| step.data))
         };
         let memory = entries.into_iter().map(|(r, _)| r.storage).collect();
         let buffer = launch.buffer.clone();
@@ -927,34 +906,17 @@ impl SimDriver {
     /// Binds every operation of `plan` to the resolved argument table `entries` (each
     /// with whether it is host memory), whose keys are `keys`.
     fn bind_plan(&self, plan: &Plan, entries: &[(Region, bool)], keys: SmallVec<[EntryKey; 8]>) -> BoundPlan {
-        let mut bound = BoundPlan {
-            instance: self.instance,
-            entries: keys,
-            steps: Vec::with_capacity(plan.ops.len()),
-            bindings: Vec::new(),
-            kernels: Vec::new(),
-            copies: Vec::new(),
-            cost: (Engine::None, 0),
-        };
+        let (mut kernels, mut copies) = (Vec::new(), Vec::new());
         for (i, planned) in plan.ops.iter().enumerate() {
-            let start = bound.bindings.len();
             match planned.op {
-                RecordedOp::Kernel { .. } => bound.kernels.push(i as u32),
-                RecordedOp::Copy { .. } => bound.copies.push(i as u32),
+                RecordedOp::Kernel { .. } => kernels.push(i as u32),
+                RecordedOp::Copy { .. } => copies.push(i as u32),
                 _ => {}
             }
-            let bind = self.bind_recorded(&planned.op, entries, &mut bound.bindings);
-            let step = match bind {
-                Ok(cost) => BoundStep { args: Ok(start as u32), cost },
-                Err(e) => {
-                    bound.bindings.truncate(start);
-                    BoundStep { args: Err(e), cost: (Engine::None, 0) }
-                }
-            };
-            bound.steps.push(step);
         }
-        bound.cost = Self::replay_cost(bound.steps.iter());
-        bound
+        let ops = BoundOps::bind(plan, |op, out| self.bind_recorded(op, entries, out));
+        let cost = Self::replay_cost(ops.steps().iter().map(|step| step.data));
+        BoundPlan { instance: self.instance, entries: keys, ops, kernels, copies, cost }
     }
 
     /// Binds one recorded operation to the resolved argument table (each entry with
@@ -1128,26 +1090,20 @@ impl SimDriver {
                     bindings.push(region.binding());
                 }
                 let modes = args.iter().map(|&(_, mode)| mode);
-                // SAFETY: the bindings are live (held by `args`).
-                unsafe { self.run_kernel(kernel, geometry, modes, &bindings, preserve, arena) }
+                // SAFETY: the bindings are live (held by `args`), and nothing else runs on
+                // the device while this kernel does.
+                unsafe { self.runner.run_kernel(kernel, geometry, modes, &bindings, preserve, arena) }
             }
             Work::Plan(plan) => self.replay(plan, preserve, arena),
-            Work::Host(task) => {
-                let HostWork { name, tag, run, modes, regions, .. } = &mut **task;
+            Work::Host(_) => {
+                // The task's closure is dropped after it ran: a capture whose destructor
+                // panics fails the task like a panic in its body.
+                let Work::Host(task) = std::mem::take(work) else { unreachable!("matched") };
+                let HostWork { name, tag, run, modes, regions, .. } = *task;
                 let bindings: SmallVec<[Binding; 4]> = regions.iter().map(Region::binding).collect();
                 // SAFETY: live regions (held by `regions`), exclusive to this task by
                 // scheduling.
-                let snapshot = preserve.then(|| unsafe {
-                    self.snapshots.take_modes(modes.iter().copied().zip(bindings.iter().copied()))
-                });
-                let outcome = catch_unwind(AssertUnwindSafe(|| run(&HostCtx::new(&bindings, *tag))));
-                outcome.map_err(|p| {
-                    if let Some(s) = snapshot {
-                        // SAFETY: the task has returned; nothing else touches the ranges.
-                        unsafe { s.restore() };
-                    }
-                    ExecError::HostTaskPanicked { task: name.clone(), message: panic_message(&*p) }
-                })
+                unsafe { self.runner.run_host_task(name, tag, run, modes.into_iter(), &bindings, preserve) }
             }
         }
     }
@@ -1160,107 +1116,6 @@ impl SimDriver {
             Work::Invalid(e) => Err(e.clone()),
             Work::Plan(plan) => plan.faulted.first().map_or(Ok(()), |(_, e)| Err(e.clone())),
             _ => Ok(()),
-        }
-    }
-
-    /// Runs a kernel over `bindings` (`modes` says how it uses each); restores what it
-    /// wrote if it panics and `preserve` is set. A fused kernel restored so then runs
-    /// its kernels one by one ([`Unfused::rerun`](gantry_host::Unfused::rerun)),
-    /// so that its failure keeps what they would have kept unfused; without
-    /// `preserve` nothing was restored, and nothing runs again.
-    ///
-    /// # Safety
-    /// The bindings must be live for the whole call.
-    unsafe fn run_kernel(
-        &self,
-        kernel: &KernelRef,
-        geometry: &Geometry,
-        modes: impl Iterator<Item = AccessMode> + Clone,
-        bindings: &[Binding],
-        preserve: bool,
-        arena: &mut Arena,
-    ) -> Result<(), ExecError> {
-        if !preserve {
-            // No snapshot to take or drop: the common path of replayed kernels.
-            return Self::launch(kernel, geometry, bindings, arena);
-        }
-        // SAFETY: live bindings (the caller's contract), and nothing else runs on the
-        // device while this kernel does.
-        let snapshot = unsafe { self.snapshots.take_modes(modes.clone().zip(bindings.iter().copied())) };
-        let Err(error) = Self::launch(kernel, geometry, bindings, arena) else { return Ok(()) };
-        // SAFETY: the kernel has stopped; the memory is still alive and nothing else
-        // touches it.
-        unsafe { snapshot.restore() };
-        let Some(unfused) = kernel.closure().and_then(|c| c.unfused.as_ref()) else { return Err(error) };
-        let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
-        let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| Self::launch(k, g, b, arena);
-        // SAFETY: as above; the fused kernel's writes were just undone.
-        unsafe { unfused.rerun(bindings, |i| writes[i], &self.snapshots, launch) }.unwrap_or(Err(error))
-    }
-
-    /// Runs a kernel over `bindings`, all its work-groups; a panic stops it and is its
-    /// error (what it wrote stays written). Its closure image was checked at
-    /// submission ([`SimDriver::check_kernel`]).
-    fn launch(
-        kernel: &KernelRef,
-        geometry: &Geometry,
-        bindings: &[Binding],
-        arena: &mut Arena,
-    ) -> Result<(), ExecError> {
-        let Some(closure) = kernel.closure() else {
-            return Err(ExecError::Unsupported {
-                device: "simulated device".into(),
-                what: "kernels without a closure image",
-            });
-        };
-        catch_unwind(AssertUnwindSafe(|| {
-            for g in 0..geometry.group_count() {
-                closure.run_group(geometry, g, bindings, arena);
-            }
-        }))
-        .map_err(|p| ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) })
-    }
-
-    /// Runs one bound operation of a replay.
-    ///
-    /// # Safety
-    /// `bindings` (the [`BoundPlan`]'s) must point into live memory: the replay's.
-    unsafe fn run_step(
-        &self,
-        op: &RecordedOp,
-        step: &BoundStep,
-        bindings: &[Binding],
-        preserve: bool,
-        arena: &mut Arena,
-    ) -> Result<(), ExecError> {
-        let start = match &step.args {
-            Ok(start) => *start as usize,
-            Err(e) => return Err(e.clone()),
-        };
-        match op {
-            RecordedOp::Marker => Ok(()),
-            RecordedOp::Kernel { kernel, geometry, args, .. } => {
-                let bindings = &bindings[start..start + args.len()];
-                // SAFETY: forwarded.
-                unsafe {
-                    self.run_kernel(kernel, geometry, args.iter().map(|a| a.mode), bindings, preserve, arena)
-                }
-            }
-            RecordedOp::Copy { .. } => {
-                let (s, d) = (bindings[start], bindings[start + 1]);
-                // SAFETY: bound within live entries, of equal length; ordered against
-                // other work by scheduling. `copy` tolerates overlap.
-                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
-                Ok(())
-            }
-            RecordedOp::Fill { pattern, .. } => {
-                let d = bindings[start];
-                // SAFETY: bound within a live entry, its length a multiple of the
-                // pattern's (checked when bound); exclusive by scheduling.
-                unsafe { fill_bytes(d.ptr, d.len, pattern) };
-                Ok(())
-            }
-            RecordedOp::Write { .. } | RecordedOp::Read { .. } => Err(self.unsupported(op.label())),
         }
     }
 
@@ -1279,15 +1134,14 @@ impl SimDriver {
         // `plan._memory` keeps the bindings' memory alive until every step has run.
         let PlanWork { buffer, bound, faulted, .. } = plan;
         let recorded = &sim_plan(buffer).expect("checked at submission").plan;
-        recorded.replay(|i, op| {
-            // `faulted` is sorted by step: an injected fault fails its step.
-            if let Ok(f) = faulted.binary_search_by_key(&(i as u32), |&(f, _)| f) {
-                return Err(faulted[f].1.clone());
-            }
-            // SAFETY: the bindings point into `plan._memory`, as the bound plan's key
-            // is this replay's table.
-            unsafe { self.run_step(op, &bound.steps[i], &bound.bindings, preserve, arena) }
-        })
+        // `faulted` is sorted by step: an injected fault fails its step.
+        let fault = |i: usize| {
+            let f = faulted.binary_search_by_key(&(i as u32), |&(f, _)| f).ok()?;
+            Some(faulted[f].1.clone())
+        };
+        // SAFETY: the bindings point into `plan._memory`, as the bound plan's key is
+        // this replay's table; nothing else runs on the device meanwhile.
+        unsafe { self.runner.replay_steps(recorded, &bound.ops, preserve, arena, fault) }
     }
 }
 
@@ -1347,7 +1201,7 @@ impl Driver for SimDriver {
             return Err(self.unsupported("command buffers"));
         }
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
-        let wrap = |plan| -> CommandBuffer { Arc::new(SimPlan { plan, bound: Mutex::new(None) }) };
+        let wrap = |plan| -> CommandBuffer { Arc::new(SimPlan::new(plan)) };
         Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts, wrap)))
     }
 
@@ -1358,10 +1212,10 @@ impl Driver for SimDriver {
     ) -> Result<(), ExecError> {
         // A fresh binding cache: it holds each step's virtual cost, which depends on
         // the kernels the patch replaces.
-        let copy = |sim: &SimPlan| SimPlan { plan: sim.plan.clone(), bound: Mutex::new(None) };
+        let copy = |sim: &SimPlan| SimPlan::new(sim.plan.clone());
         let swap = |sim: &mut SimPlan| {
             sim.plan.apply_patches(patch)?;
-            *sim.bound.get_mut() = None;
+            sim.unbind();
             Ok(())
         };
         patch_buffer(buffer, copy, swap)
@@ -1884,6 +1738,41 @@ mod tests {
         assert!(matches!(r, Err(ExecError::Unsupported { what: "host tasks", .. })));
         d.poll();
         assert!(drain(&rx).is_empty(), "a refused submission never completes");
+    }
+
+    /// On the host pool, a host task's closure is dropped right after it ran (as on the
+    /// CPU driver: both run host tasks through `gantry_host::Runner`): a captured
+    /// value whose destructor panics fails the task, the panic contained.
+    #[test]
+    fn a_host_task_whose_capture_panics_on_drop_fails() {
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic!("bomb");
+            }
+        }
+        let machine = SimMachine::new(MachineConfig { host: Some(Default::default()), ..Default::default() });
+        let (tx, rx) = unbounded();
+        let pool = machine.host_pool(DriverContext { completions: tx, epoch: Instant::now() }).unwrap();
+        let bomb = Bomb;
+        let body = gantry_driver::contain::Contained::new(move |_: &gantry_driver::HostCtx<'_>| {
+            let _ = &bomb;
+        });
+        let task = HostTask {
+            name: "t".into(),
+            tag: 0,
+            run: Box::new(move |ctx| (*body)(ctx)),
+            args: smallvec::smallvec![],
+            cost_ns: None,
+        };
+        submit(&pool, 0, DeviceOp::HostTask(task), &[]);
+        pool.poll();
+        let done = drain(&rx);
+        assert!(
+            matches!(&done[0].result, Err(ExecError::HostTaskPanicked { task, message }) if &**task == "t" && message == "bomb"),
+            "{:?}",
+            done[0].result
+        );
     }
 
     /// Devices of one machine share an allocation table, but a device reaches another's
