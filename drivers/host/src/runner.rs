@@ -62,9 +62,9 @@ impl Groups for Arena {
 /// # let hook = std::panic::take_hook();
 /// # std::panic::set_hook(Box::new(|_| {}));
 /// // SAFETY: `data` is live and nothing else touches it.
-/// let result = unsafe {
-///     runner.run_kernel(&kernel, &geometry, [AccessMode::ReadWrite].into_iter(), &bindings, true, &mut Arena::default())
-/// };
+/// let modes = [AccessMode::ReadWrite].into_iter();
+/// let result =
+///     unsafe { runner.run_kernel(&kernel, &geometry, modes, &bindings, true, &mut Arena::default()) };
 /// # std::panic::set_hook(hook);
 /// assert!(matches!(result, Err(ExecError::KernelPanicked { .. })));
 /// assert_eq!(data, [1; 4], "preserved: what it wrote is undone");

@@ -221,8 +221,8 @@ impl Unfused {
     /// Runs the kernels of a fused kernel that failed one by one, unfused, in list
     /// order, each over its own geometry and its own slots of the fused kernel's
     /// arguments, as the scheduler would have run them: a kernel whose dependency
-    /// ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)) failed or was skipped is skipped; one that fails has
-    /// its writes undone (from a snapshot of its own); independent kernels keep
+    /// ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)) failed or was
+    /// skipped is skipped; one that fails has its writes undone (from a snapshot of its own); independent kernels keep
     /// theirs. An internalized buffer, which has no global memory, is zeroed memory
     /// of its range's size for the rerun, dropped after (internalized contents are
     /// not written back, as in the fused kernel).
