@@ -12,6 +12,11 @@
 //!
 //! With `worker_threads == 0` every operation runs inline on the submitting thread, in
 //! submission order: fully deterministic, for tests and debugging.
+//!
+//! Once bound to host memory, kernels, host tasks and command-buffer replays run
+//! through `gantry_host`'s [`Runner`], as on the simulated device: this driver decides
+//! where and when an operation runs, and how a launch's work-groups spread over its
+//! pool.
 
 #![warn(missing_docs)]
 
