@@ -256,12 +256,9 @@ fn bind(inner: &Inner, mem: &MemSlice) -> Result<Binding, ExecError> {
     match &mem.mem {
         MemRef::Host(storage) => {
             if mem.offset.checked_add(mem.len).is_none_or(|end| end > storage.len()) {
-                return Err(inner.invalid(format!(
-                    "slice {}..+{} outside a host allocation of {} bytes",
-                    mem.offset,
-                    mem.len,
-                    storage.len()
-                )));
+                let (offset, len, size) = (mem.offset, mem.len, storage.len());
+                return Err(inner
+                    .invalid(format!("slice {offset}..+{len} outside a host allocation of {size} bytes")));
             }
             // SAFETY: offset is within the allocation (checked above).
             Ok(Binding::new(unsafe { storage.as_ptr().add(mem.offset) }, mem.len))
@@ -474,18 +471,8 @@ impl Inner {
     /// with a dependency error) and restores its own written ranges; independent ones
     /// still run. The first error is the replay's.
     fn run_plan(&self, launch: &CommandBufferLaunch, preserve: bool) -> Result<(), ExecError> {
-        let cpu = launch
-            .buffer
-            .downcast_ref::<CpuPlan>()
-            .ok_or_else(|| self.invalid("a command buffer recorded by another driver".into()))?;
+        let cpu = CpuPlan::launched(launch, &self.info.name)?;
         let plan = &cpu.plan;
-        if launch.args.len() != plan.entries {
-            return Err(self.invalid(format!(
-                "command buffer has {} argument entries but {} were bound",
-                plan.entries,
-                launch.args.len()
-            )));
-        }
         let entries = bind_all(self, &launch.args)?;
         let same = |b: &BoundPlan| {
             b.entries.len() == entries.len()

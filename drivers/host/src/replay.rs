@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
-use gantry_driver::{Binding, ExecError, Plan, RecordedOp};
+use gantry_driver::{Binding, CommandBufferLaunch, ExecError, Plan, RecordedOp};
 
 use crate::runner::{Groups, Runner};
 
@@ -23,6 +23,27 @@ pub struct CachedPlan<T> {
     pub plan: Plan,
     /// The latest binding.
     bound: Mutex<Option<Arc<T>>>,
+}
+
+impl<T: Send + Sync + 'static> CachedPlan<T> {
+    /// The command buffer `launch` replays, if it is a `CachedPlan<T>` (recorded by
+    /// the driver named `device`) and the launch binds its whole argument table; else
+    /// the error the replay fails with.
+    pub fn launched<'a>(launch: &'a CommandBufferLaunch, device: &Arc<str>) -> Result<&'a Self, ExecError> {
+        let invalid = |message| ExecError::Driver { device: device.clone(), message };
+        let cached = launch
+            .buffer
+            .downcast_ref::<Self>()
+            .ok_or_else(|| invalid("a command buffer recorded by another driver".into()))?;
+        let entries = cached.plan.entries;
+        if launch.args.len() != entries {
+            let bound = launch.args.len();
+            return Err(invalid(format!(
+                "command buffer has {entries} argument entries but {bound} were bound"
+            )));
+        }
+        Ok(cached)
+    }
 }
 
 impl<T> CachedPlan<T> {

@@ -88,12 +88,10 @@ impl SimDriver {
             }
         };
         if slice.offset.checked_add(slice.len).is_none_or(|end| end > storage.len()) {
-            return Err(self.driver_error(format!(
-                "slice of {} bytes at offset {} is outside its {}-byte allocation",
-                slice.len,
-                slice.offset,
-                storage.len()
-            )));
+            let (len, offset, size) = (slice.len, slice.offset, storage.len());
+            let message =
+                format!("slice of {len} bytes at offset {offset} is outside its {size}-byte allocation");
+            return Err(self.driver_error(message));
         }
         Ok((Region { storage, offset: slice.offset, len: slice.len }, from_peer))
     }

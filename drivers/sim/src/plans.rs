@@ -117,16 +117,8 @@ impl SimDriver {
         state: &mut State,
         launch: CommandBufferLaunch,
     ) -> Result<Work, ExecError> {
-        let sim = sim_plan(&launch.buffer)
-            .ok_or_else(|| self.driver_error("a command buffer recorded by another driver".into()))?;
+        let sim = SimPlan::launched(&launch, &self.info.name)?;
         let plan = &sim.plan;
-        if launch.args.len() != plan.entries {
-            return Err(self.driver_error(format!(
-                "command buffer has {} argument entries but {} were bound",
-                plan.entries,
-                launch.args.len()
-            )));
-        }
         let entries: SmallVec<[(Region, bool); 4]> = launch
             .args
             .iter()
