@@ -9,10 +9,12 @@ use bytemuck::Pod;
 use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
 use gantry_driver::fusion::Promotion;
 use gantry_driver::{
-    phase, AccessMode, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, Geometry,
-    HostAccessor, HostCtx, HostStorage, ImageKind, Item, KernelRef, LocalAccessor, Mode, NdRange, Phase,
-    PrivateAccessor, Range, Read, ReadWrite, ScalarArgs, ScalarBlock, ScalarMismatch, Scratch, ScratchKind,
-    Write,
+    AccessMode, Geometry, HostCtx, HostStorage, ImageKind, KernelRef, NdRange, Range, ScalarArgs,
+    ScalarBlock, ScalarMismatch, Scratch, ScratchKind,
+};
+use gantry_host::{
+    phase, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, HostAccessor, Item,
+    LocalAccessor, Mode, Phase, PrivateAccessor, Read, ReadWrite, Write,
 };
 use smallvec::SmallVec;
 
@@ -319,7 +321,7 @@ impl Handler {
 
     /// An exclusive per-work-item accessor over `range` of `buf`, one element per
     /// work-item (work-item `i` gets element `i` of the range), in mode `M`.
-    pub fn elements<T: Pod, M: gantry_driver::Writable>(
+    pub fn elements<T: Pod, M: gantry_host::Writable>(
         &mut self,
         buf: &Buffer<T>,
         range: impl RangeBounds<usize>,
@@ -462,8 +464,8 @@ impl Handler {
     where
         T: Pod,
         U: Pod,
-        MI: gantry_driver::Readable,
-        MO: gantry_driver::Writable,
+        MI: gantry_host::Readable,
+        MO: gantry_host::Writable,
         F: Fn(T) -> U + Send + Sync + 'static,
     {
         if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
@@ -477,7 +479,7 @@ impl Handler {
         self.set_action(Action::Kernel {
             name: self.kernel_name(static_name!("map")),
             geometry,
-            phases: smallvec::smallvec![gantry_driver::map_phase(*input, *output, f)],
+            phases: smallvec::smallvec![gantry_host::map_phase(*input, *output, f)],
         });
     }
 
@@ -582,7 +584,8 @@ impl Handler {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use gantry::driver::{AccessMode, ClosureKernel, ItemCost, Signature};
+    /// use gantry::driver::{AccessMode, ItemCost, Signature};
+    /// use gantry::host::ClosureKernel;
     /// use gantry::{phase, Accessor, ReadWrite, Runtime};
     /// // A closure kernel built by hand: its native image is Rust code.
     /// let acc = Accessor::<u32, ReadWrite>::new(0, 0, 4);

@@ -38,7 +38,7 @@
 //!
 //! ## Closure kernels and soundness
 //! Kernel closures run many work-items at once over shared memory; the accessor types
-//! keep safe code free of data races. See [`gantry_driver::access`].
+//! keep safe code free of data races. See [`gantry_host::access`].
 
 #![warn(missing_docs)]
 
@@ -67,13 +67,16 @@ pub use gantry_components::{
 };
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{
-    CacheStats, ClosureFusion, Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, Promotion,
-    PromotionMismatch,
+    Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, Promotion, PromotionMismatch,
 };
 pub use gantry_driver::{
-    phase, AccessMode, Accessor, BackendStatus, CodeImage, DeviceInfo, DeviceKind, DiscardWrite,
-    ElemAccessor, ExecError, HostAccessor, HostCtx, ImageKind, Item, Kernel, KernelRef, LocalAccessor,
-    NdRange, Pod, PrivateAccessor, Range, Read, ReadWrite, Signature, Write, Zeroable,
+    AccessMode, BackendStatus, CodeImage, DeviceInfo, DeviceKind, ExecError, HostCtx, ImageKind, Kernel,
+    KernelRef, NdRange, Pod, Range, Signature, Zeroable,
+};
+pub use gantry_host::fusion::{CacheStats, ClosureFusion};
+pub use gantry_host::{
+    phase, Accessor, DiscardWrite, ElemAccessor, HostAccessor, Item, LocalAccessor, PrivateAccessor, Read,
+    ReadWrite, Write,
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};
@@ -82,7 +85,7 @@ pub use gantry_systems::partition::{BreadthFirst, ReverseDfs};
 /// The CPU choices Gantry's own loops (elementwise kernels, fused or not) make at run
 /// time: their vector instruction set (capped by `GANTRY_CPU_ISA`) and whether a
 /// streamed chain prefetches in software (`GANTRY_STREAM_PREFETCH`).
-pub use gantry_driver::isa;
+pub use gantry_host::isa;
 
 /// The CUDA driver (feature `cuda`): register it with [`RuntimeBuilder::cuda`] or
 /// `Runtime::builder().driver(gantry::cuda::factory(ordinal))`.
@@ -91,6 +94,10 @@ pub use gantry_cuda as cuda;
 /// The driver contract, for backends written outside Gantry and registered with
 /// [`RuntimeBuilder::driver`].
 pub use gantry_driver as driver;
+/// The execution core host-side drivers share (work-items, accessors, closure
+/// kernels, snapshots, the closure fusion compiler, the runner), for backends that
+/// run work on the host's cores.
+pub use gantry_host as host;
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use gantry::driver::fusion::FusionError;
 use gantry::driver::{
-    fill_fits, panic_message, Accepted, AllocId, Arena, Binding, Capabilities, Completion, DeviceInfo,
-    DeviceKind, DeviceOp, Driver, DriverContext, ExecError, HostCtx, ImageCache, KernelLaunch, MemArg,
-    MemRef, MemSlice, SnapshotPool, Submission,
+    fill_fits, Accepted, AllocId, Binding, Capabilities, Completion, DeviceInfo, DeviceKind, DeviceOp,
+    Driver, DriverContext, ExecError, ImageCache, KernelLaunch, MemArg, MemRef, MemSlice, Submission,
 };
+use gantry::host::{Arena, ClosureImage, Runner};
 use gantry::{
     AccessMode, CancelReason, CodeImage, Error, FusionOutcome, FusionProps, ImageKind, Kernel, KernelRef,
     Mode, QueueOptions, Runtime, Signature,
@@ -88,7 +88,9 @@ struct Inline {
     ran: Arc<AtomicUsize>,
     images: ImageCache<Vec<Op>>,
     loads: Arc<AtomicUsize>,
-    snapshots: Arc<SnapshotPool>,
+    /// Closure kernels and host tasks run through the host execution core every
+    /// host driver shares.
+    runner: Runner,
 }
 
 impl Inline {
@@ -117,7 +119,12 @@ impl Inline {
         args.iter().map(|a| self.bind(&a.mem)).collect()
     }
 
-    fn run_kernel(&self, launch: &KernelLaunch, bindings: &[Binding]) -> Result<(), ExecError> {
+    fn run_kernel(
+        &self,
+        launch: &KernelLaunch,
+        bindings: &[Binding],
+        preserve: bool,
+    ) -> Result<(), ExecError> {
         let name = &launch.kernel.name;
         if bindings.len() != launch.kernel.signature.globals.len() {
             return Err(self.invalid(format!(
@@ -126,14 +133,19 @@ impl Inline {
                 bindings.len()
             )));
         }
-        if let Some(closure) = launch.kernel.closure() {
-            let mut arena = Arena::default();
-            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                for g in 0..launch.geometry.group_count() {
-                    closure.run_group(&launch.geometry, g, bindings, &mut arena);
-                }
-            }))
-            .map_err(|p| ExecError::KernelPanicked { kernel: name.clone(), message: panic_message(&*p) });
+        if launch.kernel.closure().is_some() {
+            let modes = launch.args.iter().map(|a| a.mode);
+            // SAFETY: live bindings, ordered against other work by the scheduler.
+            return unsafe {
+                self.runner.run_kernel(
+                    &launch.kernel,
+                    &launch.geometry,
+                    modes,
+                    bindings,
+                    preserve,
+                    &mut Arena::default(),
+                )
+            };
         }
         let Some(image) = launch.kernel.image(STACK_VM) else {
             return Err(gantry::driver::no_image(&self.info.name, name));
@@ -142,7 +154,24 @@ impl Inline {
             self.loads.fetch_add(1, Ordering::Relaxed);
             decode(image)
         })?;
-        self.interpret(&launch.kernel, &program, &launch.scalars, bindings, launch.geometry.global_size())
+        // SAFETY: as above.
+        let snapshot = preserve.then(|| unsafe {
+            self.runner
+                .snapshots()
+                .take_modes(launch.args.iter().map(|a| a.mode).zip(bindings.iter().copied()))
+        });
+        let result = self.interpret(
+            &launch.kernel,
+            &program,
+            &launch.scalars,
+            bindings,
+            launch.geometry.global_size(),
+        );
+        if let (Err(_), Some(s)) = (&result, snapshot) {
+            // SAFETY: the kernel has stopped; nothing else touches the ranges.
+            unsafe { s.restore() };
+        }
+        result
     }
 
     /// Runs `program` for work-items `0..items`.
@@ -201,30 +230,15 @@ impl Inline {
         match op {
             DeviceOp::Kernel(launch) => {
                 let bindings = self.bind_all(&launch.args)?;
-                // SAFETY: live bindings, ordered against other work by the scheduler.
-                let snapshot = preserve.then(|| unsafe { self.snapshots.take(&launch.args, &bindings) });
-                let result = self.run_kernel(&launch, &bindings);
-                if let (Err(_), Some(s)) = (&result, snapshot) {
-                    // SAFETY: the kernel has stopped; nothing else touches the ranges.
-                    unsafe { s.restore() };
-                }
-                result
+                self.run_kernel(&launch, &bindings, preserve)
             }
-            DeviceOp::HostTask(mut task) => {
+            DeviceOp::HostTask(task) => {
                 let bindings = self.bind_all(&task.args)?;
-                // SAFETY: as for kernels.
-                let snapshot = preserve.then(|| unsafe { self.snapshots.take(&task.args, &bindings) });
-                let tag = task.tag;
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    (task.run)(&HostCtx::new(&bindings, tag))
-                }))
-                .map_err(|p| {
-                    if let Some(s) = snapshot {
-                        // SAFETY: the task has returned.
-                        unsafe { s.restore() };
-                    }
-                    ExecError::HostTaskPanicked { task: task.name.clone(), message: panic_message(&*p) }
-                })
+                let modes = task.args.iter().map(|a| a.mode);
+                // SAFETY: live host bindings, ordered against other work by the scheduler.
+                unsafe {
+                    self.runner.run_host_task(task.name, task.tag, task.run, modes, &bindings, preserve)
+                }
             }
             DeviceOp::Fill { dst, pattern } => {
                 if !fill_fits(dst.len, &pattern) {
@@ -306,7 +320,7 @@ fn inline_driver(
             ran: counters.ran.clone(),
             images: ImageCache::default(),
             loads: counters.loads.clone(),
-            snapshots: Arc::new(SnapshotPool::default()),
+            runner: Runner::new("inline".into()),
         }) as Arc<dyn Driver>)
     }
 }

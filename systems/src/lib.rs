@@ -84,7 +84,7 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(gantry_components::QueueFailures::default());
     world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(graph::ReverseDfs) });
     let closure: std::sync::Arc<dyn gantry_driver::fusion::FusionCompiler> =
-        std::sync::Arc::new(gantry_driver::fusion::ClosureFusion::new());
+        std::sync::Arc::new(gantry_host::ClosureFusion::new());
     let compilers = {
         let devices = world.resource::<Devices>();
         devices.0.iter().map(|d| gantry_components::device_compilers(&*d.driver, &closure)).collect()

@@ -285,7 +285,7 @@ type Undo = (u64, Arc<gantry_components::BufferCore>, SmallVec<[MemSpace; 2]>);
 /// placement in the cascade is the truth again ([`apply_undos`]).
 ///
 /// A failed fused kernel whose driver ran its kernels again unfused
-/// ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun)) is the exception: a
+/// ([`Unfused::rerun`](gantry_host::Unfused::rerun)) is the exception: a
 /// placement one of them completed holds what it wrote (`unfused` says which
 /// argument, the fused kernel's requirement of the same index), as it would have
 /// unfused, and stays valid.

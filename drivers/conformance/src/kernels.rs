@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use gantry_driver::{
-    phase, AccessMode, Accessor, Capabilities, ClosureKernel, CodeImage, DeviceOp, ExecError, Geometry,
-    ImageKind, Kernel as KernelOf, KernelLaunch, KernelRef, MemArg, NdRange, OpPatch, Phase, Read, ReadWrite,
-    RecordedArg, RecordedOp, ScalarBlock, Signature, Write,
+    AccessMode, Capabilities, CodeImage, DeviceOp, ExecError, Geometry, ImageKind, Kernel as KernelOf,
+    KernelLaunch, KernelRef, MemArg, NdRange, OpPatch, RecordedArg, RecordedOp, ScalarBlock, Signature,
 };
+use gantry_host::{phase, Accessor, ClosureKernel, Phase, Read, ReadWrite, Write};
 
 /// How the message of every panic the checks cause on purpose starts; the harness
 /// keeps these from printing.

@@ -12,21 +12,25 @@
 //!
 //! With `worker_threads == 0` every operation runs inline on the submitting thread, in
 //! submission order: fully deterministic, for tests and debugging.
+//!
+//! Once bound to host memory, kernels, host tasks and command-buffer replays run
+//! through `gantry_host`'s [`Runner`], as on the simulated device: this driver decides
+//! where and when an operation runs, and how a launch's work-groups spread over its
+//! pool.
 
 #![warn(missing_docs)]
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::sync::Mutex;
 use gantry_driver::{
-    fill_bytes, fill_fits, no_image, panic_message, patch_buffer, Accepted, AllocId, Arena, Binding,
-    Capabilities, ClosureKernel, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch,
-    Completion, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext, ExecError, Geometry, HostCtx,
-    ImageKind, KernelLaunch, KernelRef, MemArg, MemRef, MemSlice, OpHandle, OpId, OpPatch, Plan, PlanBuilder,
-    RecordedArg, RecordedOp, Snapshot, SnapshotPool, Submission,
+    fill_bytes, fill_fits, patch_buffer, Accepted, AllocId, Binding, Capabilities, CommandBuffer,
+    CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
+    DeviceOp, Driver, DriverContext, ExecError, Geometry, ImageKind, KernelLaunch, MemArg, MemRef, MemSlice,
+    OpHandle, OpId, OpPatch, PlanBuilder, RecordedArg, RecordedOp, Submission,
 };
+use gantry_host::{Arena, BoundOps, CachedPlan, ClosureImage, ClosureKernel, Groups, Runner};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
@@ -71,8 +75,9 @@ struct Inner {
     workers: Option<rayon::ThreadPool>,
     hosts: Option<rayon::ThreadPool>,
     inline_items: usize,
-    /// Memory for the copies `preserve_on_failure` takes before each operation.
-    snapshots: Arc<SnapshotPool>,
+    /// Runs bound operations, with the memory for the copies `preserve_on_failure`
+    /// takes before each.
+    runner: Runner,
 }
 
 /// One submitted operation in the driver's dependency graph.
@@ -129,13 +134,14 @@ impl CpuDriver {
                 peer_group: 0,
             },
         };
+        let runner = Runner::new(info.name.clone());
         let inner = Inner {
             info,
             ctx,
             workers: pool(config.worker_threads, "worker"),
             hosts: pool(config.host_threads, "host"),
             inline_items: config.inline_items,
-            snapshots: Arc::new(SnapshotPool::default()),
+            runner,
         };
         Self { inner: Arc::new(inner) }
     }
@@ -152,16 +158,16 @@ impl Driver for CpuDriver {
 
     fn free(&self, _id: AllocId) {}
 
-    /// Command buffers are [`Plan`]s replayed in order on one thread (kernels still
-    /// fan out over the pool). Reads into host memory are not recordable (the "memory
-    /// buffer read" of the SYCL graph extension's implementation design, unsupported
-    /// like on OpenCL backends).
+    /// Command buffers are [`Plan`](gantry_driver::Plan)s replayed in order on one
+    /// thread (kernels still fan out over the pool). Reads into host memory are not
+    /// recordable (the "memory buffer read" of the SYCL graph extension's
+    /// implementation design, unsupported like on OpenCL backends).
     fn create_command_buffer(
         &self,
         desc: CommandBufferDesc,
     ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
         let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Read { .. });
-        let wrap = |plan| -> CommandBuffer { Arc::new(CpuPlan { plan, bound: Mutex::new(None) }) };
+        let wrap = |plan| -> CommandBuffer { Arc::new(CpuPlan::new(plan)) };
         Ok(Box::new(PlanBuilder::new(desc, self.inner.info.name.clone(), accepts, wrap)))
     }
 
@@ -172,8 +178,7 @@ impl Driver for CpuDriver {
     ) -> Result<(), ExecError> {
         // The bound arguments depend only on the argument table and the operations'
         // arguments, which a patch keeps: the next replay need not bind them again.
-        let copy =
-            |cpu: &CpuPlan| CpuPlan { plan: cpu.plan.clone(), bound: Mutex::new(cpu.bound.lock().clone()) };
+        let copy = CpuPlan::with_binding;
         let swap = |cpu: &mut CpuPlan| cpu.plan.apply_patches(patch);
         patch_buffer(buffer, copy, swap)
             .ok_or_else(|| self.inner.invalid("a command buffer recorded by another driver".into()))?
@@ -237,17 +242,14 @@ impl Driver for CpuDriver {
 /// table it was last replayed with. Host memory does not move, so every replay of a
 /// graph after the first reuses them: a replayed operation costs its own work and
 /// nothing else.
-struct CpuPlan {
-    plan: Plan,
-    bound: Mutex<Option<Arc<BoundPlan>>>,
-}
+type CpuPlan = CachedPlan<BoundPlan>;
 
 /// A plan's operations bound to one argument table.
 struct BoundPlan {
     /// The table (the key).
     entries: SmallVec<[Binding; 8]>,
     /// Each operation's arguments, or why they cannot be bound.
-    ops: Vec<Result<SmallVec<[Binding; 4]>, ExecError>>,
+    ops: BoundOps,
 }
 
 /// Resolves host memory to a raw binding.
@@ -255,12 +257,9 @@ fn bind(inner: &Inner, mem: &MemSlice) -> Result<Binding, ExecError> {
     match &mem.mem {
         MemRef::Host(storage) => {
             if mem.offset.checked_add(mem.len).is_none_or(|end| end > storage.len()) {
-                return Err(inner.invalid(format!(
-                    "slice {}..+{} outside a host allocation of {} bytes",
-                    mem.offset,
-                    mem.len,
-                    storage.len()
-                )));
+                let (offset, len, size) = (mem.offset, mem.len, storage.len());
+                return Err(inner
+                    .invalid(format!("slice {offset}..+{len} outside a host allocation of {size} bytes")));
             }
             // SAFETY: offset is within the allocation (checked above).
             Ok(Binding::new(unsafe { storage.as_ptr().add(mem.offset) }, mem.len))
@@ -437,25 +436,14 @@ impl Inner {
             DeviceOp::CommandBuffer(launch) => self.run_plan(&launch, preserve),
             DeviceOp::HostTask(task) => {
                 let bindings = bind_all(self, &task.args)?;
-                // SAFETY: bindings are live and exclusive to this task by scheduling.
-                let snapshot = preserve.then(|| unsafe { self.snapshots.take(&task.args, &bindings) });
-                let (name, tag, mut run) = (task.name, task.tag, task.run);
-                // The task's closure is dropped here, after it ran: a capture whose
-                // destructor panics fails the task like a panic in its body.
-                let _ = gantry_driver::contain::take_drop_panic();
-                let outcome = catch_unwind(AssertUnwindSafe(move || {
-                    run(&HostCtx::new(&bindings, tag));
-                    drop(run);
-                }))
-                .map_err(|p| panic_message(&*p))
-                .and_then(|()| gantry_driver::contain::take_drop_panic().map_or(Ok(()), Err));
-                outcome.map_err(|message| {
-                    if let Some(s) = snapshot {
-                        // SAFETY: the task has returned; nothing else touches the ranges.
-                        unsafe { s.restore() };
-                    }
-                    ExecError::HostTaskPanicked { task: name, message }
-                })
+                let modes = task.args.iter().map(|a| a.mode);
+                // The task's closure is dropped after it ran: a capture whose destructor
+                // panics fails the task like a panic in its body.
+                // SAFETY: bindings are live host memory (the task's arguments hold it),
+                // exclusive to this task by scheduling.
+                unsafe {
+                    self.runner.run_host_task(task.name, task.tag, task.run, modes, &bindings, preserve)
+                }
             }
         }
     }
@@ -471,10 +459,12 @@ impl Inner {
                 bindings.len()
             )));
         }
-        // SAFETY: bindings are live and ordered against other commands by scheduling.
-        let snapshot = preserve.then(|| unsafe { self.snapshots.take(&launch.args, &bindings) });
-        let writes = |i: usize| launch.args[i].mode.writes();
-        self.run_bound(&launch.kernel, &launch.geometry, &bindings, snapshot, writes)
+        let (modes, groups) = (launch.args.iter().map(|a| a.mode), &mut self.workers());
+        // SAFETY: bindings are live (the launch's arguments hold the memory) and
+        // ordered against other commands by scheduling.
+        unsafe {
+            self.runner.run_kernel(&launch.kernel, &launch.geometry, modes, &bindings, preserve, groups)
+        }
     }
 
     /// Replays a command buffer: its operations in order, each bound to the argument
@@ -482,146 +472,62 @@ impl Inner {
     /// with a dependency error) and restores its own written ranges; independent ones
     /// still run. The first error is the replay's.
     fn run_plan(&self, launch: &CommandBufferLaunch, preserve: bool) -> Result<(), ExecError> {
-        let cpu = launch
-            .buffer
-            .downcast_ref::<CpuPlan>()
-            .ok_or_else(|| self.invalid("a command buffer recorded by another driver".into()))?;
+        let cpu = CpuPlan::launched(launch, &self.info.name)?;
         let plan = &cpu.plan;
-        if launch.args.len() != plan.entries {
-            return Err(self.invalid(format!(
-                "command buffer has {} argument entries but {} were bound",
-                plan.entries,
-                launch.args.len()
-            )));
-        }
         let entries = bind_all(self, &launch.args)?;
         let same = |b: &BoundPlan| {
             b.entries.len() == entries.len()
                 && b.entries.iter().zip(&entries).all(|(x, y)| x.ptr == y.ptr && x.len == y.len)
         };
-        let bound = {
-            let mut slot = cpu.bound.lock();
-            match &*slot {
-                Some(b) if same(b) => b.clone(),
-                _ => {
-                    let ops = plan
-                        .ops
-                        .iter()
-                        .map(|o| o.op.args().map(|a| self.bind_recorded(&entries, a)).collect())
-                        .collect();
-                    let b = Arc::new(BoundPlan { entries: entries.clone(), ops });
-                    *slot = Some(b.clone());
-                    b
+        let bound = cpu.bound(same, || {
+            let ops = BoundOps::bind(plan, |op, out| {
+                for a in op.args() {
+                    out.push(self.bind_recorded(&entries, a)?);
                 }
-            }
-        };
-        let failed = plan.replay(|i, op| match &bound.ops[i] {
-            Ok(bindings) => self.run_recorded(op, bindings, preserve),
-            Err(e) => Err(e.clone()),
+                Ok(())
+            });
+            BoundPlan { entries: entries.clone(), ops }
         });
-        failed.into_iter().flatten().next().map_or(Ok(()), Err)
+        // SAFETY: the bindings point into the launch's argument table, whose memory
+        // the launch holds, ordered against other commands by scheduling.
+        unsafe { self.runner.replay(plan, &bound.ops, preserve, &mut self.workers(), |_| None) }
     }
 
     fn bind_recorded(&self, entries: &[Binding], a: &RecordedArg) -> Result<Binding, ExecError> {
         a.bind(entries[a.entry as usize]).map_err(|e| self.invalid(e))
     }
 
-    /// Runs one recorded operation over its bound arguments (in [`RecordedOp::args`]
-    /// order).
-    fn run_recorded(&self, op: &RecordedOp, bindings: &[Binding], preserve: bool) -> Result<(), ExecError> {
-        match op {
-            RecordedOp::Kernel { kernel, geometry, args, .. } => {
-                let saved = preserve.then(|| {
-                    let pairs = args.iter().map(|a| a.mode).zip(bindings.iter().copied());
-                    // SAFETY: live bindings, ordered against other work by scheduling.
-                    unsafe { self.snapshots.take_modes(pairs) }
-                });
-                self.run_bound(kernel, geometry, bindings, saved, |i| args[i].mode.writes())
-            }
-            RecordedOp::Copy { .. } => {
-                let (s, d) = (bindings[0], bindings[1]);
-                // SAFETY: live ranges of equal length (checked when recorded); `copy`
-                // tolerates overlap.
-                unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
-                Ok(())
-            }
-            RecordedOp::Write { src, .. } => {
-                let d = bindings[0];
-                if src.len() != d.len {
-                    return Err(self.invalid(format!("write of {} bytes into {} bytes", src.len(), d.len)));
-                }
-                // SAFETY: live, exclusive by scheduling; the host data is immutable.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), d.ptr, d.len) };
-                Ok(())
-            }
-            RecordedOp::Fill { pattern, .. } => {
-                let d = bindings[0];
-                // SAFETY: live host memory, exclusive by scheduling; the length is a
-                // multiple of the pattern (checked when recorded).
-                unsafe { fill_bytes(d.ptr, d.len, pattern) };
-                Ok(())
-            }
-            RecordedOp::Marker => Ok(()),
-            RecordedOp::Read { .. } => Err(self.unsupported("memory buffer read")),
-        }
+    /// How this driver runs a launch's work-groups.
+    fn workers(&self) -> Workers<'_> {
+        Workers(self.workers.as_ref())
     }
+}
 
-    /// Runs a kernel over bound memory; restores `snapshot` if it panics. A fused
-    /// kernel whose writes were restored so then runs its kernels one by one
-    /// ([`Unfused::rerun`](gantry_driver::fusion::Unfused::rerun); `writes(i)`: whether
-    /// binding `i` is writable), so that its failure keeps what they would have kept
-    /// unfused. Without a snapshot nothing was restored, and nothing runs again.
-    fn run_bound(
-        &self,
-        kernel: &KernelRef,
-        geometry: &Geometry,
-        bindings: &[Binding],
-        snapshot: Option<Snapshot>,
-        writes: impl Fn(usize) -> bool,
-    ) -> Result<(), ExecError> {
-        let Err(error) = self.launch(kernel, geometry, bindings) else { return Ok(()) };
-        let Some(s) = snapshot else { return Err(error) };
-        // SAFETY: every group has stopped; nothing else touches the ranges.
-        unsafe { s.restore() };
-        match kernel.closure().and_then(|c| c.unfused.as_ref()) {
-            // SAFETY: the bindings are live and this operation's alone (scheduling);
-            // the fused kernel's writes were just undone.
-            Some(unfused) => {
-                unsafe { unfused.rerun(bindings, writes, &self.snapshots, |k, g, b| self.launch(k, g, b)) }
-                    .unwrap_or(Err(error))
-            }
-            None => Err(error),
-        }
-    }
+/// The CPU driver's work-groups: spread over the worker pool when there is one and
+/// the launch has more than one group, else in order on the calling thread, with the thread's arena.
+struct Workers<'a>(Option<&'a rayon::ThreadPool>);
 
-    /// Runs a kernel over bound memory, all its work-groups; a panic stops it and is
-    /// its error (what it wrote stays written).
-    fn launch(&self, kernel: &KernelRef, geometry: &Geometry, bindings: &[Binding]) -> Result<(), ExecError> {
-        let Some(closure) = kernel.closure() else { return Err(no_image(&self.info.name, &kernel.name)) };
+impl Groups for Workers<'_> {
+    fn run(&mut self, closure: &ClosureKernel, geometry: &Geometry, bindings: &[Binding]) {
         let groups = geometry.group_count();
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            if groups == 1 || self.workers.is_none() {
-                with_arena(closure, |arena| {
-                    for g in 0..groups {
-                        closure.run_group(geometry, g, bindings, arena);
-                    }
-                })
-            } else {
+        match self.0 {
+            Some(pool) if groups != 1 => {
                 let run = || {
                     (0..groups).into_par_iter().for_each(|g| {
                         with_arena(closure, |arena| closure.run_group(geometry, g, bindings, arena))
                     })
                 };
-                match (&self.workers, rayon::current_thread_index()) {
-                    (Some(pool), None) => pool.install(run),
-                    _ => run(),
+                match rayon::current_thread_index() {
+                    None => pool.install(run),
+                    Some(_) => run(),
                 }
             }
-        }));
-        outcome.map_err(|p| ExecError::KernelPanicked {
-            kernel: kernel.name.clone(),
-            message: panic_message(&*p),
-        })
+            _ => with_arena(closure, |arena| {
+                for g in 0..groups {
+                    closure.run_group(geometry, g, bindings, arena);
+                }
+            }),
+        }
     }
 }
 
@@ -667,10 +573,8 @@ fn with_arena<R>(kernel: &ClosureKernel, f: impl FnOnce(&mut Arena) -> R) -> R {
 mod tests {
     use super::*;
     use gantry_driver::sync::channel::unbounded;
-    use gantry_driver::{
-        phase, AccessMode, Accessor, ClosureKernel, Geometry, HostStorage, LocalAccessor, NdRange, Range,
-        ReadWrite, Scratch, ScratchKind,
-    };
+    use gantry_driver::{AccessMode, Geometry, HostStorage, NdRange, Range, Scratch, ScratchKind};
+    use gantry_host::{phase, Accessor, ClosureKernel, LocalAccessor, ReadWrite};
     use std::time::Instant;
 
     fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {

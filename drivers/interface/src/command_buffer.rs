@@ -25,11 +25,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::access::AccessMode;
 use crate::error::ExecError;
 use crate::kernel::{KernelRef, ScalarBlock};
-use crate::memory::Binding;
-use crate::memory::HostStorage;
+use crate::memory::{AccessMode, Binding, HostStorage};
 use crate::op::{fill_fits, MemArg};
 use crate::range::Geometry;
 
@@ -492,15 +490,11 @@ mod tests {
     }
 
     fn test_kernel(name: &str, slots: usize) -> KernelRef {
-        use crate::closure::{phase, ClosureKernel, ItemCost};
-        let closure = ClosureKernel {
-            tag: 0,
-            phases: smallvec::smallvec![phase(|_| {})],
-            global_slots: slots,
-            scratch: vec![],
-            unfused: None,
-        };
-        closure.into_kernel(name, vec![AccessMode::ReadWrite; slots], ItemCost::default())
+        let mut signature = crate::kernel::Signature::new();
+        for _ in 0..slots {
+            signature = signature.global(AccessMode::ReadWrite);
+        }
+        Arc::new(crate::kernel::Kernel::new(name, signature))
     }
 
     fn geometry(n: usize) -> Geometry {

@@ -6,19 +6,18 @@
 //! scheduler reads only the signature; which image runs is the driver's business.
 //!
 //! A [`Kernel`] is generic over its native image so that a kernel whose native
-//! image is a value of the host program (a closure kernel) is one allocation:
-//! `Arc<Kernel<ClosureKernel>>` coerces to [`KernelRef`], whose native image is
-//! `dyn Any`, and a driver that knows the type gets it back with
-//! [`Kernel::native`].
+//! image is a value of the host program (a closure kernel, `gantry_host`'s
+//! `ClosureKernel`) is one allocation: `Arc<Kernel<ClosureKernel>>` coerces to
+//! [`KernelRef`], whose native image is `dyn Any`, and a driver that knows the type
+//! gets it back with [`Kernel::native`].
 
 use std::any::Any;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::access::AccessMode;
-use crate::closure::{ItemCost, Scratch, ScratchKind};
 use crate::image::{CodeImage, ImageKind};
+use crate::memory::AccessMode;
 
 /// A kernel as the scheduler and drivers hold it.
 pub type KernelRef = Arc<Kernel>;
@@ -102,6 +101,75 @@ impl Signature {
     /// Total bytes of scratch of `kind` (saturating).
     pub fn memory_bytes(&self, kind: ScratchKind) -> usize {
         self.memory.iter().filter(|s| s.kind == kind).fold(0usize, |a, s| a.saturating_add(s.bytes))
+    }
+}
+
+/// The virtual cost of one work-item on a simulated device: `ns` plus `default_items`
+/// times the device's default per-item cost. A kernel that declares its cost has
+/// `default_items == 0`; one that does not has `ns == 0, default_items == 1`; a fused
+/// kernel sums its parts, weighted by their share of the fused grid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ItemCost {
+    /// Declared nanoseconds per work-item.
+    pub ns: f64,
+    /// How many work-items' worth of the device default to add.
+    pub default_items: f64,
+}
+
+impl ItemCost {
+    /// `Some(ns)`: that cost; `None`: the device's default.
+    pub fn of(ns: Option<f64>) -> Self {
+        match ns {
+            Some(ns) => Self { ns, default_items: 0.0 },
+            None => Self { ns: 0.0, default_items: 1.0 },
+        }
+    }
+    /// The cost per work-item on a device whose default is `default_ns`.
+    pub fn resolve(&self, default_ns: f64) -> f64 {
+        self.ns + self.default_items * default_ns
+    }
+}
+
+impl Default for ItemCost {
+    fn default() -> Self {
+        Self::of(None)
+    }
+}
+
+/// Which kind of scratch memory a slot is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScratchKind {
+    /// Shared by the work-items of a group (address space 3).
+    Local,
+    /// Owned by one work-item, kept across phases (address space 5).
+    Private,
+}
+
+/// A scratch slot: `bytes` per work-group (local) or per work-item (private).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Scratch {
+    /// Local or private.
+    pub kind: ScratchKind,
+    /// Bytes per group (local) or per work-item (private).
+    pub bytes: usize,
+    /// Whether the region is cleared for every group, so that what a kernel reads
+    /// before writing does not depend on which groups ran on the thread before. Only
+    /// a region the kernel provably writes whole before reading skips it.
+    pub zeroed: bool,
+}
+
+impl Scratch {
+    /// A region cleared for every group.
+    pub fn new(kind: ScratchKind, bytes: usize) -> Self {
+        Self { kind, bytes, zeroed: true }
+    }
+
+    /// Bytes of the slot's region for one work-group of `local_size` work-items.
+    pub fn group_bytes(&self, local_size: usize) -> usize {
+        match self.kind {
+            ScratchKind::Local => self.bytes,
+            ScratchKind::Private => self.bytes * local_size,
+        }
     }
 }
 

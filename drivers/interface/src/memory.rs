@@ -1,5 +1,6 @@
-//! Memory as drivers see it: host storage, device allocations, slices of either, and the
-//! raw bindings a kernel's accessors resolve to at execution time.
+//! Memory as drivers see it: host storage, device allocations, slices of either, how
+//! a command uses them, and the raw bindings a kernel's accessors resolve to at
+//! execution time.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -150,6 +151,35 @@ impl MemSlice {
     }
 }
 
+/// How a command uses a buffer range. Drives dependency resolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessMode {
+    /// Reads the range.
+    Read,
+    /// Writes (some of) the range; elements not written keep their values.
+    Write,
+    /// Reads and writes the range.
+    ReadWrite,
+    /// Overwrites the range; its previous contents need not be made available.
+    DiscardWrite,
+}
+
+impl AccessMode {
+    /// Whether the command observes the range's previous contents.
+    pub const fn reads(self) -> bool {
+        matches!(self, AccessMode::Read | AccessMode::ReadWrite)
+    }
+    /// Whether the command may change the range.
+    pub const fn writes(self) -> bool {
+        !matches!(self, AccessMode::Read)
+    }
+    /// Whether the previous contents of the buffer must be present where the command
+    /// runs: everything except a discard-write.
+    pub const fn needs_contents(self) -> bool {
+        !matches!(self, AccessMode::DiscardWrite)
+    }
+}
+
 /// Where an accessor slot's memory lives inside a fused kernel that internalized it
 /// (the DPC++ kernel-fusion design, "Internalization"): element `i` is found at
 /// `i % (wrap / size_of::<T>())`.
@@ -193,5 +223,18 @@ impl Binding {
     #[inline]
     pub const fn new(ptr: *mut u8, len: usize) -> Self {
         Self { ptr, len, internal: Internal::No, wrap: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_classify_reads_and_writes() {
+        assert!(AccessMode::Read.reads() && !AccessMode::Read.writes());
+        assert!(AccessMode::ReadWrite.reads() && AccessMode::ReadWrite.writes());
+        assert!(!AccessMode::DiscardWrite.needs_contents());
+        assert!(AccessMode::Write.needs_contents() && !AccessMode::Write.reads());
     }
 }

@@ -10,12 +10,13 @@ use gantry_components::{
     SchedulerConfig, Timeline,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
-use gantry_driver::fusion::{ClosureFusion, FusionCompiler};
+use gantry_driver::fusion::FusionCompiler;
 use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::unbounded;
 use gantry_driver::sync::thread;
 use gantry_driver::sync::{self, Condvar, Mutex};
 use gantry_driver::{Completion, Driver, DriverContext, DriverFactory, MemSpace};
+use gantry_host::ClosureFusion;
 
 use super::scheduler::{Core, IdleState, Senders, Shared};
 use super::{DeviceId, Runtime};

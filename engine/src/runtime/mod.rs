@@ -16,9 +16,9 @@ use bevy_ecs::system::ScheduleSystem;
 use bevy_ecs::world::World;
 use bytemuck::Pod;
 use gantry_components::{BufferCore, QueueCore, Stage, Stats, Timeline};
-use gantry_driver::fusion::CacheStats;
 use gantry_driver::sync::thread::JoinHandle;
 use gantry_driver::{DeviceInfo, HostStorage};
+use gantry_host::CacheStats;
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};

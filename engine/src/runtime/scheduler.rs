@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use gantry_components::{EventShared, EventStatus, FailureSync, Message, Stats, WorkLists};
-use gantry_driver::fusion::ClosureFusion;
 use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{Receiver, Select, Sender};
 use gantry_driver::sync::thread;
 use gantry_driver::sync::{self, safety_net, spin_until, Condvar, Mutex};
 use gantry_driver::{Completion, DeviceInfo, Driver};
+use gantry_host::ClosureFusion;
 
 use crate::error::{Error, Result};
 

@@ -186,10 +186,11 @@ mod tests {
 
     use gantry_components::{CommandKind, Entry, EntrySource, NodeUse, Requirement};
     use gantry_driver::{
-        patch_buffer, phase, Accepted, AccessMode, AllocId, Capabilities, ClosureKernel,
-        CommandBufferBuilder, CommandBufferDesc, DeviceInfo, DeviceKind, ExecError, Geometry, ItemCost, Plan,
-        PlanBuilder, Range, RecordedArg, RecordedOp, Submission,
+        patch_buffer, Accepted, AccessMode, AllocId, Capabilities, CommandBufferBuilder, CommandBufferDesc,
+        DeviceInfo, DeviceKind, ExecError, Geometry, ItemCost, Plan, PlanBuilder, Range, RecordedArg,
+        RecordedOp, Submission,
     };
+    use gantry_host::{phase, ClosureKernel};
     use smallvec::SmallVec;
 
     use super::*;

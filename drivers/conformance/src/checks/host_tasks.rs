@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use gantry_driver::{
-    AccessMode, DeviceOp, ExecError, HostAccessor, HostCtx, HostFn, HostStorage, HostTask, MemArg, MemSlice,
-    Read, Write,
+    AccessMode, DeviceOp, ExecError, HostCtx, HostFn, HostStorage, HostTask, MemArg, MemSlice,
 };
+use gantry_host::{HostAccessor, Read, Write};
 
 use super::copy;
 use crate::harness::{bytes_u32, u32_bytes, Factory, Harness};

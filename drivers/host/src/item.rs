@@ -1,8 +1,10 @@
 //! The work-item a kernel closure receives, and the per-work-group context a driver
-//! hands to each kernel phase.
+//! hands to each kernel phase. (A host task's context, [`HostCtx`], is part of the
+//! driver contract: `gantry_driver`.)
+//!
+//! [`HostCtx`]: gantry_driver::HostCtx
 
-use crate::memory::{Binding, Internal};
-use crate::range::{delinearize, linearize, Geometry};
+use gantry_driver::{delinearize, linearize, Binding, Geometry, Internal};
 
 /// What a driver passes to a kernel phase for one work-group: the launch geometry,
 /// which group this is, and the resolved memory of every accessor slot.
@@ -163,7 +165,8 @@ fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
 /// memory is reachable only while the kernel runs.
 ///
 /// ```
-/// # use gantry_driver::{Geometry, GroupCtx, Range};
+/// # use gantry_driver::{Geometry, Range};
+/// # use gantry_host::GroupCtx;
 /// let geometry = Geometry::for_range(Range::d2(2, 3)).unwrap();
 /// let group = GroupCtx::new(&geometry, [1, 0, 0], &[], &[], 0);
 /// let ids = std::cell::RefCell::new(Vec::new());
@@ -300,24 +303,5 @@ impl<'a> Item<'a> {
     pub(crate) fn scratch_binding(&self, slot: u32, tag: u64) -> Binding {
         assert!(tag == self.tag, "accessor used in a kernel of a different command group");
         self.scratch[slot as usize]
-    }
-}
-
-/// The context a host task receives: the resolved host memory of its accessors.
-pub struct HostCtx<'a> {
-    pub(crate) bindings: &'a [Binding],
-    pub(crate) tag: u64,
-}
-
-impl<'a> HostCtx<'a> {
-    /// Built by drivers when they run a host task.
-    pub fn new(bindings: &'a [Binding], tag: u64) -> Self {
-        Self { bindings, tag }
-    }
-
-    #[inline]
-    pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(tag == self.tag, "host accessor used in a host task of a different command group");
-        self.bindings[slot as usize]
     }
 }

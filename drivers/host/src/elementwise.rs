@@ -24,7 +24,7 @@ use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::closure::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
 use crate::isa::Isa;
 use crate::item::{GroupCtx, Item};
-use crate::memory::{Binding, Internal};
+use gantry_driver::{Binding, Internal};
 
 /// The code identity of a map phase, for the fusion cache.
 struct MapCode<T, U, F>(PhantomData<fn(T, F) -> U>);
@@ -33,8 +33,9 @@ struct MapCode<T, U, F>(PhantomData<fn(T, F) -> U>);
 /// `f(input[i])` to its own element of `output`.
 ///
 /// ```
-/// # use gantry_driver::{elementwise::map_phase, Accessor, ElemAccessor, Binding, ClosureKernel,
-/// #     Arena, ItemCost, Read, DiscardWrite, NdRange};
+/// # use gantry_driver::{Binding, NdRange};
+/// # use gantry_host::{elementwise::map_phase, Accessor, ElemAccessor, ClosureKernel, Arena, Read,
+/// #     DiscardWrite};
 /// let input: Vec<f32> = (0..2048).map(|i| i as f32).collect();
 /// let mut out = vec![0f32; 2048];
 /// let (a, o) = (Accessor::<f32, Read>::new(0, 1, 2048), ElemAccessor::<f32, DiscardWrite>::new(1, 1, 2048));
@@ -62,7 +63,7 @@ where
 {
     let touches =
         Elementwise::new(input.slot_and_tag().0, output.slot_and_tag().0, size_of::<T>(), size_of::<U>());
-    let body = Arc::new(MapBody { input, output, f: crate::contain::Contained::new(f) });
+    let body = Arc::new(MapBody { input, output, f: gantry_driver::contain::Contained::new(f) });
     let elementwise = touches.map(|touches| ElementwisePhase { touches, map: MapLoop(body.clone()) });
     Phase {
         group: Arc::new(move |ctx: &GroupCtx<'_>| body.group(ctx)),
@@ -79,7 +80,7 @@ struct MapBody<T, U, MI, MO, F> {
     output: ElemAccessor<U, MO>,
     /// Dropped wherever its last command lets go of it: a panicking capture must not
     /// unwind there.
-    f: crate::contain::Contained<F>,
+    f: gantry_driver::contain::Contained<F>,
 }
 
 impl<T, U, MI, MO, F> MapBody<T, U, MI, MO, F>
@@ -289,7 +290,7 @@ mod tests {
     use super::*;
     use crate::access::{DiscardWrite, Read};
     use crate::closure::{Arena, ClosureKernel};
-    use crate::range::{Geometry, NdRange, Range};
+    use gantry_driver::{Geometry, NdRange, Range};
 
     fn kernel(phase: Phase) -> ClosureKernel {
         ClosureKernel {

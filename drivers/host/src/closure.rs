@@ -8,18 +8,31 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::access::AccessMode;
-use crate::fusion::Unfused;
-use crate::image::ImageKind;
-use crate::item::{GroupCtx, Item};
-use crate::kernel::{Kernel, KernelRef, Signature};
-use crate::memory::Binding;
-use crate::range::Geometry;
+use gantry_driver::{
+    AccessMode, Binding, Geometry, ImageKind, ItemCost, Kernel, KernelRef, Scratch, Signature,
+};
 
-impl Kernel {
+use crate::fusion::Unfused;
+use crate::item::{GroupCtx, Item};
+
+/// A kernel's closure image: [`Kernel::native`] as a [`ClosureKernel`]. Import it to
+/// call `kernel.closure()` on a [`Kernel`] or a [`KernelRef`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use gantry_driver::{Kernel, KernelRef, Signature};
+/// use gantry_host::ClosureImage;
+/// let code_only: KernelRef = Arc::new(Kernel::new("code only", Signature::new()));
+/// assert!(code_only.closure().is_none());
+/// ```
+pub trait ClosureImage {
     /// Its closure image, if it has one.
+    fn closure(&self) -> Option<&ClosureKernel>;
+}
+
+impl ClosureImage for Kernel {
     #[inline]
-    pub fn closure(&self) -> Option<&ClosureKernel> {
+    fn closure(&self) -> Option<&ClosureKernel> {
         self.native()
     }
 }
@@ -146,7 +159,7 @@ where
 {
     // Dropped wherever its last command lets go of it: a panicking capture must not
     // unwind there.
-    let f = crate::contain::Contained::new(f);
+    let f = gantry_driver::contain::Contained::new(f);
     Phase {
         group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item(&*f)),
         per_item: true,
@@ -155,78 +168,9 @@ where
     }
 }
 
-/// The virtual cost of one work-item on a simulated device: `ns` plus `default_items`
-/// times the device's default per-item cost. A kernel that declares its cost has
-/// `default_items == 0`; one that does not has `ns == 0, default_items == 1`; a fused
-/// kernel sums its parts, weighted by their share of the fused grid.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ItemCost {
-    /// Declared nanoseconds per work-item.
-    pub ns: f64,
-    /// How many work-items' worth of the device default to add.
-    pub default_items: f64,
-}
-
-impl ItemCost {
-    /// `Some(ns)`: that cost; `None`: the device's default.
-    pub fn of(ns: Option<f64>) -> Self {
-        match ns {
-            Some(ns) => Self { ns, default_items: 0.0 },
-            None => Self { ns: 0.0, default_items: 1.0 },
-        }
-    }
-    /// The cost per work-item on a device whose default is `default_ns`.
-    pub fn resolve(&self, default_ns: f64) -> f64 {
-        self.ns + self.default_items * default_ns
-    }
-}
-
-impl Default for ItemCost {
-    fn default() -> Self {
-        Self::of(None)
-    }
-}
-
-/// Which kind of scratch memory a slot is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScratchKind {
-    /// Shared by the work-items of a group (address space 3).
-    Local,
-    /// Owned by one work-item, kept across phases (address space 5).
-    Private,
-}
-
-/// A scratch slot: `bytes` per work-group (local) or per work-item (private).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Scratch {
-    /// Local or private.
-    pub kind: ScratchKind,
-    /// Bytes per group (local) or per work-item (private).
-    pub bytes: usize,
-    /// Whether the region is cleared for every group, so that what a kernel reads
-    /// before writing does not depend on which groups ran on the thread before. Only
-    /// a region the kernel provably writes whole before reading skips it.
-    pub zeroed: bool,
-}
-
-impl Scratch {
-    /// A region cleared for every group.
-    pub fn new(kind: ScratchKind, bytes: usize) -> Self {
-        Self { kind, bytes, zeroed: true }
-    }
-
-    /// Bytes of the slot's region for one work-group of `local_size` work-items.
-    fn group_bytes(&self, local_size: usize) -> usize {
-        match self.kind {
-            ScratchKind::Local => self.bytes,
-            ScratchKind::Private => self.bytes * local_size,
-        }
-    }
-}
-
 /// A kernel image that is Rust code: its phases run in order for a whole work-group,
 /// so a barrier between them holds. Cloning shares the phases. A [`Kernel`] carries
-/// it as its native image ([`ClosureKernel::into_kernel`], [`Kernel::closure`]).
+/// it as its native image ([`ClosureKernel::into_kernel`], [`ClosureImage::closure`]).
 #[derive(Clone)]
 pub struct ClosureKernel {
     /// Tag of the command group whose accessors the phases use.
@@ -365,7 +309,7 @@ impl ClosureKernel {
 mod tests {
     use super::*;
     use crate::access::{Accessor, LocalAccessor, ReadWrite};
-    use crate::range::NdRange;
+    use gantry_driver::{NdRange, ScratchKind};
 
     /// A two-phase kernel that reverses each work-group's slice through local memory:
     /// correct only if phase 1 finished for the whole group before phase 2.

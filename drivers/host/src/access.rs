@@ -28,37 +28,9 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Rel
 
 use bytemuck::Pod;
 
-use crate::item::{HostCtx, Item};
-use crate::memory::Binding;
+use gantry_driver::{AccessMode, Binding, HostCtx};
 
-/// How a command uses a buffer range. Drives dependency resolution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AccessMode {
-    /// Reads the range.
-    Read,
-    /// Writes (some of) the range; elements not written keep their values.
-    Write,
-    /// Reads and writes the range.
-    ReadWrite,
-    /// Overwrites the range; its previous contents need not be made available.
-    DiscardWrite,
-}
-
-impl AccessMode {
-    /// Whether the command observes the range's previous contents.
-    pub const fn reads(self) -> bool {
-        matches!(self, AccessMode::Read | AccessMode::ReadWrite)
-    }
-    /// Whether the command may change the range.
-    pub const fn writes(self) -> bool {
-        !matches!(self, AccessMode::Read)
-    }
-    /// Whether the previous contents of the buffer must be present where the command
-    /// runs: everything except a discard-write.
-    pub const fn needs_contents(self) -> bool {
-        !matches!(self, AccessMode::DiscardWrite)
-    }
-}
+use crate::item::Item;
 
 /// Type-level access mode of an accessor.
 pub trait Mode: Send + Sync + 'static {
@@ -494,13 +466,5 @@ mod tests {
             store_relaxed(&mut o, Odd { a: 1, b: [2, 3] });
             assert_eq!(load_relaxed(&o), Odd { a: 1, b: [2, 3] });
         }
-    }
-
-    #[test]
-    fn modes_classify_reads_and_writes() {
-        assert!(AccessMode::Read.reads() && !AccessMode::Read.writes());
-        assert!(AccessMode::ReadWrite.reads() && AccessMode::ReadWrite.writes());
-        assert!(!AccessMode::DiscardWrite.needs_contents());
-        assert!(AccessMode::Write.needs_contents() && !AccessMode::Write.reads());
     }
 }

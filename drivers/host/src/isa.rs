@@ -20,7 +20,7 @@
 //! machine cannot run falls back to the widest it can below it.
 //!
 //! ```
-//! use gantry_driver::isa::{self, Isa};
+//! use gantry_host::isa::{self, Isa};
 //! let isa = isa::active();
 //! assert!(isa <= Isa::detected());
 //! println!("elementwise loops run as {isa}");
@@ -187,7 +187,7 @@ static STREAM_SPAN: Decided = Decided::new();
 /// `GANTRY_STREAM_SPAN` (a power of two from 64 to 4096) decides instead (read once).
 ///
 /// ```
-/// let span = gantry_driver::isa::stream_span();
+/// let span = gantry_host::isa::stream_span();
 /// assert!(span.is_power_of_two() && (64..=4096).contains(&span));
 /// ```
 #[inline]

@@ -1,0 +1,403 @@
+//! A fused closure kernel's body: its kernels run per work-group as the plan says
+//! (phase after phase, item by item without barriers, or span by span for elementwise
+//! chains), and the kernels it stands for when it fails ([`Unfused`]).
+
+use std::sync::{Arc, Mutex};
+
+use gantry_driver::fusion::KeptOnFailure;
+use gantry_driver::{AccessMode, Binding, ExecError, Geometry, HostStorage, Internal, KernelRef};
+use smallvec::SmallVec;
+
+use super::closure_of;
+use super::plan::{Plan, SlotSource, Uses};
+use crate::closure::{ClosureKernel, Elementwise, ElementwisePhase, ResolvedMap};
+use crate::elementwise::contiguous_run;
+use crate::item::GroupCtx;
+use crate::snapshot::SnapshotPool;
+
+/// One kernel inside a fused kernel.
+pub(super) struct Part {
+    pub(super) kernel: KernelRef,
+    /// The ids and ranges its work-items see.
+    pub(super) geometry: Geometry,
+    /// The earlier parts it depends on ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)).
+    pub(super) deps: SmallVec<[u32; 2]>,
+}
+
+impl Part {
+    #[inline]
+    fn closure(&self) -> &ClosureKernel {
+        closure_of(&self.kernel)
+    }
+}
+
+/// The body of a fused closure kernel: the kernels and the (cached) plan that says
+/// where their slots point.
+pub(super) struct FusedBody {
+    pub(super) parts: SmallVec<[Part; 4]>,
+    pub(super) plan: Arc<Plan>,
+    pub(super) barriers: bool,
+    /// Per part, whether the last [`Unfused::rerun`] completed it (`None` before one).
+    pub(super) completed: Mutex<Option<SmallVec<[bool; 8]>>>,
+}
+
+impl FusedBody {
+    pub(super) fn run_group(&self, grid: &GroupCtx<'_>) {
+        let plan = &*self.plan;
+        // Every kernel's bindings, in one table built once per group.
+        let mut table: SmallVec<[Binding; 16]> = SmallVec::from_elem(Binding::EMPTY, plan.slots.len());
+        for (binding, s) in table.iter_mut().zip(&plan.slots) {
+            *binding = s.bind(grid.bindings, grid.scratch, &plan.internal);
+        }
+        let ctx = |k: usize| {
+            let (part, base) = (&self.parts[k], plan.scratch_base[k]);
+            GroupCtx {
+                geometry: &part.geometry,
+                remap: plan.remap[k].then_some(grid.geometry),
+                group: grid.group,
+                bindings: &table[plan.slot_start[k]..plan.slot_start[k + 1]],
+                scratch: &grid.scratch[base..base + part.closure().scratch.len()],
+                tag: part.closure().tag,
+                only: None,
+                span: None,
+            }
+        };
+        let streams = |from: usize| plan.streams[from..].iter().take_while(|&&s| s).count();
+        let interleave =
+            |p: &Part| !self.barriers && p.closure().phases.len() == 1 && p.closure().phases[0].per_item;
+        let mut k = 0;
+        while k < self.parts.len() {
+            let run = streams(k);
+            if run > 1 {
+                self.stream(grid, k..k + run, &table, &ctx);
+                k += run;
+                continue;
+            }
+            let run = self.parts[k..].iter().take_while(|p| interleave(p)).count();
+            if run > 1 {
+                // Without barriers: each work-item runs the single-phase kernels' bodies
+                // back to back.
+                let subs: SmallVec<[GroupCtx<'_>; 4]> = (k..k + run).map(ctx).collect();
+                let ext = grid.extent();
+                for i0 in 0..ext[0] {
+                    for i1 in 0..ext[1] {
+                        for i2 in 0..ext[2] {
+                            for (sub, part) in subs.iter().zip(&self.parts[k..]) {
+                                let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
+                                (part.closure().phases[0].group)(&one);
+                            }
+                        }
+                    }
+                }
+                k += run;
+                continue;
+            }
+            let sub = ctx(k);
+            for phase in &self.parts[k].closure().phases {
+                (phase.group)(&sub);
+            }
+            k += 1;
+        }
+    }
+
+    /// Runs the elementwise kernels `parts` (whose plan entries stream) span by
+    /// span: each kernel over a span of work-items ([`span_within`] of
+    /// [`isa::stream_span`](crate::isa::stream_span)), then the next kernel over the
+    /// same ones, then the next span. Work-item `i` of each touches only element
+    /// `i`, so this gives what kernel after kernel over the whole group gives,
+    /// barriers or not. Where every kernel's input and output are one run over the
+    /// group, each span is one call of the kernel's loop, resolved once per group
+    /// ([`MapLoop::resolve`](crate::MapLoop::resolve)); otherwise each kernel's phase
+    /// runs with [`GroupCtx::span`] set.
+    ///
+    /// Why spans: a chain run kernel after kernel over a whole group reads its input
+    /// and writes its output in bursts between passes over the intermediates, and
+    /// the hardware prefetcher, which follows a steady stream, misses the start of
+    /// each burst; short spans, with the memory [`PREFETCH_AHEAD`] bytes on requested
+    /// first where that pays, stream like one loop (figures: `docs/PERFORMANCE.md`).
+    fn stream<'a>(
+        &self,
+        grid: &GroupCtx<'_>,
+        parts: std::ops::Range<usize>,
+        table: &[Binding],
+        ctx: &impl Fn(usize) -> GroupCtx<'a>,
+    ) {
+        let plan = &*self.plan;
+        let (base, ext) = (grid.base()[0], grid.extent()[0]);
+        let mut runs: SmallVec<[StreamRun; 8]> = SmallVec::new();
+        let mut calls: SmallVec<[SpanCall<'_>; 8]> = SmallVec::new();
+        // Bytes per work-item of the span-local intermediates (each counted where it
+        // is written), which a span keeps in L1.
+        let mut local_bytes = 0;
+        for k in parts.clone() {
+            let phase = self.parts[k].closure().phases[0].elementwise.as_ref();
+            let ElementwisePhase { touches: e, map } = phase.expect("a streaming kernel is elementwise");
+            let e = *e;
+            let own = &table[plan.slot_start[k]..plan.slot_start[k + 1]];
+            let (input, output) = (own[e.input as usize], own[e.output as usize]);
+            let src = contiguous_run(input, base, 0, ext, e.input_bytes.into());
+            let dst = contiguous_run(output, base, 0, ext, e.output_bytes.into());
+            // A span-local intermediate lives in the region's first span: every span
+            // starts there.
+            let step = |slot: u16, bytes: u16| {
+                let local = plan.span_local(plan.slots[plan.slot_start[k] + usize::from(slot)], &parts);
+                if local {
+                    0
+                } else {
+                    usize::from(bytes)
+                }
+            };
+            let dst_step = step(e.output, e.output_bytes);
+            if dst_step == 0 {
+                local_bytes += usize::from(e.output_bytes);
+            }
+            if let Some((src, dst)) = src.zip(dst) {
+                let src_step = step(e.input, e.input_bytes);
+                calls.push(SpanCall { map: map.resolve(), src, dst, src_step, dst_step });
+            }
+            runs.push(StreamRun { input, output, e });
+        }
+        let contiguous = calls.len() == runs.len();
+        let prefetch = crate::isa::stream_prefetch();
+        let span = span_within(crate::isa::stream_span(), local_bytes);
+        for lo in (0..ext).step_by(span) {
+            let count = span.min(ext - lo);
+            if prefetch {
+                let mut previous_output = std::ptr::null_mut();
+                for r in &runs {
+                    if r.input.ptr != previous_output {
+                        prefetch_ahead(r.input, base + lo, count, r.e.input_bytes.into(), false);
+                    }
+                    prefetch_ahead(r.output, base + lo, count, r.e.output_bytes.into(), true);
+                    previous_output = r.output.ptr;
+                }
+            }
+            if contiguous {
+                for c in &calls {
+                    // SAFETY: `contiguous_run` found `ext` elements at `src` and `dst`
+                    // for the group; this span is `lo..lo + count` of them (or, for a
+                    // span-local intermediate, the first `count`). The output run is
+                    // the group's own elements of the kernel's element accessor, as in
+                    // `map_phase`.
+                    unsafe { c.map.run(c.src.add(lo * c.src_step), c.dst.add(lo * c.dst_step), count) };
+                }
+            } else {
+                // Some run is not contiguous (an internalized region of another
+                // shape): each kernel's own phase over the span, per work-item.
+                for k in parts.clone() {
+                    let sub = GroupCtx { span: Some((lo, lo + count)), ..ctx(k) };
+                    (self.parts[k].closure().phases[0].group)(&sub);
+                }
+            }
+        }
+    }
+}
+
+/// The kernels a fused closure kernel stands for, and where its arguments bind
+/// their slots ([`ClosureKernel::unfused`]): what a driver needs to run them one by
+/// one when the fused kernel fails ([`Unfused::rerun`]), so that the failure keeps
+/// exactly the results the kernels would have kept unfused.
+#[derive(Clone)]
+pub struct Unfused(pub(super) Arc<FusedBody>);
+
+impl std::fmt::Debug for Unfused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.parts.iter().map(|p| &*p.kernel.name).collect();
+        f.debug_tuple("Unfused").field(&names).finish()
+    }
+}
+
+impl Unfused {
+    /// How many kernels the fused kernel stands for.
+    pub fn len(&self) -> usize {
+        self.0.parts.len()
+    }
+
+    /// Whether it stands for none (never, for a kernel [`ClosureFusion`](super::ClosureFusion) built).
+    pub fn is_empty(&self) -> bool {
+        self.0.parts.is_empty()
+    }
+
+    /// Runs the kernels of a fused kernel that failed one by one, unfused, in list
+    /// order, each over its own geometry and its own slots of the fused kernel's
+    /// arguments, as the scheduler would have run them: a kernel whose dependency
+    /// ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)) failed or was
+    /// skipped is skipped; one that fails has its writes undone (from a snapshot of its own); independent kernels keep
+    /// theirs. An internalized buffer, which has no global memory, is zeroed memory
+    /// of its range's size for the rerun, dropped after (internalized contents are
+    /// not written back, as in the fused kernel).
+    ///
+    /// `globals` are the fused launch's bindings (one per argument), `writes(i)`
+    /// whether argument `i` is bound writable (only those ranges are snapshotted),
+    /// and `launch` runs one kernel over all its work-groups, its panic caught and
+    /// returned as its error, leaving its writes.
+    ///
+    /// Returns `None`, having run nothing, if `globals` do not have the fused
+    /// kernel's arguments' sizes or the internalized buffers' memory cannot be
+    /// allocated; otherwise the first failed kernel's error, or success if every
+    /// kernel ran (a failure only the fused form met).
+    ///
+    /// # Safety
+    /// The bindings must be live and touched by nothing else during the call, and
+    /// the fused kernel's writes must have been undone first (its snapshot
+    /// restored): the kernels run again from the contents it started from.
+    pub unsafe fn rerun(
+        &self,
+        globals: &[Binding],
+        writes: impl Fn(usize) -> bool,
+        snapshots: &Arc<SnapshotPool>,
+        mut launch: impl FnMut(&KernelRef, &Geometry, &[Binding]) -> Result<(), ExecError>,
+    ) -> Option<Result<(), ExecError>> {
+        let FusedBody { parts, plan, .. } = &*self.0;
+        let sized = |(g, (_, start, end, _)): (&Binding, &(usize, usize, usize, Uses))| g.len == end - start;
+        if globals.len() != plan.args.len() || !globals.iter().zip(&plan.args).all(sized) {
+            return None;
+        }
+        let internal: Option<Vec<HostStorage>> =
+            plan.internal_len.iter().map(|&len| HostStorage::try_zeroed(len)).collect();
+        let internal = internal?;
+        let mut failed: SmallVec<[bool; 8]> = SmallVec::from_elem(false, parts.len());
+        let mut first_error = None;
+        for (k, part) in parts.iter().enumerate() {
+            if part.deps.iter().any(|&d| failed.get(d as usize).copied().unwrap_or(false)) {
+                failed[k] = true;
+                continue;
+            }
+            let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
+            let mut bindings: SmallVec<[Binding; 8]> = SmallVec::with_capacity(slots.len());
+            let mut saved: SmallVec<[(AccessMode, Binding); 8]> = SmallVec::new();
+            for &slot in slots {
+                match slot {
+                    SlotSource::Arg { index, offset, len } => {
+                        let g = globals[index as usize];
+                        // SAFETY: the fused argument (its size checked above) is the
+                        // hull of this slot's range.
+                        let b = Binding::new(unsafe { g.ptr.add(offset) }, len);
+                        if writes(index as usize) {
+                            saved.push((AccessMode::ReadWrite, b));
+                        }
+                        bindings.push(b);
+                    }
+                    SlotSource::Internal { index } => {
+                        let m = &internal[index as usize];
+                        bindings.push(Binding::new(m.as_ptr(), m.len()));
+                    }
+                }
+            }
+            // SAFETY: live bindings, touched by nothing else (the caller's contract).
+            let snapshot = unsafe { snapshots.take_modes(saved) };
+            if let Err(e) = launch(&part.kernel, &part.geometry, &bindings) {
+                // SAFETY: the kernel has stopped; nothing else touches the ranges.
+                unsafe { snapshot.restore() };
+                failed[k] = true;
+                first_error.get_or_insert(e);
+            }
+        }
+        *self.0.completed.lock().expect("rerun outcome") = Some(failed.iter().map(|&f| !f).collect());
+        Some(first_error.map_or(Ok(()), Err))
+    }
+
+    /// Whether the last [`Unfused::rerun`] completed a kernel bound to the fused
+    /// kernel's argument `arg`: its range then holds what the kernels wrote (a failed
+    /// kernel's writes undone), which a scheduler keeps although the fused command
+    /// failed. False before any rerun, and for an argument no completed kernel binds.
+    ///
+    /// Its answer is the last rerun's: meaningful for a kernel launched once (a
+    /// queue's fusion), read after that launch completed.
+    pub fn kept(&self, arg: usize) -> bool {
+        self.0.kept(arg)
+    }
+}
+
+impl std::fmt::Debug for FusedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.parts.iter().map(|p| &*p.kernel.name).collect();
+        f.debug_struct("FusedBody").field("kernels", &names).field("barriers", &self.barriers).finish()
+    }
+}
+
+impl KeptOnFailure for FusedBody {
+    fn kept(&self, arg: usize) -> bool {
+        let completed = self.completed.lock().expect("rerun outcome");
+        let (Some(completed), Some((.., uses))) = (completed.as_ref(), self.plan.args.get(arg)) else {
+            return false;
+        };
+        uses.iter().any(|&(k, _)| completed.get(k as usize).copied().unwrap_or(false))
+    }
+}
+
+/// One kernel of a streamed chain, for one group: its input and output bindings,
+/// and what it touches of them.
+struct StreamRun {
+    input: Binding,
+    output: Binding,
+    e: Elementwise,
+}
+
+/// A streamed kernel's loop, when its input and output are each one run over the
+/// group, and where its spans are: span `lo..lo + count` of the group maps `count`
+/// elements from `src + lo * src_step` to `dst + lo * dst_step`. A step is the
+/// element size, or 0 for a span-local intermediate ([`Plan::span_local`]), which
+/// every span reads or writes at the region's start.
+#[derive(Clone, Copy)]
+struct SpanCall<'a> {
+    map: ResolvedMap<'a>,
+    src: *mut u8,
+    dst: *mut u8,
+    src_step: usize,
+    dst_step: usize,
+}
+
+/// How many bytes a span's span-local intermediates may take: half of a 32 KiB L1
+/// data cache, the rest left to the global input and output streaming through:
+/// intermediates that spill to L2 between spans cost more than the shorter spans
+/// (figures: `docs/PERFORMANCE.md`).
+const SPAN_LOCAL_BUDGET: usize = 16 << 10;
+
+/// The span a streamed chain runs: `span` (a power of two), halved while its
+/// span-local intermediates, `local_bytes` per work-item, would take more than
+/// [`SPAN_LOCAL_BUDGET`], down to 64 work-items.
+pub(super) fn span_within(span: usize, local_bytes: usize) -> usize {
+    let mut span = span;
+    while span > 64 && span * local_bytes > SPAN_LOCAL_BUDGET {
+        span /= 2;
+    }
+    span
+}
+
+/// How far ahead of a span a streamed chain requests global memory (where it does:
+/// [`isa::stream_prefetch`](crate::isa::stream_prefetch)): 32 KiB per stream (of
+/// input or output), about what the hardware prefetcher runs ahead of a steady stream.
+const PREFETCH_AHEAD: usize = 32 << 10;
+
+/// Requests the cache lines of a span of `count` elements, `PREFETCH_AHEAD` bytes
+/// on from element `first` of `b` (for writing if `write`), where `b` is ordinary
+/// memory: internalized memory is already close.
+#[inline]
+fn prefetch_ahead(b: Binding, first: usize, count: usize, elem_bytes: usize, write: bool) {
+    if b.internal != Internal::No {
+        return;
+    }
+    let start = first * elem_bytes + PREFETCH_AHEAD;
+    let end = (start + count * elem_bytes).min(b.len);
+    for offset in (start..end).step_by(64) {
+        prefetch(b.ptr.wrapping_add(offset), write);
+    }
+}
+
+/// A cache-line prefetch hint (nothing where the architecture has none here).
+#[inline(always)]
+fn prefetch(p: *const u8, write: bool) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if write {
+            _mm_prefetch::<_MM_HINT_ET0>(p.cast());
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, write);
+}

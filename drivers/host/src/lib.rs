@@ -1,0 +1,51 @@
+//! # gantry-host
+//!
+//! The execution core every host-side driver shares: the CPU driver, the simulated
+//! device, and later JIT-compiled native code. `gantry-driver` is the contract
+//! between the scheduler and its backends; this crate is how a backend that runs
+//! work on the host's cores runs it, so that no driver implements it again:
+//!
+//! * [`item`]: the [`Item`] a kernel closure receives for each work-item, and the
+//!   per-work-group context a driver hands each phase;
+//! * [`access`]: accessors and the soundness model of closure kernels;
+//! * [`closure`]: closure kernels (the host drivers' native image) as
+//!   barrier-separated phases with scratch memory, the arena work-groups run in, and
+//!   [`ClosureImage`] to reach a kernel's closure image;
+//! * [`elementwise`]: elementwise kernels, whose loop the runtime owns;
+//! * [`isa`]: the vector instruction set the runtime's own loops run with, and their
+//!   prefetch policy;
+//! * [`snapshot`]: copies of an operation's writable ranges, for
+//!   `preserve_on_failure`, and the pool their memory comes from;
+//! * [`fusion`]: the fusion compiler for closure kernels ([`ClosureFusion`]) and the
+//!   unfused rerun of a failed fused kernel;
+//! * [`runner`]: the [`Runner`] drivers run bound operations with: a kernel with its
+//!   snapshot and unfused rerun, a host task, a recorded operation; drivers differ
+//!   only in how a launch's work-groups run ([`Groups`]);
+//! * [`replay`]: command buffers with a cache of their operations bound to memory,
+//!   and their replay.
+
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod closure;
+pub mod elementwise;
+pub mod fusion;
+pub mod isa;
+pub mod item;
+pub mod replay;
+pub mod runner;
+pub mod snapshot;
+
+pub use access::{
+    Accessor, BufferSlot, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode, PrivateAccessor,
+    Read, ReadWrite, Readable, Writable, Write,
+};
+pub use closure::{
+    phase, Arena, ClosureImage, ClosureKernel, Elementwise, ElementwisePhase, MapLoop, Phase, ResolvedMap,
+};
+pub use elementwise::map_phase;
+pub use fusion::{CacheStats, ClosureFusion, Unfused};
+pub use item::{GroupCtx, Item};
+pub use replay::{BoundOps, BoundStep, CachedPlan};
+pub use runner::{Groups, Runner};
+pub use snapshot::{Snapshot, SnapshotPool};
