@@ -14,7 +14,7 @@ use gantry_components::{
 };
 use gantry_driver::{
     Accepted, CommandBufferLaunch, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice,
-    MemSpace, OpHandle, OpId, Submission,
+    MemSpace, OpHandle, OpId, SimHint, Submission,
 };
 use smallvec::SmallVec;
 
@@ -73,15 +73,19 @@ fn args(reqs: &[Requirement]) -> SmallVec<[MemArg; 4]> {
     reqs.iter().filter(|r| !r.internal).map(|r| MemArg { mem: slice(r), mode: r.mode }).collect()
 }
 
-/// The device operation for `work`; `name` is needed (and given) for host tasks only.
-fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceOp {
-    match work {
+/// The device operation for `work`, and a host task's declared duration; `name` is
+/// needed (and given) for host tasks only.
+fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> (DeviceOp, Option<f64>) {
+    let op = match work {
         Work::Kernel { kernel, geometry, scalars } => {
             DeviceOp::Kernel(KernelLaunch { kernel, geometry, args: args(reqs), scalars })
         }
         Work::HostTask { run, tag, cost_ns } => {
             let name = name.expect("host tasks are built with their name");
-            DeviceOp::HostTask(HostTask { name, tag, run: run.into_inner(), args: args(reqs), cost_ns })
+            return (
+                DeviceOp::HostTask(HostTask { name, tag, run: run.into_inner(), args: args(reqs) }),
+                cost_ns,
+            );
         }
         Work::Copy | Work::Move { .. } => DeviceOp::Copy { src: slice(&reqs[0]), dst: slice(&reqs[1]) },
         Work::CopyFromHost(data) => DeviceOp::Copy { src: MemSlice::host(data), dst: slice(&reqs[0]) },
@@ -98,7 +102,8 @@ fn build_op(work: Work, reqs: &[Requirement], name: Option<Arc<str>>) -> DeviceO
             DeviceOp::CommandBuffer(CommandBufferLaunch { buffer, args })
         }
         Work::Marker | Work::HostAccess => DeviceOp::Marker,
-    }
+    };
+    (op, None)
 }
 
 fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entity) {
@@ -130,11 +135,12 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
             (same_device && exec.status == Status::Submitted).then(|| exec.handle.clone()).flatten()
         })
         .collect();
-    let op = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
+    let (op, host_task_ns) = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
     let preserve_on_failure = pass.preserve_on_failure;
-    let submission =
-        Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, not_before_ns };
-    match pass.drivers[device as usize].submit(submission) {
+    let driver = &pass.drivers[device as usize];
+    let hint = driver.info().caps.virtual_time.then_some(SimHint { not_before_ns, host_task_ns });
+    let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, hint };
+    match driver.submit(submission) {
         Ok(Accepted::Pending(handle)) => {
             q.execution_mut(world, e).expect("execution").handle = Some(handle);
             pass.in_driver += 1;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gantry_driver::sync::channel::{unbounded, Receiver};
 use gantry_driver::{
     panic_message, Accepted, AccessMode, AllocId, Capabilities, Completion, DeviceOp, Driver, DriverContext,
-    ExecError, HostStorage, MemArg, MemRef, MemSlice, OpHandle, OpId, Submission,
+    ExecError, HostStorage, MemArg, MemRef, MemSlice, OpHandle, OpId, SimHint, Submission,
 };
 
 use crate::kernels::DELIBERATE;
@@ -155,7 +155,7 @@ impl Harness {
     /// handles of pending dependencies go in the wait-list whether or not they have
     /// completed; without, the harness first waits for them to complete and the
     /// wait-list stays empty. A virtual-time driver gets the end of the completed
-    /// dependencies (and its clock) as `not_before_ns`. `Err` is the driver's refusal.
+    /// dependencies (and its clock) as its hint's `not_before_ns`. `Err` is the driver's refusal.
     ///
     /// # Panics
     /// When the driver panics inside `submit`, or reports an inline completion under
@@ -176,15 +176,13 @@ impl Harness {
                 None => {}
             }
         }
-        let not_before_ns = if self.caps.virtual_time {
+        let hint = self.caps.virtual_time.then(|| {
             let ended = deps.iter().filter_map(|d| self.results.get(&d.id.0)).map(|c| c.ended_ns);
-            ended.fold(self.driver.virtual_now_ns(), u64::max)
-        } else {
-            0
-        };
+            SimHint { not_before_ns: ended.fold(self.driver.virtual_now_ns(), u64::max), host_task_ns: None }
+        });
         let id = self.next_id();
         let label = describe(&op);
-        let sub = Submission { id, op, waits: &waits, preserve_on_failure, not_before_ns };
+        let sub = Submission { id, op, waits: &waits, preserve_on_failure, hint };
         let driver = &self.driver;
         let accepted = match catch_unwind(AssertUnwindSafe(|| driver.submit(sub))) {
             Ok(accepted) => accepted?,

@@ -387,13 +387,8 @@ fn what_the_driver_does_not_do_is_a_typed_error() {
     assert!(
         matches!(g.driver.alloc(1 << 50), Err(ExecError::OutOfMemory { requested, .. }) if requested == 1 << 50)
     );
-    let task = gantry_driver::HostTask {
-        name: "task".into(),
-        tag: 0,
-        run: Box::new(|_| {}),
-        args: SmallVec::new(),
-        cost_ns: None,
-    };
+    let task =
+        gantry_driver::HostTask { name: "task".into(), tag: 0, run: Box::new(|_| {}), args: SmallVec::new() };
     let (_, id) = g.submit(DeviceOp::HostTask(task), &[]);
     assert!(matches!(g.result(id), Err(ExecError::Unsupported { what: "host tasks", .. })));
     let desc = gantry_driver::CommandBufferDesc { entries: 1, in_order: true, ops: 1 };

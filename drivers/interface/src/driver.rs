@@ -67,7 +67,7 @@ pub struct Capabilities {
     pub max_private_memory: usize,
     /// Timestamps are virtual time (the simulated machine), not real time: the
     /// scheduler passes each submission the virtual time its finished dependencies
-    /// ended ([`Submission::not_before_ns`]).
+    /// ended ([`SimHint::not_before_ns`](crate::SimHint)).
     pub virtual_time: bool,
     /// Devices with the same nonzero peer group copy between their memories directly
     /// (a device-to-device link); otherwise memory moves between them go through host
@@ -160,7 +160,7 @@ pub trait Driver: Send + Sync {
 
     /// For drivers with [`Capabilities::virtual_time`]: the virtual time now. The
     /// scheduler stamps it on each new command as the earliest the command may start
-    /// ([`Submission::not_before_ns`]). Real-time drivers keep the default, 0.
+    /// ([`SimHint::not_before_ns`](crate::SimHint)). Real-time drivers keep the default, 0.
     fn virtual_now_ns(&self) -> u64 {
         0
     }

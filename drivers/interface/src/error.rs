@@ -95,7 +95,7 @@ pub enum ExecError {
         /// Kernel name.
         kernel: Arc<str>,
     },
-    /// A fault injected on purpose (simulated device fault plans).
+    /// A fault injected on purpose: by a test, or by a simulated device's fault plan.
     #[error("injected fault on {device}: {what}")]
     Fault {
         /// Device name.

@@ -31,6 +31,7 @@ pub mod contain;
 pub mod driver;
 pub mod error;
 pub mod fusion;
+pub mod hint;
 pub mod image;
 pub mod kernel;
 pub mod memory;
@@ -45,6 +46,7 @@ pub use command_buffer::{
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext, DriverFactory};
 pub use error::{panic_message, BackendStatus, ExecError, RangeError};
+pub use hint::SimHint;
 pub use image::{no_image, CodeImage, ImageCache, ImageId, ImageKind};
 pub use kernel::{
     ItemCost, Kernel, KernelRef, ScalarArgs, ScalarBlock, ScalarMismatch, ScalarSlot, Scratch, ScratchKind,

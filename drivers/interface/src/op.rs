@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use crate::command_buffer::CommandBufferLaunch;
 use crate::error::ExecError;
+use crate::hint::SimHint;
 use crate::kernel::{KernelRef, ScalarBlock};
 use crate::memory::{AccessMode, Binding, MemSlice};
 use crate::range::Geometry;
@@ -81,9 +82,6 @@ pub struct HostTask {
     pub run: HostFn,
     /// One argument per host accessor slot, all in host memory.
     pub args: SmallVec<[MemArg; 4]>,
-    /// Its duration on a simulated host thread pool, in nanoseconds, when the command
-    /// group declared one (`item_cost_ns`); real drivers ignore it.
-    pub cost_ns: Option<f64>,
 }
 
 impl std::fmt::Debug for HostTask {
@@ -133,10 +131,10 @@ pub struct Submission<'a> {
     /// Restore the previous contents of written ranges if the operation fails, so that
     /// buffers keep their last valid contents.
     pub preserve_on_failure: bool,
-    /// For drivers with [`Capabilities::virtual_time`](crate::Capabilities): when, in
-    /// virtual time, the dependencies that are not in `waits` ended (0 when none did).
-    /// The operation must not start earlier. Real-time drivers ignore it.
-    pub not_before_ns: u64,
+    /// Timing for devices on a virtual clock
+    /// ([`Capabilities::virtual_time`](crate::Capabilities)); `None` for real-time
+    /// devices, which have nothing to read in it.
+    pub hint: Option<SimHint>,
 }
 
 /// What a driver did with an accepted submission.

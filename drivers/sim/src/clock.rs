@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(ts, [(0, 0, 1), (1, 1, 2), (2, 1, 2), (3, 2, 3)]);
     }
 
-    /// A submission starts at the latest of its `not_before_ns` (which the scheduler
+    /// A submission starts at the latest of its hint's `not_before_ns` (which the scheduler
     /// sets to when its dependencies outside the wait-list ended) and the clock when
     /// the latest poll began. Not the current clock: an operation submitted in
     /// reaction to an early completion of a poll starts right after that completion,
@@ -145,7 +145,7 @@ mod tests {
                 op: DeviceOp::Marker,
                 waits: &[],
                 preserve_on_failure: false,
-                not_before_ns,
+                hint: Some(gantry_driver::SimHint { not_before_ns, host_task_ns: None }),
             })
             .unwrap();
         };

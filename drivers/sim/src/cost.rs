@@ -1,7 +1,7 @@
 //! What operations cost in virtual time: the device's [`CostModel`], the engines an
 //! operation occupies and the link a copy crosses.
 
-use crate::machine::{SimDriver, Work};
+use crate::machine::{OpWork, SimDriver};
 
 /// The simulated device's cost model. Zero means free (costs) or unlimited (engines).
 ///
@@ -86,21 +86,21 @@ pub(crate) enum Link {
 
 impl SimDriver {
     /// The engine class an operation occupies and its virtual work time.
-    pub(crate) fn cost_of(&self, work: &Work) -> (Engine, u64) {
+    pub(crate) fn cost_of(&self, work: &OpWork) -> (Engine, u64) {
         match work {
-            Work::Marker | Work::Invalid(_) => (Engine::None, 0),
-            Work::Copy { src, link: Link::Peer, .. } => {
+            OpWork::Marker | OpWork::Invalid(_) => (Engine::None, 0),
+            OpWork::Copy { src, link: Link::Peer, .. } => {
                 (Engine::Copy, per(src.len, self.machine.config.peer_bytes_per_ns).ceil() as u64)
             }
-            Work::Copy { src, link, .. } => (Engine::Copy, self.cost.copy_ns(src.len, *link == Link::Host)),
-            Work::Host(task) => (Engine::Compute, task.ns),
-            Work::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
-            Work::Kernel(k) => {
+            OpWork::Copy { src, link, .. } => (Engine::Copy, self.cost.copy_ns(src.len, *link == Link::Host)),
+            OpWork::Host(task) => (Engine::Compute, task.ns),
+            OpWork::Fill { dst, .. } => (Engine::Compute, self.cost.fill_ns(dst.len)),
+            OpWork::Kernel(k) => {
                 let bytes = k.args.iter().map(|(r, _)| r.len).sum();
                 let items = k.geometry.global_size();
                 (Engine::Compute, self.cost.kernel_ns(items, &k.kernel.cost, bytes))
             }
-            Work::Plan(plan) => plan.cost,
+            OpWork::Plan(plan) => plan.cost,
         }
     }
 

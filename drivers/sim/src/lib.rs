@@ -16,7 +16,7 @@
 //!   [`CostModel`] charges for its work: work-items over compute units (at the
 //!   kernel's declared per-item cost or the device's default), bytes over memory or
 //!   link bandwidth, whichever is slower. It starts at the latest of: its
-//!   [`Submission::not_before_ns`] (the scheduler's stamp: when the dependencies
+//!   [`SimHint::not_before_ns`] (the scheduler's stamp: when the dependencies
 //!   outside its wait-list ended, and the machine's clock when it was submitted), the
 //!   device's clock when the latest poll began, the end of everything in its
 //!   wait-list, and the moment an engine of its class (compute for kernels and fills,
@@ -58,7 +58,7 @@
 //! [`Driver::poll`]: gantry_driver::Driver::poll
 //! [`Driver::create_command_buffer`]: gantry_driver::Driver::create_command_buffer
 //! [`MemRef::Device`]: gantry_driver::MemRef::Device
-//! [`Submission::not_before_ns`]: gantry_driver::Submission::not_before_ns
+//! [`SimHint::not_before_ns`]: gantry_driver::SimHint::not_before_ns
 //! [`Plan`]: gantry_driver::Plan
 //! [`DeviceOp::CommandBuffer`]: gantry_driver::DeviceOp::CommandBuffer
 

@@ -19,7 +19,7 @@ use gantry_driver::{
     fill_bytes, fill_fits, no_image, Accepted, AccessMode, AllocId, Binding, Capabilities, CommandBuffer,
     CommandBufferBuilder, CommandBufferDesc, Completion, DeviceInfo, DeviceKind, DeviceOp, Driver,
     DriverContext, ExecError, Geometry, HostFn, ImageKind, KernelLaunch, KernelRef, MemRef, OpPatch,
-    ScratchKind, Submission,
+    ScratchKind, SimHint, Submission,
 };
 use gantry_host::{Arena, ClosureImage, Runner};
 use rustc_hash::FxHashMap;
@@ -173,7 +173,7 @@ pub(crate) struct HostWork {
 
 /// An operation with its memory resolved at submission.
 #[derive(Default)]
-pub(crate) enum Work {
+pub(crate) enum OpWork {
     #[default]
     Marker,
     Copy {
@@ -299,15 +299,21 @@ impl SimDriver {
     /// A kernel's work is built in place; `op` is taken by reference so that a
     /// kernel launch is not moved
     /// (copied) first.
-    pub(crate) fn prepare_into(&self, state: &mut State, op: &mut DeviceOp, work: &mut Work) {
+    pub(crate) fn prepare_into(
+        &self,
+        state: &mut State,
+        op: &mut DeviceOp,
+        hint: SimHint,
+        work: &mut OpWork,
+    ) {
         let result = match op {
             DeviceOp::Kernel(launch) if !self.host_pool => self.prepare_kernel(state, launch, work),
-            _ => {
-                self.prepare(state, std::mem::replace(op, DeviceOp::Marker)).map(|prepared| *work = prepared)
-            }
+            _ => self
+                .prepare(state, std::mem::replace(op, DeviceOp::Marker), hint)
+                .map(|prepared| *work = prepared),
         };
         if let Err(e) = result {
-            *work = Work::Invalid(e);
+            *work = OpWork::Invalid(e);
         }
     }
 
@@ -317,16 +323,16 @@ impl SimDriver {
         &self,
         state: &mut State,
         launch: &KernelLaunch,
-        work: &mut Work,
+        work: &mut OpWork,
     ) -> Result<(), ExecError> {
         self.count_fault(state, Faulting::Kernel)?;
         self.check_kernel(&launch.kernel, launch.args.len())?;
-        *work = Work::Kernel(KernelWork {
+        *work = OpWork::Kernel(KernelWork {
             kernel: launch.kernel.clone(),
             geometry: launch.geometry,
             args: SmallVec::new(),
         });
-        let Work::Kernel(kernel) = work else { unreachable!("just set") };
+        let OpWork::Kernel(kernel) = work else { unreachable!("just set") };
         // One look-up in the allocation table for all the arguments.
         let mut memory = None;
         for a in &launch.args {
@@ -336,10 +342,16 @@ impl SimDriver {
         Ok(())
     }
 
-    /// Resolves an operation's memory against the allocation table.
-    pub(crate) fn prepare(&self, state: &mut State, op: DeviceOp) -> Result<Work, ExecError> {
+    /// Resolves an operation's memory against the allocation table (`hint`: its
+    /// submission's timing).
+    pub(crate) fn prepare(
+        &self,
+        state: &mut State,
+        op: DeviceOp,
+        hint: SimHint,
+    ) -> Result<OpWork, ExecError> {
         match op {
-            DeviceOp::Marker => Ok(Work::Marker),
+            DeviceOp::Marker => Ok(OpWork::Marker),
             DeviceOp::Copy { src, dst } => {
                 self.count_fault(state, Faulting::Copy)?;
                 if src.len != dst.len {
@@ -359,18 +371,18 @@ impl SimDriver {
                 } else {
                     Link::Local
                 };
-                Ok(Work::Copy { src, dst, link })
+                Ok(OpWork::Copy { src, dst, link })
             }
             DeviceOp::Fill { dst, pattern } => {
                 self.check_fill(dst.len, &pattern)?;
                 let host = (!self.host_pool).then_some("fills of host memory");
                 let dst = self.resolve(&dst, host)?;
-                Ok(Work::Fill { dst, pattern })
+                Ok(OpWork::Fill { dst, pattern })
             }
             DeviceOp::Kernel(_) if self.host_pool => Err(self.unsupported("kernels")),
             DeviceOp::CommandBuffer(_) if self.host_pool => Err(self.unsupported("command buffers")),
             DeviceOp::Kernel(launch) => {
-                let mut work = Work::Marker;
+                let mut work = OpWork::Marker;
                 self.prepare_kernel(state, &launch, &mut work)?;
                 Ok(work)
             }
@@ -379,8 +391,8 @@ impl SimDriver {
                 let regions =
                     task.args.iter().map(|a| self.resolve(&a.mem, None)).collect::<Result<_, _>>()?;
                 let default_ns = self.machine.config.host.as_ref().map_or(0, |h| h.task_ns);
-                let ns = task.cost_ns.map_or(default_ns, |c| c.max(0.0).ceil() as u64);
-                Ok(Work::Host(Box::new(HostWork {
+                let ns = hint.host_task_ns.map_or(default_ns, |c| c.max(0.0).ceil() as u64);
+                Ok(OpWork::Host(Box::new(HostWork {
                     name: task.name,
                     tag: task.tag,
                     run: task.run,
@@ -396,17 +408,17 @@ impl SimDriver {
     /// Runs one operation on the calling thread.
     pub(crate) fn execute(
         &self,
-        work: &mut Work,
+        work: &mut OpWork,
         preserve: bool,
         arena: &mut Arena,
     ) -> Result<(), ExecError> {
-        if self.timing_only && !matches!(work, Work::Host(_)) {
+        if self.timing_only && !matches!(work, OpWork::Host(_)) {
             return Self::outcome_without_running(work);
         }
         match work {
-            Work::Invalid(e) => Err(e.clone()),
-            Work::Marker => Ok(()),
-            Work::Copy { src, dst, .. } => {
+            OpWork::Invalid(e) => Err(e.clone()),
+            OpWork::Marker => Ok(()),
+            OpWork::Copy { src, dst, .. } => {
                 let (s, d) = (src.binding(), dst.binding());
                 // SAFETY: both regions are bounds-checked, of equal length, and kept
                 // alive by their `Arc`s; the scheduler orders conflicting commands and
@@ -415,14 +427,14 @@ impl SimDriver {
                 unsafe { std::ptr::copy(s.ptr, d.ptr, s.len) };
                 Ok(())
             }
-            Work::Fill { dst, pattern } => {
+            OpWork::Fill { dst, pattern } => {
                 let d = dst.binding();
                 // SAFETY: bounds-checked live region, its length a multiple of the
                 // pattern's (checked at submission); exclusive by scheduling.
                 unsafe { fill_bytes(d.ptr, d.len, pattern) };
                 Ok(())
             }
-            Work::Kernel(KernelWork { kernel, geometry, args }) => {
+            OpWork::Kernel(KernelWork { kernel, geometry, args }) => {
                 let mut bindings = SmallVec::<[Binding; 4]>::new();
                 for (region, _) in args.iter() {
                     bindings.push(region.binding());
@@ -432,11 +444,11 @@ impl SimDriver {
                 // the device while this kernel does.
                 unsafe { self.runner.run_kernel(kernel, geometry, modes, &bindings, preserve, arena) }
             }
-            Work::Plan(plan) => self.replay(plan, preserve, arena),
-            Work::Host(_) => {
+            OpWork::Plan(plan) => self.replay(plan, preserve, arena),
+            OpWork::Host(_) => {
                 // The task's closure is dropped after it ran: a capture whose destructor
                 // panics fails the task like a panic in its body.
-                let Work::Host(task) = std::mem::take(work) else { unreachable!("matched") };
+                let OpWork::Host(task) = std::mem::take(work) else { unreachable!("matched") };
                 let HostWork { name, tag, run, modes, regions, .. } = *task;
                 let bindings: SmallVec<[Binding; 4]> = regions.iter().map(Region::binding).collect();
                 // SAFETY: live regions (held by `regions`), exclusive to this task by
@@ -449,10 +461,10 @@ impl SimDriver {
     /// What an operation comes to on a timing-only device: an operation that cannot
     /// run fails as it would, a replay fails with its first injected fault (as its
     /// first failed step would end it), anything else succeeds untouched.
-    pub(crate) fn outcome_without_running(work: &Work) -> Result<(), ExecError> {
+    pub(crate) fn outcome_without_running(work: &OpWork) -> Result<(), ExecError> {
         match work {
-            Work::Invalid(e) => Err(e.clone()),
-            Work::Plan(plan) => plan.faulted.first().map_or(Ok(()), |(_, e)| Err(e.clone())),
+            OpWork::Invalid(e) => Err(e.clone()),
+            OpWork::Plan(plan) => plan.faulted.first().map_or(Ok(()), |(_, e)| Err(e.clone())),
             _ => Ok(()),
         }
     }
@@ -518,9 +530,10 @@ impl Driver for SimDriver {
             state.queue.release(op);
             return Err(self.lost());
         }
-        let floor = state.horizon.max(sub.not_before_ns);
+        let hint = sub.hint.unwrap_or_default();
+        let floor = state.horizon.max(hint.not_before_ns);
         let ready_ns = op.waits.iter().map(|w| w.ended_ns).fold(floor, u64::max);
-        self.prepare_into(&mut state, &mut sub.op, &mut op.work);
+        self.prepare_into(&mut state, &mut sub.op, hint, &mut op.work);
         let (engine, work_ns) = self.cost_of(&op.work);
         let engines = match engine {
             Engine::Compute => &mut state.compute_free,
@@ -583,7 +596,7 @@ impl Driver for SimDriver {
                 (false, None) => self.execute(&mut op.work, op.preserve, &mut arena),
             };
             // The work and its memory go before the completion is reported.
-            op.work = Work::Marker;
+            op.work = OpWork::Marker;
             if let Err(e) = &result {
                 let _ = node.failure.set(e.clone());
             }
@@ -740,19 +753,13 @@ mod tests {
     #[test]
     fn host_tasks_are_refused() {
         let (d, rx) = sim();
-        let task = HostTask {
-            name: "t".into(),
-            tag: 0,
-            run: Box::new(|_| {}),
-            args: smallvec::smallvec![],
-            cost_ns: None,
-        };
+        let task = HostTask { name: "t".into(), tag: 0, run: Box::new(|_| {}), args: smallvec::smallvec![] };
         let r = d.submit(Submission {
             id: OpId(0),
             op: DeviceOp::HostTask(task),
             waits: &[],
             preserve_on_failure: false,
-            not_before_ns: 0,
+            hint: None,
         });
         assert!(matches!(r, Err(ExecError::Unsupported { what: "host tasks", .. })));
         d.poll();
@@ -782,7 +789,6 @@ mod tests {
             tag: 0,
             run: Box::new(move |ctx| (*body)(ctx)),
             args: smallvec::smallvec![],
-            cost_ns: None,
         };
         submit(&pool, 0, DeviceOp::HostTask(task), &[]);
         pool.poll();
@@ -808,7 +814,7 @@ mod tests {
                 op: DeviceOp::Marker,
                 waits: &[bad],
                 preserve_on_failure: false,
-                not_before_ns: 0,
+                hint: None,
             });
             assert!(matches!(r, Err(ExecError::Driver { .. })));
         }
@@ -832,13 +838,7 @@ mod tests {
             99
         });
         let bad = d
-            .submit(Submission {
-                id: OpId(1),
-                op: bad,
-                waits: &[up],
-                preserve_on_failure: true,
-                not_before_ns: 0,
-            })
+            .submit(Submission { id: OpId(1), op: bad, waits: &[up], preserve_on_failure: true, hint: None })
             .unwrap()
             .handle()
             .unwrap();

@@ -10,15 +10,15 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::clock::Node;
-use crate::machine::Work;
+use crate::machine::OpWork;
 
 /// A recorded operation waiting for [`Driver::poll`](gantry_driver::Driver::poll), in a
-/// box that the queue reuses: executing it empties it (no node, [`Work::Marker`], no waits), so that nodes never
+/// box that the queue reuses: executing it empties it (no node, [`OpWork::Marker`], no waits), so that nodes never
 /// keep their predecessors alive, and the next operation fills it in place.
 #[derive(Default)]
 pub(crate) struct Pending {
     pub(crate) node: Option<Arc<Node>>,
-    pub(crate) work: Work,
+    pub(crate) work: OpWork,
     pub(crate) preserve: bool,
     pub(crate) waits: SmallVec<[Arc<Node>; 4]>,
 }
@@ -63,7 +63,7 @@ impl PendingQueue {
     /// Empties a box and keeps it for a later operation.
     pub(crate) fn release(&mut self, mut op: Box<Pending>) {
         op.node = None;
-        op.work = Work::Marker;
+        op.work = OpWork::Marker;
         op.waits.clear();
         self.spare.push(op);
     }
@@ -131,7 +131,7 @@ mod tests {
                 // Few distinct ends, as with the default cost model.
                 let end = (x >> 8) % 16;
                 let mut op = queue.vacant();
-                op.work = Work::Invalid(ExecError::RuntimeDropped);
+                op.work = OpWork::Invalid(ExecError::RuntimeDropped);
                 op.node = Some(Arc::new(Node {
                     instance: 0,
                     id: OpId(next),

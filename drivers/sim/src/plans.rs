@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use crate::clock::State;
 use crate::cost::Engine;
 use crate::faults::Faulting;
-use crate::machine::{SimDriver, Work};
+use crate::machine::{OpWork, SimDriver};
 use crate::memory::Region;
 
 /// A command buffer recorded by this driver: the plan, and its operations bound to the
@@ -116,7 +116,7 @@ impl SimDriver {
         &self,
         state: &mut State,
         launch: CommandBufferLaunch,
-    ) -> Result<Work, ExecError> {
+    ) -> Result<OpWork, ExecError> {
         let sim = SimPlan::launched(&launch, &self.info.name)?;
         let plan = &sim.plan;
         let entries: SmallVec<[(Region, bool); 4]> = launch
@@ -154,7 +154,7 @@ impl SimDriver {
         };
         let memory = entries.into_iter().map(|(r, _)| r.storage).collect();
         let buffer = launch.buffer.clone();
-        Ok(Work::Plan(Box::new(PlanWork { buffer, bound, _memory: memory, faulted, cost })))
+        Ok(OpWork::Plan(Box::new(PlanWork { buffer, bound, _memory: memory, faulted, cost })))
     }
 
     /// Binds every operation of `plan` to the resolved argument table `entries` (each
@@ -463,7 +463,7 @@ mod tests {
                 op: launch,
                 waits: &[up],
                 preserve_on_failure: true,
-                not_before_ns: 0,
+                hint: None,
             })
             .unwrap()
             .handle()
@@ -543,11 +543,11 @@ mod tests {
         let launch = replay_op(&buffer, &[dev(buf, 0, 16)]);
         let work = {
             let mut state = d.state.lock();
-            d.prepare(&mut state, launch).unwrap()
+            d.prepare(&mut state, launch, gantry_driver::SimHint::default()).unwrap()
         };
         let errors = d.replay_steps(
             match &work {
-                Work::Plan(plan) => plan,
+                OpWork::Plan(plan) => plan,
                 _ => unreachable!("a replay prepares to a plan"),
             },
             true,

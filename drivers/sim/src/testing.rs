@@ -86,7 +86,7 @@ pub(crate) fn add(n: usize, mem: MemSlice, k: u32) -> DeviceOp {
 }
 
 pub(crate) fn submit(d: &SimDriver, id: u64, op: DeviceOp, waits: &[OpHandle]) -> OpHandle {
-    d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false, not_before_ns: 0 })
+    d.submit(Submission { id: OpId(id), op, waits, preserve_on_failure: false, hint: None })
         .unwrap()
         .handle()
         .unwrap()

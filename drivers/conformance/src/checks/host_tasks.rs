@@ -30,13 +30,7 @@ fn host_arg(storage: &Arc<HostStorage>, mode: AccessMode) -> MemArg {
 }
 
 fn task(name: &str, run: HostFn, args: impl IntoIterator<Item = MemArg>) -> DeviceOp {
-    DeviceOp::HostTask(HostTask {
-        name: name.into(),
-        tag: TAG,
-        run,
-        args: args.into_iter().collect(),
-        cost_ns: None,
-    })
+    DeviceOp::HostTask(HostTask { name: name.into(), tag: TAG, run, args: args.into_iter().collect() })
 }
 
 /// The message [`panicking_task`]s panic with.

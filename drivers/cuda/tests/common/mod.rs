@@ -64,7 +64,7 @@ impl Gpu {
     pub fn submit(&mut self, op: DeviceOp, waits: &[OpHandle]) -> (OpHandle, u64) {
         self.next += 1;
         let id = self.next;
-        let sub = Submission { id: OpId(id), op, waits, preserve_on_failure: true, not_before_ns: 0 };
+        let sub = Submission { id: OpId(id), op, waits, preserve_on_failure: true, hint: None };
         match self.driver.submit(sub) {
             Ok(gantry_driver::Accepted::Pending(h)) => (h, id),
             Ok(gantry_driver::Accepted::Done(_)) => panic!("the CUDA driver completes nothing inside submit"),
