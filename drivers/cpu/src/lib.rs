@@ -81,7 +81,7 @@ struct Inner {
 }
 
 /// One submitted operation in the driver's dependency graph.
-struct Node {
+struct OpNode {
     id: OpId,
     /// Unfinished predecessors, plus one while the submission is being registered.
     pending: AtomicUsize,
@@ -92,7 +92,7 @@ struct NodeState {
     op: Option<(DeviceOp, bool)>,
     /// Set once the node has completed.
     done: Option<Result<(), ExecError>>,
-    successors: SmallVec<[Arc<Node>; 2]>,
+    successors: SmallVec<[Arc<OpNode>; 2]>,
     dependency_failure: Option<ExecError>,
 }
 
@@ -206,7 +206,7 @@ impl Driver for CpuDriver {
                 lane: 0,
             }));
         }
-        let node = Arc::new(Node {
+        let node = Arc::new(OpNode {
             id: sub.id,
             pending: AtomicUsize::new(1),
             state: Mutex::new(NodeState {
@@ -277,8 +277,8 @@ impl Inner {
         ExecError::Driver { device: self.info.name.clone(), message }
     }
 
-    fn node_of<'h>(&self, handle: &'h OpHandle) -> Result<&'h Node, ExecError> {
-        handle.downcast_ref::<Node>().ok_or_else(|| ExecError::Driver {
+    fn node_of<'h>(&self, handle: &'h OpHandle) -> Result<&'h OpNode, ExecError> {
+        handle.downcast_ref::<OpNode>().ok_or_else(|| ExecError::Driver {
             device: self.info.name.clone(),
             message: "wait-list names an operation of another driver".into(),
         })
@@ -329,8 +329,8 @@ impl Inner {
     }
 
     /// Starts `first` and, iteratively, everything its inline completion makes ready.
-    fn run_ready(this: &Arc<Inner>, first: Arc<Node>) {
-        let mut ready: SmallVec<[Arc<Node>; 8]> = SmallVec::new();
+    fn run_ready(this: &Arc<Inner>, first: Arc<OpNode>) {
+        let mut ready: SmallVec<[Arc<OpNode>; 8]> = SmallVec::new();
         ready.push(first);
         while let Some(node) = ready.pop() {
             if let Started::Finished(result, t0, t1) = Inner::start(this, &node) {
@@ -342,11 +342,11 @@ impl Inner {
     /// Records the result, reports it and collects successors that became ready.
     fn finish(
         &self,
-        node: &Node,
+        node: &OpNode,
         result: Result<(), ExecError>,
         t0: u64,
         t1: u64,
-        ready: &mut SmallVec<[Arc<Node>; 8]>,
+        ready: &mut SmallVec<[Arc<OpNode>; 8]>,
     ) {
         let successors = {
             let mut s = node.state.lock();
@@ -373,7 +373,7 @@ impl Inner {
     }
 
     /// Runs a node whose wait-list is done, inline or on a pool.
-    fn start(this: &Arc<Inner>, node: &Arc<Node>) -> Started {
+    fn start(this: &Arc<Inner>, node: &Arc<OpNode>) -> Started {
         let (op, preserve, failed) = {
             let mut s = node.state.lock();
             let (op, preserve) = s.op.take().expect("operation started twice");
@@ -631,7 +631,7 @@ mod tests {
                         op: add_one(n, &storage, "inc"),
                         waits: &waits,
                         preserve_on_failure: false,
-                        not_before_ns: 0,
+                        hint: None,
                     })
                     .unwrap();
                 prev = match accepted {
@@ -692,8 +692,7 @@ mod tests {
     fn the_thread_arena_is_kept_between_launches_cleared_and_capped() {
         let (d, _rx) = driver(0); // inline: every launch runs on this thread
         let run = |op: DeviceOp| {
-            let sub =
-                Submission { id: OpId(1), op, waits: &[], preserve_on_failure: false, not_before_ns: 0 };
+            let sub = Submission { id: OpId(1), op, waits: &[], preserve_on_failure: false, hint: None };
             match d.submit(sub).unwrap() {
                 Accepted::Done(c) => c.result.unwrap(),
                 Accepted::Pending(_) => panic!("without workers a kernel runs inside submit"),
@@ -753,13 +752,7 @@ mod tests {
             scalars: Default::default(),
         });
         let h = d
-            .submit(Submission {
-                id: OpId(1),
-                op: bad,
-                waits: &[],
-                preserve_on_failure: true,
-                not_before_ns: 0,
-            })
+            .submit(Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true, hint: None })
             .unwrap()
             .handle()
             .expect("a multi-group kernel runs on the pool");
@@ -768,7 +761,7 @@ mod tests {
             op: add_one(n, &storage, "after"),
             waits: &[h],
             preserve_on_failure: true,
-            not_before_ns: 0,
+            hint: None,
         })
         .unwrap();
         let mut results: Vec<Completion> = (0..2).map(|_| rx.recv().unwrap()).collect();
@@ -811,8 +804,7 @@ mod tests {
             args: smallvec::smallvec![],
             scalars: Default::default(),
         });
-        let sub =
-            Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true, not_before_ns: 0 };
+        let sub = Submission { id: OpId(1), op: bad, waits: &[], preserve_on_failure: true, hint: None };
         let h = d.submit(sub).unwrap().handle().expect("a multi-group kernel runs on the pool");
         assert!(rx.recv().unwrap().result.is_err(), "the predecessor failed");
         for (id, items) in [(2, 16), (3, n)] {
@@ -821,7 +813,7 @@ mod tests {
                 op: add_one(items, &storage, "after"),
                 waits: std::slice::from_ref(&h),
                 preserve_on_failure: true,
-                not_before_ns: 0,
+                hint: None,
             };
             let result = match d.submit(sub).unwrap() {
                 Accepted::Done(c) => c.result,

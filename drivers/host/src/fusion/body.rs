@@ -9,7 +9,7 @@ use gantry_driver::{AccessMode, Binding, ExecError, Geometry, HostStorage, Inter
 use smallvec::SmallVec;
 
 use super::closure_of;
-use super::plan::{Plan, SlotSource, Uses};
+use super::plan::{FusionPlan, SlotSource, Uses};
 use crate::closure::{ClosureKernel, Elementwise, ElementwisePhase, ResolvedMap};
 use crate::elementwise::contiguous_run;
 use crate::item::GroupCtx;
@@ -35,7 +35,7 @@ impl Part {
 /// where their slots point.
 pub(super) struct FusedBody {
     pub(super) parts: SmallVec<[Part; 4]>,
-    pub(super) plan: Arc<Plan>,
+    pub(super) plan: Arc<FusionPlan>,
     pub(super) barriers: bool,
     /// Per part, whether the last [`Unfused::rerun`] completed it (`None` before one).
     pub(super) completed: Mutex<Option<SmallVec<[bool; 8]>>>,
@@ -337,7 +337,7 @@ struct StreamRun {
 /// A streamed kernel's loop, when its input and output are each one run over the
 /// group, and where its spans are: span `lo..lo + count` of the group maps `count`
 /// elements from `src + lo * src_step` to `dst + lo * dst_step`. A step is the
-/// element size, or 0 for a span-local intermediate ([`Plan::span_local`]), which
+/// element size, or 0 for a span-local intermediate ([`FusionPlan::span_local`]), which
 /// every span reads or writes at the region's start.
 #[derive(Clone, Copy)]
 struct SpanCall<'a> {

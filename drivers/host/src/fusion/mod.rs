@@ -89,7 +89,7 @@ mod tests;
 
 pub use body::Unfused;
 use body::{FusedBody, Part};
-use plan::{plan, Plan};
+use plan::{plan, FusionPlan};
 
 /// The closure image of a kernel [`ClosureFusion::fuse`] has checked.
 fn closure_of(kernel: &KernelRef) -> &ClosureKernel {
@@ -169,7 +169,7 @@ fn key_hash(key: &[KeyPart]) -> u64 {
 /// asked for (names are not part of the key: the same code may run under others).
 struct Cached {
     key: Box<[KeyPart]>,
-    plan: Arc<Plan>,
+    plan: Arc<FusionPlan>,
     names: Vec<Arc<str>>,
     name: Arc<str>,
     /// The cache's tick when the plan was last inserted or hit: the plan with the
@@ -311,7 +311,7 @@ impl ClosureFusion {
         &self,
         request: &FusionRequest,
         buffers: &[u64],
-    ) -> Result<(Arc<Plan>, Arc<str>, bool), FusionError> {
+    ) -> Result<(Arc<FusionPlan>, Arc<str>, bool), FusionError> {
         let mut key: SmallVec<[KeyPart; 16]> = SmallVec::new();
         key_parts(request, buffers, &mut key);
         let hash = key_hash(&key);

@@ -22,7 +22,7 @@ pub(super) enum SlotSource {
 /// Everything about a fusion that does not depend on the kernels' captured data or
 /// the buffers' identities: computed once per distinct chain and cached.
 #[derive(Debug)]
-pub(super) struct Plan {
+pub(super) struct FusionPlan {
     pub(super) geometry: Geometry,
     /// Per kernel: whether its ids are remapped from the fused grid.
     pub(super) remap: Vec<bool>,
@@ -48,7 +48,7 @@ pub(super) struct Plan {
     pub(super) warnings: Vec<(usize, PromotionMismatch)>,
 }
 
-impl Plan {
+impl FusionPlan {
     /// Whether a slot of a kernel in the streamed run `parts` is a span-local
     /// intermediate: private memory (one element per work-item) that only kernels of
     /// the run bind and that the first of them writes whole (so it is never cleared
@@ -217,7 +217,7 @@ fn promotion_of(
     Ok(Some((kind, size.expect("at least one use"))))
 }
 
-pub(super) fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, FusionError> {
+pub(super) fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<FusionPlan, FusionError> {
     let kernels = &request.kernels;
     let (geometry, remap) = fused_geometry(kernels)?;
     let mut slots: Vec<Vec<SlotSource>> =
@@ -284,7 +284,7 @@ pub(super) fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<Plan, Fus
         Some(*end)
     }));
     let streams = streams(kernels, &geometry, &remap, &slots, &internal, args.len());
-    Ok(Plan {
+    Ok(FusionPlan {
         geometry,
         remap,
         streams,

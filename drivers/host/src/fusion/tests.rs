@@ -426,7 +426,7 @@ fn spans_shrink_to_keep_intermediates_in_l1() {
 }
 
 /// Streamed private intermediates live in one span of their region
-/// (`Plan::span_local`), except one that a kernel outside the streamed run also
+/// (`FusionPlan::span_local`), except one that a kernel outside the streamed run also
 /// reads: that one keeps a whole region per group, or the later kernel would read
 /// elements no span left there. Both give the serial results, on an arena that an
 /// earlier run filled (so nothing passes by finding zeros).
