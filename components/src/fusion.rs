@@ -366,7 +366,8 @@ pub type Compilers = SmallVec<[Arc<dyn FusionCompiler>; 1]>;
 /// printed.
 #[derive(Resource)]
 pub struct Fusions {
-    /// Turns fusion lists into kernels: each device's compilers (by device id).
+    /// Turns fusion lists into kernels: each device's compilers (by device id; one entry
+    /// per device, empty where nothing fuses its kernels).
     pub compilers: Vec<Compilers>,
     /// The current list of each queue (by queue id).
     pub by_queue: HashMap<u64, Entity>,

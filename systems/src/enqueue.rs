@@ -21,7 +21,9 @@ use smallvec::SmallVec;
 /// What one run of the stage reads once instead of once per command, and what it
 /// writes back once at the end.
 struct Pass {
-    drivers: SmallVec<[Arc<dyn Driver>; 4]>,
+    /// Each device's driver, and whether it runs on a virtual clock (its submissions
+    /// then carry a [`SimHint`]).
+    drivers: SmallVec<[(Arc<dyn Driver>, bool); 4]>,
     preserve_on_failure: bool,
     /// Commands that finished inside `submit` (or were refused).
     finished: Vec<Finished>,
@@ -38,7 +40,12 @@ pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
     let mut pass = Pass {
-        drivers: world.resource::<Devices>().0.iter().map(|d| d.driver.clone()).collect(),
+        drivers: world
+            .resource::<Devices>()
+            .0
+            .iter()
+            .map(|d| (d.driver.clone(), d.info.caps.virtual_time))
+            .collect(),
         preserve_on_failure: world.resource::<SchedulerConfig>().preserve_on_failure,
         finished: Vec::new(),
         in_driver: 0,
@@ -137,8 +144,8 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
         .collect();
     let (op, host_task_ns) = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
     let preserve_on_failure = pass.preserve_on_failure;
-    let driver = &pass.drivers[device as usize];
-    let hint = driver.info().caps.virtual_time.then_some(SimHint { not_before_ns, host_task_ns });
+    let (driver, virtual_time) = &pass.drivers[device as usize];
+    let hint = virtual_time.then_some(SimHint { not_before_ns, host_task_ns });
     let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, hint };
     match driver.submit(submission) {
         Ok(Accepted::Pending(handle)) => {

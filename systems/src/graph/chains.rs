@@ -187,9 +187,8 @@ impl Finalize<'_> {
             });
         }
         let device = nodes[chain[0] as usize].device as usize;
-        let (compilers, name) =
-            (self.compilers.get(device).map_or(&[][..], |c| &c[..]), &self.devices[device].1.name);
-        let fused = fuse_with(compilers, name, &request).map_err(|e| e.to_string())?;
+        let fused = fuse_with(&self.compilers[device], &self.devices[device].1.name, &request)
+            .map_err(|e| e.to_string())?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
         let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
         let info =
