@@ -154,24 +154,12 @@ impl Inline {
             self.loads.fetch_add(1, Ordering::Relaxed);
             decode(image)
         })?;
+        let modes = launch.args.iter().map(|a| a.mode);
+        let interpret = || {
+            self.interpret(&launch.kernel, &program, &launch.scalars, bindings, launch.geometry.global_size())
+        };
         // SAFETY: as above.
-        let snapshot = preserve.then(|| unsafe {
-            self.runner
-                .snapshots()
-                .take_modes(launch.args.iter().map(|a| a.mode).zip(bindings.iter().copied()))
-        });
-        let result = self.interpret(
-            &launch.kernel,
-            &program,
-            &launch.scalars,
-            bindings,
-            launch.geometry.global_size(),
-        );
-        if let (Err(_), Some(s)) = (&result, snapshot) {
-            // SAFETY: the kernel has stopped; nothing else touches the ranges.
-            unsafe { s.restore() };
-        }
-        result
+        unsafe { self.runner.preserving(modes, bindings, preserve, interpret) }
     }
 
     /// Runs `program` for work-items `0..items`.

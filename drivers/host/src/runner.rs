@@ -91,6 +91,37 @@ impl Runner {
         &self.snapshots
     }
 
+    /// Runs `work` over `bindings` (`modes` says how it uses each, in order); with
+    /// `preserve`, the written ranges are snapshotted first and restored if `work`
+    /// fails, so buffers keep their last valid contents. What any host-side
+    /// execution (a closure kernel, a host task, code of a driver's own image kind)
+    /// fails with.
+    ///
+    /// # Safety
+    /// The bindings must be live for the whole call and touched by nothing but `work`
+    /// meanwhile (the scheduler orders conflicting commands).
+    pub unsafe fn preserving(
+        &self,
+        modes: impl Iterator<Item = AccessMode>,
+        bindings: &[Binding],
+        preserve: bool,
+        work: impl FnOnce() -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
+        if !preserve {
+            // No snapshot to take or drop: the common path of replayed kernels.
+            return work();
+        }
+        // SAFETY: live bindings that nothing else touches (the caller's contract).
+        let snapshot = unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) };
+        let result = work();
+        if result.is_err() {
+            // SAFETY: `work` has stopped; the memory is still alive and nothing else
+            // touches it.
+            unsafe { snapshot.restore() };
+        }
+        result
+    }
+
     /// Runs a kernel over bound memory, all its work-groups as `groups` runs them; a
     /// panic stops it and is its error (what it wrote stays written). A kernel
     /// without a closure image fails with [`ExecError::NoImage`].
@@ -126,16 +157,15 @@ impl Runner {
         preserve: bool,
         groups: &mut impl Groups,
     ) -> Result<(), ExecError> {
+        let launch = || self.launch(kernel, geometry, bindings, groups);
+        // SAFETY: forwarded.
+        let Err(error) = (unsafe { self.preserving(modes.clone(), bindings, preserve, launch) }) else {
+            return Ok(());
+        };
         if !preserve {
-            // No snapshot to take or drop: the common path of replayed kernels.
-            return self.launch(kernel, geometry, bindings, groups);
+            // Nothing was restored, and nothing runs again.
+            return Err(error);
         }
-        // SAFETY: live bindings that nothing else touches (the caller's contract).
-        let snapshot = unsafe { self.snapshots.take_modes(modes.clone().zip(bindings.iter().copied())) };
-        let Err(error) = self.launch(kernel, geometry, bindings, groups) else { return Ok(()) };
-        // SAFETY: every group has stopped; the memory is still alive and nothing else
-        // touches it.
-        unsafe { snapshot.restore() };
         let Some(unfused) = kernel.closure().and_then(|c| c.unfused.as_ref()) else { return Err(error) };
         let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
         let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| self.launch(k, g, b, groups);
@@ -162,24 +192,19 @@ impl Runner {
         bindings: &[Binding],
         preserve: bool,
     ) -> Result<(), ExecError> {
+        let task = move || {
+            // A destructor panic another closure left on this thread is not this task's.
+            let _ = take_drop_panic();
+            catch_unwind(AssertUnwindSafe(move || {
+                run(&HostCtx::new(bindings, tag));
+                drop(run);
+            }))
+            .map_err(|p| panic_message(&*p))
+            .and_then(|()| take_drop_panic().map_or(Ok(()), Err))
+            .map_err(|message| ExecError::HostTaskPanicked { task: name, message })
+        };
         // SAFETY: live bindings, exclusive to this task (the caller's contract).
-        let snapshot =
-            preserve.then(|| unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) });
-        // A destructor panic another closure left on this thread is not this task's.
-        let _ = take_drop_panic();
-        let outcome = catch_unwind(AssertUnwindSafe(move || {
-            run(&HostCtx::new(bindings, tag));
-            drop(run);
-        }))
-        .map_err(|p| panic_message(&*p))
-        .and_then(|()| take_drop_panic().map_or(Ok(()), Err));
-        outcome.map_err(|message| {
-            if let Some(s) = snapshot {
-                // SAFETY: the task has returned; nothing else touches the ranges.
-                unsafe { s.restore() };
-            }
-            ExecError::HostTaskPanicked { task: name, message }
-        })
+        unsafe { self.preserving(modes, bindings, preserve, task) }
     }
 
     /// Runs one recorded operation of a command buffer over its bound arguments
