@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use gantry::driver::ExecError;
 use gantry::{
-    AccessMode, CodeImage, DeviceKind, Error, ImageKind, Kernel, KernelRef, NdRange, QueueOptions, Runtime,
-    Signature,
+    AccessMode, CodeImage, DeviceKind, Error, GraphProps, ImageKind, Kernel, KernelRef, NdRange,
+    QueueOptions, Runtime, Signature,
 };
 
 /// A runtime with CUDA device 0 and a queue on it, or `None` after saying why not.
@@ -155,4 +155,62 @@ fn a_refused_launch_fails_its_dependents_and_keeps_the_buffer() {
     assert_eq!(y.to_vec().unwrap(), vec![5; 64], "nothing ran");
     q.submit(|cg| cg.fill(&y, 3u32)).unwrap().wait().unwrap();
     assert_eq!(y.to_vec().unwrap(), vec![3; 64], "the device goes on");
+}
+
+/// A command graph on the CUDA device runs as a CUDA graph: a host write, a fill, a
+/// kernel with scalars and a copy, finalized once and replayed; a whole-graph update
+/// with another scalar and a dynamic parameter pointed at another buffer take effect
+/// at the next replay.
+#[test]
+fn a_command_graph_replays_as_a_cuda_graph_and_updates() {
+    let Some((rt, q)) = cuda_runtime("a_command_graph_replays_as_a_cuda_graph_and_updates") else {
+        return;
+    };
+    let device = rt.devices().len() as u32 - 1;
+    let n = 10_007usize;
+    let input: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let other: Vec<u32> = (0..n as u32).map(|i| i ^ 0x00FF_00FF).collect();
+    let (x, x2) = (rt.buffer(&input), rt.buffer(&other));
+    let (y, w, z) = (rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n));
+    let kernel = saxpy();
+    let record = |a: u32| {
+        let graph = rt.graph_on(device);
+        let source = graph.dynamic_buffer(&x);
+        let write = graph.add(|cg| cg.copy_from_host(&other, &z, 0), &[]).unwrap();
+        let fill = graph.add(|cg| cg.fill(&y, 1u32), &[]).unwrap();
+        let axpy = graph
+            .add(
+                |cg| {
+                    cg.read(&x);
+                    cg.read_write(&y);
+                    cg.launch(&kernel, n).scalar(0, n as u32).scalar(1, a);
+                },
+                &[write, fill],
+            )
+            .unwrap();
+        graph.set_arg(axpy, 0, &source).unwrap();
+        graph.add(|cg| cg.copy(&y, &w), &[axpy]).unwrap();
+        (graph, source)
+    };
+    let expect =
+        |from: &[u32], a: u32| from.iter().map(|&v| a.wrapping_mul(v).wrapping_add(1)).collect::<Vec<u32>>();
+    let (graph, source) = record(3);
+    let exec = graph.finalize(GraphProps::default().updatable()).unwrap();
+    assert_eq!(exec.partitions().len(), 1, "one partition on the CUDA device");
+    for _ in 0..5 {
+        q.submit_graph(&exec).unwrap();
+    }
+    q.wait().unwrap();
+    assert_eq!(w.to_vec().unwrap(), expect(&input, 3), "five replays");
+    assert_eq!(z.to_vec().unwrap(), other, "the host write");
+
+    let (again, _) = record(5);
+    exec.update(&again).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(w.to_vec().unwrap(), expect(&input, 5), "after a whole-graph update");
+
+    exec.update_param(&source, &x2).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(w.to_vec().unwrap(), expect(&other, 5), "the dynamic parameter's new buffer");
+    assert_eq!(x.to_vec().unwrap(), input, "the old one is left as it was");
 }

@@ -34,6 +34,11 @@ impl Context {
         Ok(this)
     }
 
+    /// The raw handle (for calls that name a context).
+    pub(crate) fn raw(&self) -> CUcontext {
+        self.ctx
+    }
+
     /// Makes it the calling thread's current context (a no-op where it already is).
     pub(crate) fn bind(&self) -> Result<(), CallError> {
         let mut current: CUcontext = ptr::null_mut();

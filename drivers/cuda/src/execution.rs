@@ -26,9 +26,11 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUstream, CUstream_flags};
-use gantry_driver::sync::channel::{unbounded, Receiver, Sender};
+use gantry_driver::sync::channel::{unbounded, Receiver, Sender, TryRecvError};
+use gantry_driver::sync::spin_until;
 use gantry_driver::{Completion, DriverContext, ExecError, OpHandle, OpId};
 
 use crate::context::Context;
@@ -113,8 +115,17 @@ impl Event {
         check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.raw, self.raw, 0) })
     }
 
-    /// Blocks until the event has completed: the error is a fault of the context.
-    fn synchronize(&self) -> Result<(), CallError> {
+    /// Whether the event has completed (an error counts as completed: `synchronize`
+    /// reports it).
+    fn query_done(&self) -> bool {
+        // SAFETY: a live, recorded event.
+        unsafe { sys::cuEventQuery(self.raw) != sys::CUresult::CUDA_ERROR_NOT_READY }
+    }
+
+    /// Waits until the event has completed, polling it for up to `spin` before
+    /// blocking: the error is a fault of the context.
+    fn synchronize(&self, spin: Duration) -> Result<(), CallError> {
+        spin_until(spin, || self.query_done());
         // SAFETY: a live, recorded event.
         check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.raw) })
     }
@@ -206,6 +217,8 @@ pub(crate) struct Reporter {
     ctx: DriverContext,
     /// Set by the first sticky error.
     lost: OnceLock<()>,
+    /// How long a completion thread polls before it blocks.
+    spin: Duration,
 }
 
 impl Reporter {
@@ -271,10 +284,11 @@ impl Lanes {
     pub(crate) fn new(
         ctx: &Arc<Context>,
         count: usize,
+        spin: Duration,
         device: Arc<str>,
         dctx: DriverContext,
     ) -> Result<Self, ExecError> {
-        let reporter = Arc::new(Reporter { device: device.clone(), ctx: dctx, lost: OnceLock::new() });
+        let reporter = Arc::new(Reporter { device: device.clone(), ctx: dctx, lost: OnceLock::new(), spin });
         let mut lanes = Vec::with_capacity(count);
         let mut threads = Vec::with_capacity(count);
         for index in 0..count.max(1) {
@@ -362,11 +376,26 @@ impl Drop for Lanes {
 }
 
 /// A completion thread: reports its lane's operations in the order they were
-/// enqueued (the order they complete in), until the lane closes.
+/// enqueued (the order they complete in), until the lane closes. It polls for the
+/// next operation, as for each event, for the reporter's spin window before it
+/// blocks.
 fn complete_in_order(ctx: Arc<Context>, reporter: Arc<Reporter>, rx: Receiver<Arc<Op>>) {
     let bound = ctx.bind();
     let mut last_ended = 0;
-    for op in rx {
+    loop {
+        let mut next = Err(TryRecvError::Empty);
+        spin_until(reporter.spin, || {
+            next = rx.try_recv();
+            next.is_ok()
+        });
+        let op = match next {
+            Ok(op) => op,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => match rx.recv() {
+                Ok(op) => op,
+                Err(_) => break,
+            },
+        };
         if let Err(e) = bound {
             lock(&op.state).preset.get_or_insert_with(|| reporter.failed(e, "binding the completion thread"));
         }
@@ -388,7 +417,7 @@ fn finish(reporter: &Reporter, op: &Op, last_ended: u64) -> u64 {
         }
     }
     drop(waits);
-    let synced = op.event.as_ref().map(Event::synchronize);
+    let synced = op.event.as_ref().map(|e| e.synchronize(reporter.spin));
     let (preset, keep) = {
         let mut s = lock(&op.state);
         (s.preset.take(), std::mem::take(&mut s.keep))

@@ -93,7 +93,7 @@ impl Params {
 
     /// The array of argument addresses `cuLaunchKernel` takes (valid while `self`
     /// lives and is not moved).
-    fn addresses(&mut self) -> Vec<*mut c_void> {
+    pub(crate) fn addresses(&mut self) -> Vec<*mut c_void> {
         let base = self.scalars.as_mut_ptr().cast::<u8>();
         let mut out: Vec<*mut c_void> =
             self.pointers.iter_mut().map(|p| (p as *mut CUdeviceptr).cast()).collect();

@@ -86,21 +86,39 @@
 //! [`ExecError::DependencyFailed`], and everything else fails with
 //! [`ExecError::DeviceLost`], then and after.
 //!
+//! ## Command buffers
+//!
+//! A finalized command graph's partition on a CUDA device is a CUDA graph
+//! (modules `command_buffer` and `graph`): kernels become kernel nodes, copies memcpy
+//! nodes, fills memset nodes (patterns of other widths a few memsets and doubling
+//! copies), memory buffer writes memcpy nodes from pinned memory filled at finalize,
+//! memory buffer reads memcpy nodes into pinned staging and a host node that copies
+//! it out; dependencies are the recorded sync points. Finalize loads every kernel
+//! image; the graph is built and instantiated at the first submission, when the
+//! argument table is bound to memory. A replay over the same memory is one
+//! `cuGraphLaunch`; other memory, or a patch ([`Driver::patch_command_buffer`]),
+//! brings the instance up to date before the launch: kernel nodes one by one with
+//! `cuGraphExecKernelNodeSetParams` where only they changed, else a whole-graph
+//! `cuGraphExecUpdate`, else a new instance. [`CudaDriver::graph_counts`] says how
+//! often each happened.
+//!
 //! ## Not yet
 //!
 //! * Host tasks ([`Capabilities::host_tasks`] is false: the scheduler runs host
-//!   tasks submitted to a CUDA queue on the CPU), command buffers and patching
-//!   (refused as unsupported), fusion of CUDA kernels, timestamps from the device
-//!   (completions carry host-observed times: an operation starts no earlier than its
-//!   submission and its dependencies' ends, and ends when its completion thread sees
-//!   its event), peer copies between devices, and memory pools: `free` is
-//!   `cuMemFree`, which may wait for the device.
+//!   tasks submitted to a CUDA queue on the CPU, moving their buffers to host memory
+//!   and back), fusion of CUDA kernels, timestamps from the device (completions
+//!   carry host-observed times: an operation starts no earlier than its submission
+//!   and its dependencies' ends, and ends when its completion thread sees its event),
+//!   peer copies between devices, and memory pools: `free` is `cuMemFree`, which may
+//!   wait for the device.
 
 #![warn(missing_docs)]
 
+mod command_buffer;
 mod context;
 mod error;
 mod execution;
+mod graph;
 mod launch;
 mod memory;
 mod module;
@@ -111,16 +129,19 @@ mod transfer;
 use std::sync::{Arc, Mutex};
 
 use gantry_driver::{
-    fill_fits, Accepted, AllocId, Capabilities, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext,
-    ExecError, ImageKind, KernelLaunch, KernelRef, Submission,
+    fill_fits, patch_buffer, Accepted, AllocId, Capabilities, CommandBuffer, CommandBufferBuilder,
+    CommandBufferDesc, CommandBufferLaunch, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext,
+    ExecError, ImageKind, KernelLaunch, KernelRef, OpPatch, Submission,
 };
 
 pub use cudarc::driver::sys::CUresult;
 pub use error::CallError;
+pub use graph::GraphCounts;
 pub use launch::PLAIN_BLOCK;
 pub use nvrtc::CompileError;
 pub use probe::{device_count, Unavailable};
 
+use command_buffer::{CudaCommandBuffer, Recorder};
 use context::Context;
 use error::invalid;
 use execution::{lock, Event, Lanes, Op, Planned, Stream};
@@ -147,11 +168,16 @@ pub struct CudaConfig {
     /// Streams operations are spread over (at least 1): independent operations on
     /// different streams may run at once.
     pub streams: usize,
+    /// How long a completion thread polls an operation's event (and its stream's
+    /// queue) before it sleeps: a wake-up from a blocking wait costs tens of
+    /// microseconds, which a short kernel's completion would pay on top of its run.
+    /// Polling burns the thread's core for that long; zero never polls.
+    pub spin_before_blocking: std::time::Duration,
 }
 
 impl Default for CudaConfig {
     fn default() -> Self {
-        Self { ordinal: 0, streams: 4 }
+        Self { ordinal: 0, streams: 4, spin_before_blocking: gantry_driver::sync::SPIN_WINDOW }
     }
 }
 
@@ -180,7 +206,9 @@ pub struct CudaDriver {
     lanes: Lanes,
     zeroing: Stream,
     memory: Memory,
-    images: Images,
+    images: Arc<Images>,
+    recorder: Recorder,
+    graphs: graph::Counters,
     ctx: Arc<Context>,
     /// Serializes submissions (lane choice, enqueueing, hand-over).
     submitting: Mutex<()>,
@@ -194,9 +222,10 @@ impl CudaDriver {
         let props = probe::open(config.ordinal, &name)?;
         let fail = |e: CallError| e.into_exec(&name, "starting the driver");
         let ctx = Context::retain(props.dev).map_err(fail)?;
-        let lanes = Lanes::new(&ctx, config.streams.max(1), name.clone(), dctx.clone())?;
+        let lanes =
+            Lanes::new(&ctx, config.streams.max(1), config.spin_before_blocking, name.clone(), dctx.clone())?;
         let zeroing = Stream::new(&ctx).map_err(fail)?;
-        let images = Images::new(&ctx, name.clone(), props.cc);
+        let images = Arc::new(Images::new(&ctx, name.clone(), props.cc));
         let caps = Capabilities {
             shares_host_memory: false,
             in_driver_waits: true,
@@ -214,8 +243,10 @@ impl CudaDriver {
             dctx,
             lanes,
             zeroing,
-            memory: Memory::new(&ctx, name),
+            memory: Memory::new(&ctx, name.clone()),
+            recorder: Recorder { ctx: ctx.clone(), images: images.clone(), device: name },
             images,
+            graphs: graph::Counters::default(),
             ctx,
             submitting: Mutex::new(()),
         })
@@ -241,6 +272,12 @@ impl CudaDriver {
     /// launches carry it; an image's module goes some time after its last clone).
     pub fn loaded_images(&self) -> usize {
         self.images.loaded()
+    }
+
+    /// How often its command buffers' graphs were instantiated, updated and
+    /// launched.
+    pub fn graph_counts(&self) -> GraphCounts {
+        self.graphs.get()
     }
 
     fn invalid(&self, message: String) -> ExecError {
@@ -272,10 +309,27 @@ impl CudaDriver {
             DeviceOp::HostTask(_) => {
                 Err(ExecError::Unsupported { device: self.info.name.clone(), what: "host tasks" })
             }
-            DeviceOp::CommandBuffer(_) => {
-                Err(ExecError::Unsupported { device: self.info.name.clone(), what: "command buffers" })
+            DeviceOp::CommandBuffer(launch) => self.prepare_command_buffer(launch),
+        }
+    }
+
+    fn prepare_command_buffer(&self, launch: &CommandBufferLaunch) -> Result<Prepared, ExecError> {
+        if !launch.buffer.is::<CudaCommandBuffer>() {
+            return Err(self.invalid("a command buffer recorded by another driver".into()));
+        }
+        let mut bound = smallvec::SmallVec::with_capacity(launch.args.len());
+        for (i, arg) in launch.args.iter().enumerate() {
+            match self.memory.resolve(&arg.mem) {
+                Ok(Place::Device { ptr, .. }) => bound.push(graph::Entry { ptr, len: arg.mem.len }),
+                Ok(Place::Host(..)) => {
+                    return Err(self.invalid(format!(
+                        "command buffer argument {i} is host memory: CUDA graphs take device memory"
+                    )))
+                }
+                Err(e) => return Err(self.invalid(format!("command buffer argument {i}: {e}"))),
             }
         }
+        Ok(Prepared::Graph { buffer: launch.buffer.clone(), bound })
     }
 
     fn prepare_kernel(&self, launch: &KernelLaunch) -> Result<Prepared, ExecError> {
@@ -373,6 +427,19 @@ impl CudaDriver {
                 planned.keep.push(Box::new(loaded));
                 Ok(())
             }
+            Prepared::Graph { buffer, bound } => {
+                let recorded = buffer.downcast_ref::<CudaCommandBuffer>().expect("checked in prepare");
+                let instance = graph::launch(&self.ctx, &self.graphs, &lane.stream, recorded, &bound)
+                    .map_err(|e| match e {
+                        graph::LaunchError::Invalid(message) => self.invalid(format!("{label}: {message}")),
+                        graph::LaunchError::Call(e, doing) => reporter.failed(e, format!("{label}: {doing}")),
+                    })?;
+                // Its payloads (pinned bytes, read-back targets) and graph stay until
+                // the launch completes.
+                planned.keep.push(Box::new(instance));
+                planned.keep.push(Box::new(buffer));
+                Ok(())
+            }
         }
     }
 }
@@ -383,6 +450,7 @@ enum Prepared {
     Copy { src: Place, dst: Place, len: usize },
     Fill { dst: Place, len: usize, pattern: Vec<u8> },
     Kernel { loaded: Arc<Loaded>, dims: launch::Dims, params: launch::Params, kernel: KernelRef },
+    Graph { buffer: CommandBuffer, bound: smallvec::SmallVec<[graph::Entry; 4]> },
 }
 
 /// A short description of an operation, for errors.
@@ -440,6 +508,26 @@ impl Driver for CudaDriver {
             self.enqueue(&sub.op, &mut planned).err()
         };
         Ok(Accepted::Pending(self.lanes.hand_over(planned, submitted_ns)))
+    }
+
+    /// Records a CUDA graph: see the crate docs.
+    fn create_command_buffer(
+        &self,
+        desc: CommandBufferDesc,
+    ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        Ok(self.recorder.start(desc))
+    }
+
+    /// Patches the plan and payloads; the next submission updates the instantiated
+    /// graph (see the crate docs).
+    fn patch_command_buffer(
+        &self,
+        buffer: &mut CommandBuffer,
+        patch: &[OpPatch<'_>],
+    ) -> Result<(), ExecError> {
+        patch_buffer(buffer, CudaCommandBuffer::clone, |b| self.recorder.patch(b, patch)).unwrap_or_else(
+            || Err(self.invalid("patching a command buffer recorded by another driver".into())),
+        )
     }
 }
 
