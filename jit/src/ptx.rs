@@ -1,0 +1,5 @@
+//! PTX (to be written).
+/// x
+pub struct PtxCompiler;
+/// x
+pub struct PtxKernel;
