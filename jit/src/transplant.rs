@@ -76,14 +76,6 @@ pub(crate) fn replace_work_items<'ctx>(
     Ok(())
 }
 
-/// The barrier calls of `body`.
-pub(crate) fn barriers<'ctx>(body: &Body<'ctx>) -> Vec<InstructionValue<'ctx>> {
-    raw::instructions_of(&body.blocks)
-        .into_iter()
-        .filter(|c| raw::callee_name(*c).is_some_and(|n| classify(&n) == Call::Barrier))
-        .collect()
-}
-
 /// Replaces every use of `call` with `v` and erases it.
 fn replace<'ctx>(call: InstructionValue<'ctx>, v: BasicValueEnum<'ctx>) -> Result<(), JitError> {
     use inkwell::values::AsValueRef;

@@ -78,3 +78,42 @@ fn work_group_tree_reduction() {
     let expected: Vec<i32> = input.chunks(group).map(|c| c.iter().sum()).collect();
     assert_eq!(out, expected);
 }
+
+/// The PTX entry follows the CUDA driver's convention (pointers, scalars, four
+/// hidden parameters), reads special registers, uses `bar.sync` and dynamic shared
+/// memory for barrier kernels, and guards only the barrier-free kernel.
+#[test]
+fn ptx_entries_follow_the_cuda_convention() {
+    let compiler = gantry_jit::PtxCompiler::new();
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Write)
+        .scalar::<f32>();
+    let vadd = compiler.compile(&cl(VADD, "vadd"), &sig).unwrap();
+    let ptx = &vadd.ptx;
+    assert!(ptx.contains(".visible .entry vadd("), "{ptx}");
+    assert_eq!(vadd.params, 3 + 1 + 4);
+    assert_eq!(ptx.matches(".param .u64 vadd_param_").count(), 6, "3 pointers and 3 hidden sizes: {ptx}");
+    assert!(ptx.contains(".param .f32 vadd_param_3") && ptx.contains(".param .u32 vadd_param_7"), "{ptx}");
+    assert!(ptx.contains("%tid.x") && ptx.contains("%ctaid.x") && ptx.contains("%ntid.x"), "{ptx}");
+    assert!(ptx.contains("st.global.f32") && !ptx.contains("bar.sync"), "{ptx}");
+    assert!(vadd.guarded && vadd.shared_bytes == 0);
+
+    let sig = Signature::new().global(AccessMode::Read).global(AccessMode::Write).local(510);
+    let reduce = compiler.compile(&cl(REDUCE, "reduce"), &sig).unwrap();
+    let ptx = &reduce.ptx;
+    assert!(ptx.contains(".visible .entry reduce("), "{ptx}");
+    assert_eq!(reduce.params, 2 + 4);
+    assert!(ptx.contains("bar.sync"), "{ptx}");
+    assert!(ptx.contains(".extern .shared .align 16 .b8 gantry_shared[]"), "{ptx}");
+    assert!(ptx.contains("st.shared") && ptx.contains("ld.shared"), "{ptx}");
+    assert!(!reduce.guarded);
+    assert_eq!(reduce.shared_bytes, 510);
+    let two = sig.clone().local(8);
+    assert_eq!(gantry_jit::ptx::local_offsets(&two), [0, 512]);
+    assert_eq!(gantry_jit::ptx::shared_bytes(&two), 520);
+    // Compiling again is a lookup.
+    compiler.compile(&cl(REDUCE, "reduce"), &sig).unwrap();
+    assert_eq!(compiler.cache().compiles(), 2);
+}
