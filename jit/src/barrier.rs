@@ -77,6 +77,12 @@ pub(crate) fn split<'ctx>(
         cuts.push(Cut { before, after: block });
         work.push(block); // it may hold more barriers
     }
+    // A later cut of the same block moves the start of the region after an earlier
+    // barrier into a new block: each region starts where its `before` branches now.
+    for cut in &mut cuts {
+        let target = cut.before.get_terminator().and_then(|t| t.get_operand(0)).and_then(|o| o.block());
+        cut.after = target.ok_or_else(|| codegen("a cut block lost its branch"))?;
+    }
     Ok(cuts)
 }
 

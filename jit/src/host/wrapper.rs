@@ -269,6 +269,14 @@ pub(crate) fn build<'ctx>(
         let idx = builder.build_int_add(idx, lid[0], "").map_err(e)?;
         let at = builder.build_int_mul(idx, i64t.const_int(ctx_bytes as u64, false), "").map_err(e)?;
         let item = unsafe { builder.build_in_bounds_gep(i8t, ctx_base, &[at], "item") }.map_err(e)?;
+        // Lifetime markers describe a stack slot within one call; a context slot
+        // lives across regions, so its markers would let LLVM drop values that
+        // cross a barrier.
+        for call in raw::instructions_of(&body.blocks) {
+            if raw::callee_name(call).is_some_and(|n| n.starts_with("llvm.lifetime.")) {
+                call.erase_from_basic_block();
+            }
+        }
         for (a, off) in slots {
             let p =
                 unsafe { builder.build_in_bounds_gep(i8t, item, &[i64t.const_int(off as u64, false)], "") }
