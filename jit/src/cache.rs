@@ -52,10 +52,13 @@ impl PartialEq for CacheKey {
     }
 }
 
+/// The results whose keys share one hash.
+type Bucket<V> = Vec<(CacheKey, Arc<V>)>;
+
 /// Compiled results by [`CacheKey`]. Results are kept until the cache is dropped
 /// or [`CompileCache::clear`]ed.
 pub struct CompileCache<V> {
-    entries: Mutex<HashMap<u64, Vec<(CacheKey, Arc<V>)>>>,
+    entries: Mutex<HashMap<u64, Bucket<V>>>,
     compiles: AtomicU64,
 }
 

@@ -84,8 +84,8 @@ pub fn local_offsets(signature: &Signature) -> Vec<usize> {
 
 /// The dynamic shared memory a launch of a kernel with `signature` needs.
 pub fn shared_bytes(signature: &Signature) -> usize {
-    let locals = signature.memory.iter().filter(|s| s.kind == ScratchKind::Local);
-    match (local_offsets(signature).last(), locals.last()) {
+    let mut locals = signature.memory.iter().filter(|s| s.kind == ScratchKind::Local);
+    match (local_offsets(signature).last(), locals.next_back()) {
         (Some(at), Some(last)) => at.saturating_add(last.bytes),
         _ => 0,
     }

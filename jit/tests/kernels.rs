@@ -44,8 +44,8 @@ fn vector_add_with_a_scalar() {
     // 1000 is not a multiple of 64: the last group is partial.
     let launch = HostLaunch::new(&globals, &scalars, &[], [n, 1, 1], [64, 1, 1]);
     unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
-    for i in 0..n {
-        assert_eq!(c[i], a[i] + 0.5 * b[i], "element {i}");
+    for (i, ((c, a), b)) in c.iter().zip(&a).zip(&b).enumerate() {
+        assert_eq!(*c, a + 0.5 * b, "element {i}");
     }
 }
 
@@ -113,6 +113,11 @@ fn ptx_entries_follow_the_cuda_convention() {
     let two = sig.clone().local(8);
     assert_eq!(gantry_jit::ptx::local_offsets(&two), [0, 512]);
     assert_eq!(gantry_jit::ptx::shared_bytes(&two), 520);
+    // For running them on a GPU: `GANTRY_PTX_DIR=/some/dir cargo test --release -p gantry-jit ptx_`.
+    if let Some(dir) = std::env::var_os("GANTRY_PTX_DIR") {
+        std::fs::write(std::path::Path::new(&dir).join("vadd.ptx"), &vadd.ptx).unwrap();
+        std::fs::write(std::path::Path::new(&dir).join("reduce.ptx"), ptx).unwrap();
+    }
     // Compiling again is a lookup.
     compiler.compile(&cl(REDUCE, "reduce"), &sig).unwrap();
     assert_eq!(compiler.cache().compiles(), 2);
@@ -179,11 +184,11 @@ fn private_values_live_across_barriers() {
     let launch = HostLaunch::new(&globals, &[], &locals, [n, 1, 1], [group, 1, 1]);
     unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
     let v = |g: usize| input[g] * 3 + (g % group) as i32;
-    for g in 0..n {
+    for (g, &got) in out.iter().enumerate() {
         let l = g % group;
         let next = v(g - l + (l + 1) % group);
         let arr = v(g) + ((l + 2) % 4) as i32;
-        assert_eq!(out[g], v(g) * 1000 + next + arr, "work-item {g}");
+        assert_eq!(got, v(g) * 1000 + next + arr, "work-item {g}");
     }
 }
 
@@ -216,8 +221,7 @@ fn three_dimensional_range_with_offset() {
                 let i = (z * g[1] + y) * g[0] + x;
                 let id = [x, y, z];
                 let pack = |v: [usize; 3]| (v[0] + 100 * v[1] + 10000 * v[2]) as u64;
-                let lid = id.map(|_| 0).iter().enumerate().map(|(d, _)| id[d] % l[d]).collect::<Vec<_>>();
-                let lid = [lid[0], lid[1], lid[2]];
+                let lid = [0, 1, 2].map(|d| id[d] % l[d]);
                 let grp = [0, 1, 2].map(|d| id[d] / l[d]);
                 let linear_local = (lid[2] * l[1] + lid[1]) * l[0] + lid[0];
                 assert_eq!(out[4 * i], pack([0, 1, 2].map(|d| id[d] + off[d])), "{id:?}");
@@ -363,8 +367,8 @@ fn timings() {
     let mut c2 = vec![0f32; n];
     let t = std::time::Instant::now();
     for _ in 0..reps {
-        for i in 0..n {
-            c2[i] = a2[i] + 0.5 * b2[i];
+        for ((c, a), b) in c2.iter_mut().zip(&a2).zip(&b2) {
+            *c = a + 0.5 * b;
         }
         std::hint::black_box(&mut c2);
     }

@@ -145,10 +145,8 @@ fn run_clang_at(
 /// ships bitcode and needs no clang at run time.
 ///
 /// ```no_run
-/// // build.rs
-/// fn main() {
-///     gantry_jit_clang::build_script::compile("kernels/saxpy.cl", "saxpy.bc").unwrap();
-/// }
+/// // build.rs, in `fn main()`:
+/// gantry_jit_clang::build_script::compile("kernels/saxpy.cl", "saxpy.bc").unwrap();
 /// // src/main.rs:
 /// // static SAXPY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/saxpy.bc"));
 /// // let image = gantry_jit::from_llvm_ir(SAXPY, "saxpy")?;
