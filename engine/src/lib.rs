@@ -91,6 +91,7 @@ pub use gantry_host::isa;
 /// `Runtime::builder().driver(gantry::cuda::factory(ordinal))`.
 #[cfg(feature = "cuda")]
 pub use gantry_cuda as cuda;
+
 /// The driver contract, for backends written outside Gantry and registered with
 /// [`RuntimeBuilder::driver`].
 pub use gantry_driver as driver;
@@ -98,6 +99,11 @@ pub use gantry_driver as driver;
 /// kernels, snapshots, the closure fusion compiler, the runner), for backends that
 /// run work on the host's cores.
 pub use gantry_host as host;
+/// The LLVM JIT (feature `jit`): kernels as LLVM IR images, from OpenCL C
+/// ([`jit::from_opencl_c`]) or IR bytes ([`jit::from_llvm_ir`]), which the CPU and
+/// simulated drivers run as native work-group functions and CUDA devices as PTX.
+#[cfg(feature = "jit")]
+pub use gantry_jit as jit;
 
 /// The ECS crate Gantry's scheduler is built on, for adding systems to its stages.
 pub use bevy_ecs as ecs;

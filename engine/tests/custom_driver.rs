@@ -14,7 +14,7 @@ use gantry::driver::{
     fill_fits, Accepted, AllocId, Binding, Capabilities, Completion, DeviceInfo, DeviceKind, DeviceOp,
     Driver, DriverContext, ExecError, ImageCache, KernelLaunch, MemArg, MemRef, MemSlice, Submission,
 };
-use gantry::host::{Arena, ClosureImage, Runner};
+use gantry::host::{Arena, ClosureImage, KernelCall, Runner};
 use gantry::{
     AccessMode, CancelReason, CodeImage, Error, FusionOutcome, FusionProps, ImageKind, Kernel, KernelRef,
     Mode, QueueOptions, Runtime, Signature,
@@ -138,8 +138,11 @@ impl Inline {
             // SAFETY: live bindings, ordered against other work by the scheduler.
             return unsafe {
                 self.runner.run_kernel(
-                    &launch.kernel,
-                    &launch.geometry,
+                    KernelCall {
+                        kernel: &launch.kernel,
+                        geometry: &launch.geometry,
+                        scalars: &launch.scalars,
+                    },
                     modes,
                     bindings,
                     preserve,

@@ -27,10 +27,10 @@ use gantry_driver::sync::Mutex;
 use gantry_driver::{
     fill_bytes, fill_fits, patch_buffer, Accepted, AllocId, Binding, Capabilities, CommandBuffer,
     CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, Completion, DeviceInfo, DeviceKind,
-    DeviceOp, Driver, DriverContext, ExecError, Geometry, ImageKind, KernelLaunch, MemArg, MemRef, MemSlice,
-    OpHandle, OpId, OpPatch, PlanBuilder, RecordedArg, RecordedOp, Submission,
+    DeviceOp, Driver, DriverContext, ExecError, Geometry, KernelLaunch, MemArg, MemRef, MemSlice, OpHandle,
+    OpId, OpPatch, PlanBuilder, RecordedArg, RecordedOp, Submission,
 };
-use gantry_host::{Arena, BoundOps, CachedPlan, ClosureImage, ClosureKernel, Groups, Runner};
+use gantry_host::{Arena, BoundOps, CachedPlan, ClosureImage, ClosureKernel, Groups, KernelCall, Runner};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
@@ -126,7 +126,7 @@ impl CpuDriver {
             caps: Capabilities {
                 shares_host_memory: true,
                 in_driver_waits: true,
-                image_kinds: &[ImageKind::Closure],
+                image_kinds: gantry_host::IMAGE_KINDS,
                 host_tasks: true,
                 max_local_memory: 1 << 20,
                 max_private_memory: MAX_PRIVATE_MEMORY,
@@ -463,7 +463,9 @@ impl Inner {
         // SAFETY: bindings are live (the launch's arguments hold the memory) and
         // ordered against other commands by scheduling.
         unsafe {
-            self.runner.run_kernel(&launch.kernel, &launch.geometry, modes, &bindings, preserve, groups)
+            let call =
+                KernelCall { kernel: &launch.kernel, geometry: &launch.geometry, scalars: &launch.scalars };
+            self.runner.run_kernel(call, modes, &bindings, preserve, groups)
         }
     }
 
@@ -527,6 +529,26 @@ impl Groups for Workers<'_> {
                     closure.run_group(geometry, g, bindings, arena);
                 }
             }),
+        }
+    }
+
+    /// Ranges of about a quarter of the groups per worker, so that uneven groups
+    /// still balance, spread over the pool; one range inline.
+    fn run_ranges(&mut self, groups: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        match self.0 {
+            Some(pool) if groups > 1 => {
+                let chunk = groups.div_ceil(pool.current_num_threads().max(1) * 4).max(1);
+                let run = || {
+                    (0..groups.div_ceil(chunk))
+                        .into_par_iter()
+                        .for_each(|c| f(c * chunk..((c + 1) * chunk).min(groups)))
+                };
+                match rayon::current_thread_index() {
+                    None => pool.install(run),
+                    Some(_) => run(),
+                }
+            }
+            _ => f(0..groups),
         }
     }
 }

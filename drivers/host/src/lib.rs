@@ -22,7 +22,11 @@
 //!   snapshot and unfused rerun, a host task, a recorded operation; drivers differ
 //!   only in how a launch's work-groups run ([`Groups`]);
 //! * [`replay`]: command buffers with a cache of their operations bound to memory,
-//!   and their replay.
+//!   and their replay;
+//! * `ir` (feature `jit`): LLVM IR kernels compiled to native work-group functions
+//!   by `gantry-jit`, which the runner runs where a kernel has no closure image.
+//!
+//! [`IMAGE_KINDS`] are the image kinds a host driver built from this crate runs.
 
 #![warn(missing_docs)]
 
@@ -30,6 +34,8 @@ pub mod access;
 pub mod closure;
 pub mod elementwise;
 pub mod fusion;
+#[cfg(feature = "jit")]
+mod ir;
 pub mod isa;
 pub mod item;
 pub mod replay;
@@ -47,5 +53,13 @@ pub use elementwise::map_phase;
 pub use fusion::{CacheStats, ClosureFusion, Unfused};
 pub use item::{GroupCtx, Item};
 pub use replay::{BoundOps, BoundStep, CachedPlan};
-pub use runner::{Groups, Runner};
+pub use runner::{Groups, KernelCall, Runner};
 pub use snapshot::{Snapshot, SnapshotPool};
+
+/// The kernel image kinds the [`Runner`] runs: closures, and LLVM IR with the
+/// feature `jit`.
+pub const IMAGE_KINDS: &[gantry_driver::ImageKind] = if cfg!(feature = "jit") {
+    &[gantry_driver::ImageKind::Closure, gantry_driver::ImageKind::LlvmIr]
+} else {
+    &[gantry_driver::ImageKind::Closure]
+};

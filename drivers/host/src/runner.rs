@@ -24,6 +24,14 @@ pub trait Groups {
     /// per global slot), all phases of a group before its next, so a barrier between
     /// phases holds. A panic of the kernel propagates (the caller catches it).
     fn run(&mut self, kernel: &ClosureKernel, geometry: &Geometry, bindings: &[Binding]);
+
+    /// Runs `f` over ranges of the group ids `0..groups` that together cover each
+    /// id once (how compiled kernels, which run a range of groups per call, spread
+    /// their groups); a panic of `f` propagates. By default: one range, on the
+    /// calling thread.
+    fn run_ranges(&mut self, groups: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        f(0..groups)
+    }
 }
 
 /// The groups one after the other on the calling thread, in this arena.
@@ -35,13 +43,25 @@ impl Groups for Arena {
     }
 }
 
+/// A kernel as one launch calls it: the kernel, its iteration space and its scalar
+/// block (laid out by its signature; closure kernels capture theirs and ignore it).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelCall<'a> {
+    /// The kernel.
+    pub kernel: &'a KernelRef,
+    /// Its iteration space.
+    pub geometry: &'a Geometry,
+    /// Its scalar arguments.
+    pub scalars: &'a [u8],
+}
+
 /// What a host driver runs bound operations with: its name, for errors, and the
 /// pool its snapshots (`preserve_on_failure`) take their memory from.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use gantry_driver::{AccessMode, Binding, ExecError, Geometry, ItemCost, Range};
-/// use gantry_host::{phase, Accessor, Arena, ClosureKernel, ReadWrite, Runner};
+/// use gantry_host::{phase, Accessor, Arena, ClosureKernel, KernelCall, ReadWrite, Runner};
 /// let acc = Accessor::<u32, ReadWrite>::new(0, 1, 4);
 /// let kernel = ClosureKernel {
 ///     tag: 1,
@@ -63,8 +83,9 @@ impl Groups for Arena {
 /// # std::panic::set_hook(Box::new(|_| {}));
 /// // SAFETY: `data` is live and nothing else touches it.
 /// let modes = [AccessMode::ReadWrite].into_iter();
+/// let call = KernelCall { kernel: &kernel, geometry: &geometry, scalars: &[] };
 /// let result =
-///     unsafe { runner.run_kernel(&kernel, &geometry, modes, &bindings, true, &mut Arena::default()) };
+///     unsafe { runner.run_kernel(call, modes, &bindings, true, &mut Arena::default()) };
 /// # std::panic::set_hook(hook);
 /// assert!(matches!(result, Err(ExecError::KernelPanicked { .. })));
 /// assert_eq!(data, [1; 4], "preserved: what it wrote is undone");
@@ -73,12 +94,20 @@ impl Groups for Arena {
 pub struct Runner {
     device: Arc<str>,
     snapshots: Arc<SnapshotPool>,
+    /// Compiles and runs LLVM IR kernels (feature `jit`).
+    #[cfg(feature = "jit")]
+    ir: crate::ir::IrKernels,
 }
 
 impl Runner {
     /// The runner of the device named `device`, with a default [`SnapshotPool`].
     pub fn new(device: Arc<str>) -> Self {
-        Self { device, snapshots: Arc::new(SnapshotPool::default()) }
+        Self {
+            device,
+            snapshots: Arc::new(SnapshotPool::default()),
+            #[cfg(feature = "jit")]
+            ir: Default::default(),
+        }
     }
 
     /// The device's name, as its errors give it.
@@ -130,9 +159,20 @@ impl Runner {
         kernel: &KernelRef,
         geometry: &Geometry,
         bindings: &[Binding],
+        scalars: &[u8],
         groups: &mut impl Groups,
     ) -> Result<(), ExecError> {
-        let Some(closure) = kernel.closure() else { return Err(no_image(&self.device, &kernel.name)) };
+        let Some(closure) = kernel.closure() else {
+            #[cfg(feature = "jit")]
+            if let Some(image) = kernel.image(gantry_driver::ImageKind::LlvmIr) {
+                // SAFETY: the caller's bindings are live and exclusive (`run_kernel`'s
+                // contract, which every caller of `launch` keeps).
+                let call = KernelCall { kernel, geometry, scalars };
+                return unsafe { self.ir.launch(&self.device, call, image, bindings, groups) };
+            }
+            let _ = scalars;
+            return Err(no_image(&self.device, &kernel.name));
+        };
         catch_unwind(AssertUnwindSafe(|| groups.run(closure, geometry, bindings))).map_err(|p| {
             ExecError::KernelPanicked { kernel: kernel.name.clone(), message: panic_message(&*p) }
         })
@@ -150,14 +190,14 @@ impl Runner {
     /// meanwhile (the scheduler orders conflicting commands).
     pub unsafe fn run_kernel(
         &self,
-        kernel: &KernelRef,
-        geometry: &Geometry,
+        call: KernelCall<'_>,
         modes: impl Iterator<Item = AccessMode> + Clone,
         bindings: &[Binding],
         preserve: bool,
         groups: &mut impl Groups,
     ) -> Result<(), ExecError> {
-        let launch = || self.launch(kernel, geometry, bindings, groups);
+        let KernelCall { kernel, geometry, scalars } = call;
+        let launch = || self.launch(kernel, geometry, bindings, scalars, groups);
         // SAFETY: forwarded.
         let Err(error) = (unsafe { self.preserving(modes.clone(), bindings, preserve, launch) }) else {
             return Ok(());
@@ -168,7 +208,8 @@ impl Runner {
         }
         let Some(unfused) = kernel.closure().and_then(|c| c.unfused.as_ref()) else { return Err(error) };
         let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
-        let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| self.launch(k, g, b, groups);
+        // The kernels of a fused closure kernel are closures: no scalars.
+        let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| self.launch(k, g, b, &[], groups);
         // SAFETY: as above; the fused kernel's writes were just undone.
         unsafe { unfused.rerun(bindings, |i| writes[i], &self.snapshots, launch) }.unwrap_or(Err(error))
     }
@@ -224,10 +265,11 @@ impl Runner {
         groups: &mut impl Groups,
     ) -> Result<(), ExecError> {
         match op {
-            RecordedOp::Kernel { kernel, geometry, args, .. } => {
+            RecordedOp::Kernel { kernel, geometry, args, scalars } => {
                 let (bindings, modes) = (&bindings[..args.len()], args.iter().map(|a| a.mode));
+                let call = KernelCall { kernel, geometry, scalars };
                 // SAFETY: forwarded.
-                unsafe { self.run_kernel(kernel, geometry, modes, bindings, preserve, groups) }
+                unsafe { self.run_kernel(call, modes, bindings, preserve, groups) }
             }
             RecordedOp::Copy { .. } => {
                 let (s, d) = (bindings[0], bindings[1]);

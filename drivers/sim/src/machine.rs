@@ -18,10 +18,10 @@ use gantry_driver::sync::Mutex;
 use gantry_driver::{
     fill_bytes, fill_fits, no_image, Accepted, AccessMode, AllocId, Binding, Capabilities, CommandBuffer,
     CommandBufferBuilder, CommandBufferDesc, Completion, DeviceInfo, DeviceKind, DeviceOp, Driver,
-    DriverContext, ExecError, Geometry, HostFn, ImageKind, KernelLaunch, KernelRef, MemRef, OpPatch,
-    ScratchKind, SimHint, Submission,
+    DriverContext, ExecError, Geometry, HostFn, KernelLaunch, KernelRef, MemRef, OpPatch, ScratchKind,
+    SimHint, Submission,
 };
-use gantry_host::{Arena, ClosureImage, Runner};
+use gantry_host::{Arena, ClosureImage, KernelCall, Runner};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -158,6 +158,8 @@ pub(crate) struct KernelWork {
     pub(crate) geometry: Geometry,
     /// Each slot's memory and how the kernel uses it, in slot order.
     pub(crate) args: SmallVec<[(Region, AccessMode); 4]>,
+    /// Its scalar arguments, laid out by its signature.
+    pub(crate) scalars: gantry_driver::ScalarBlock,
 }
 
 /// A host task with its host memory resolved at submission.
@@ -214,7 +216,7 @@ impl SimDriver {
             caps: Capabilities {
                 shares_host_memory: host_pool,
                 in_driver_waits: true,
-                image_kinds: if host_pool { &[] } else { &[ImageKind::Closure] },
+                image_kinds: if host_pool { &[] } else { gantry_host::IMAGE_KINDS },
                 host_tasks: host_pool,
                 max_local_memory: if host_pool { 0 } else { MAX_LOCAL_MEMORY },
                 max_private_memory: if host_pool { 0 } else { MAX_PRIVATE_MEMORY },
@@ -267,15 +269,21 @@ impl SimDriver {
 
     /// Checks a kernel's argument count and local memory against the device.
     pub(crate) fn check_kernel(&self, kernel: &KernelRef, args: usize) -> Result<(), ExecError> {
-        let Some(closure) = kernel.closure() else { return Err(no_image(&self.info.name, &kernel.name)) };
-        if args != closure.global_slots {
+        if !kernel.runs_on(gantry_host::IMAGE_KINDS) {
+            return Err(no_image(&self.info.name, &kernel.name));
+        }
+        // A closure says what it binds; a kernel of another image, its signature.
+        let (slots, scratch) = match kernel.closure() {
+            Some(closure) => (closure.global_slots, &closure.scratch[..]),
+            None => (kernel.signature.globals.len(), &kernel.signature.memory[..]),
+        };
+        if args != slots {
             return Err(self.driver_error(format!(
-                "kernel `{}` has {} global slots but {} arguments",
-                kernel.name, closure.global_slots, args
+                "kernel `{}` has {slots} global slots but {args} arguments",
+                kernel.name
             )));
         }
-        let local: usize =
-            closure.scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
+        let local: usize = scratch.iter().filter(|s| s.kind == ScratchKind::Local).map(|s| s.bytes).sum();
         if local > MAX_LOCAL_MEMORY {
             return Err(self.driver_error(format!(
                 "kernel `{}` needs {local} bytes of local memory, the device has {}",
@@ -331,6 +339,7 @@ impl SimDriver {
             kernel: launch.kernel.clone(),
             geometry: launch.geometry,
             args: SmallVec::new(),
+            scalars: launch.scalars.clone(),
         });
         let OpWork::Kernel(kernel) = work else { unreachable!("just set") };
         // One look-up in the allocation table for all the arguments.
@@ -434,7 +443,7 @@ impl SimDriver {
                 unsafe { fill_bytes(d.ptr, d.len, pattern) };
                 Ok(())
             }
-            OpWork::Kernel(KernelWork { kernel, geometry, args }) => {
+            OpWork::Kernel(KernelWork { kernel, geometry, args, scalars }) => {
                 let mut bindings = SmallVec::<[Binding; 4]>::new();
                 for (region, _) in args.iter() {
                     bindings.push(region.binding());
@@ -442,7 +451,10 @@ impl SimDriver {
                 let modes = args.iter().map(|&(_, mode)| mode);
                 // SAFETY: the bindings are live (held by `args`), and nothing else runs on
                 // the device while this kernel does.
-                unsafe { self.runner.run_kernel(kernel, geometry, modes, &bindings, preserve, arena) }
+                unsafe {
+                    let call = KernelCall { kernel, geometry, scalars };
+                    self.runner.run_kernel(call, modes, &bindings, preserve, arena)
+                }
             }
             OpWork::Plan(plan) => self.replay(plan, preserve, arena),
             OpWork::Host(_) => {
@@ -628,7 +640,9 @@ mod tests {
         assert_eq!(&*info.name, "gpu0");
         assert_eq!(info.kind, DeviceKind::Sim);
         assert!(!info.caps.shares_host_memory && !info.caps.host_tasks);
-        assert!(info.caps.in_driver_waits && info.caps.image_kinds.contains(&ImageKind::Closure));
+        assert!(
+            info.caps.in_driver_waits && info.caps.image_kinds.contains(&gantry_driver::ImageKind::Closure)
+        );
         assert_eq!(info.caps.max_local_memory, 64 * 1024);
         assert_eq!(d.now_ns(), 0);
     }
