@@ -214,3 +214,84 @@ fn a_command_graph_replays_as_a_cuda_graph_and_updates() {
     assert_eq!(w.to_vec().unwrap(), expect(&other, 5), "the dynamic parameter's new buffer");
     assert_eq!(x.to_vec().unwrap(), input, "the old one is left as it was");
 }
+
+/// OpenCL C kernels compiled ahead of time to LLVM IR (`kernels/jit_kernels.ll`).
+#[cfg(feature = "jit")]
+const JIT_KERNELS: &str = include_str!("kernels/jit_kernels.ll");
+
+/// LLVM IR kernels on the GPU (feature `jit`): compiled to PTX by the JIT when first
+/// launched. A guarded elementwise kernel over a plain range whose last block
+/// overhangs it, a work-group reduction in shared memory with barriers in a loop over
+/// an ND-range, and the same kernel in a command graph replayed as a CUDA graph.
+#[cfg(feature = "jit")]
+#[test]
+fn llvm_ir_kernels_run_on_the_gpu_through_the_jit() {
+    let Some((rt, q)) = cuda_runtime("llvm_ir_kernels_run_on_the_gpu_through_the_jit") else { return };
+    let device = rt.devices().len() as u32 - 1;
+    let ir = |entry: &str, signature: Signature| {
+        let image = gantry::jit::from_llvm_ir(JIT_KERNELS.as_bytes(), entry).unwrap();
+        Kernel::new(entry, signature).with_image(image).into_ref()
+    };
+    let saxpy = ir(
+        "saxpy",
+        Signature::new()
+            .global(AccessMode::Read)
+            .global(AccessMode::ReadWrite)
+            .scalar::<u32>()
+            .scalar::<f32>(),
+    );
+    let n = 100_003usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let (xb, yb) = (rt.buffer(&x), rt.buffer(&vec![1f32; n]));
+    q.submit(|cg| {
+        cg.read(&xb);
+        cg.read_write(&yb);
+        cg.launch(&saxpy, n).scalar(0, n as u32).scalar(1, 3f32);
+    })
+    .unwrap()
+    .wait()
+    .unwrap();
+    assert_eq!(yb.to_vec().unwrap(), x.iter().map(|v| 3.0 * v + 1.0).collect::<Vec<_>>(), "saxpy");
+
+    let group = 256usize;
+    let groups = 509usize;
+    let sums = ir(
+        "group_sums",
+        Signature::new().global(AccessMode::Read).global(AccessMode::Write).local(group * 4),
+    );
+    let input: Vec<i32> = (0..(group * groups) as i32).map(|i| (i * 7919) % 1000 - 500).collect();
+    let (data, out) = (rt.buffer(&input), rt.buffer_zeroed::<i32>(groups));
+    q.submit(|cg| {
+        cg.read(&data);
+        cg.write(&out);
+        cg.launch_nd(&sums, NdRange::new(group * groups, group));
+    })
+    .unwrap()
+    .wait()
+    .unwrap();
+    let expected: Vec<i32> = input.chunks(group).map(|c| c.iter().sum()).collect();
+    assert_eq!(out.to_vec().unwrap(), expected, "work-group sums in shared memory");
+
+    let axpb = ir(
+        "axpb",
+        Signature::new().global(AccessMode::ReadWrite).scalar::<u32>().scalar::<f32>().scalar::<f32>(),
+    );
+    let z = rt.buffer(&vec![0f32; n]);
+    let graph = rt.graph_on(device);
+    for _ in 0..4 {
+        graph
+            .add(
+                |cg| {
+                    cg.read_write(&z);
+                    cg.launch(&axpb, n).scalar(0, n as u32).scalar(1, 2f32).scalar(2, 1f32);
+                },
+                &[],
+            )
+            .unwrap();
+    }
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    q.submit_graph(&exec).unwrap();
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    // Eight steps of z = 2z + 1 from 0: 2^8 - 1.
+    assert_eq!(z.to_vec().unwrap(), vec![255f32; n], "a graph of IR kernels, replayed twice");
+}

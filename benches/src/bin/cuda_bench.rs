@@ -344,6 +344,16 @@ impl Gantry {
     }
 }
 
+/// `axpb` from OpenCL C, as LLVM IR the JIT compiles to PTX (the IR is the
+/// engine's CUDA test kernels, compiled ahead of time: no clang at run time).
+#[cfg(feature = "jit")]
+fn jit_axpb() -> KernelRef {
+    const IR: &str = include_str!("../../../engine/tests/kernels/jit_kernels.ll");
+    let image = gantry::jit::from_llvm_ir(IR.as_bytes(), "axpb").expect("the IR parses");
+    let sig = Signature::new().global(AccessMode::ReadWrite).scalar::<u32>().scalar::<f32>().scalar::<f32>();
+    Kernel::new("axpb_jit", sig).with_image(image).into_ref()
+}
+
 /// One line of the report.
 fn row(what: &str, unit: &str, gantry: f64, raw: f64, target: &str) {
     println!("{what:<52} {gantry:>10.3} {unit:<3} {raw:>10.3} {unit:<3} {:>7.3}x  {target}", gantry / raw);
@@ -463,6 +473,24 @@ fn main() {
             raw_unfused,
             "",
         );
+        #[cfg(feature = "jit")]
+        {
+            // The same kernel from OpenCL C, compiled to PTX by Gantry's JIT.
+            let jit = jit_axpb();
+            let gantry_jit = t(&mut || {
+                for _ in 0..8 {
+                    g.submit(&g.q, &jit, &x);
+                }
+                g.q.wait().expect("wait");
+            });
+            row(
+                &format!("8-kernel chain over {label} f32, eager, JIT PTX"),
+                "us",
+                gantry_jit,
+                raw_unfused,
+                "",
+            );
+        }
         row(&format!("8-kernel chain over {label} f32, graph unfused"), "us", gantry_graph, raw_graph, "");
         row(
             &format!("8-kernel chain over {label} f32, hand-fused kernel"),

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use gantry_driver::{
     CommandBuffer, CommandBufferBuilder, CommandBufferDesc, ExecError, HostStorage, OpPatch, Plan,
-    PlanBuilder, RecordedOp, ScratchKind, SyncPoint,
+    PlanBuilder, RecordedOp, SyncPoint,
 };
 
 use crate::context::Context;
@@ -31,13 +31,13 @@ use crate::error::invalid;
 use crate::graph::ExecSlot;
 use crate::launch::{self, Dims};
 use crate::memory::Pinned;
-use crate::module::{Images, Loaded};
+use crate::module::{Hidden, Images, Loaded};
 
 /// What one recorded operation needs besides the plan.
 #[derive(Clone)]
 pub(crate) enum Payload {
     /// A kernel's loaded image and launch shape.
-    Kernel { loaded: Arc<Loaded>, dims: Dims, shared: u32 },
+    Kernel { loaded: Arc<Loaded>, dims: Dims, shared: u32, hidden: Option<Hidden> },
     /// A memory buffer write's bytes, in pinned memory.
     Write(Arc<Pinned>),
     /// A memory buffer read's staging memory and destination.
@@ -93,14 +93,20 @@ impl Recorder {
                 let dims = launch::dims(geometry)
                     .map_err(|e| invalid(device, format!("kernel `{}`: {e}", kernel.name)))?;
                 let loaded = self.images.load(kernel)?;
-                let shared = kernel.signature.memory_bytes(ScratchKind::Local);
+                let shared = loaded.shared_bytes(&kernel.signature);
                 loaded.allow_shared(shared).map_err(|e| {
                     e.into_exec(
                         device,
                         format!("allowing kernel `{}` {shared} bytes of shared memory", kernel.name),
                     )
                 })?;
-                Ok(Payload::Kernel { loaded, dims, shared: u32::try_from(shared).unwrap_or(u32::MAX) })
+                let hidden = loaded.hidden(geometry);
+                Ok(Payload::Kernel {
+                    loaded,
+                    dims,
+                    shared: u32::try_from(shared).unwrap_or(u32::MAX),
+                    hidden,
+                })
             }
             RecordedOp::Write { src, dst } => {
                 if src.len() != dst.len {

@@ -44,6 +44,7 @@ use crate::error::{check, CallError};
 use crate::execution::Stream;
 use crate::launch::Params;
 use crate::memory::DeviceBox;
+use crate::module::Hidden;
 use crate::transfer::{plan_fill, FillStep};
 
 /// One argument-table entry as a submission binds it: its device address and length.
@@ -74,6 +75,7 @@ enum NodeSpec {
         shared: u32,
         pointers: SmallVec<[CUdeviceptr; 4]>,
         scalars: ScalarBlock,
+        hidden: Option<Hidden>,
     },
     Memset {
         dst: CUdeviceptr,
@@ -275,7 +277,7 @@ fn describe(
         let mut chain: SmallVec<[NodeSpec; 2]> = SmallVec::new();
         let mut push = |spec: NodeSpec| chain.push(spec);
         match (&planned.op, payload) {
-            (RecordedOp::Kernel { args, scalars, .. }, Payload::Kernel { loaded, dims, shared }) => {
+            (RecordedOp::Kernel { args, scalars, .. }, Payload::Kernel { loaded, dims, shared, hidden }) => {
                 push(NodeSpec::Kernel {
                     op: i as u32,
                     func: loaded.function as usize,
@@ -284,6 +286,7 @@ fn describe(
                     shared: *shared,
                     pointers: args.iter().map(addr).collect::<Result<_, _>>()?,
                     scalars: scalars.clone(),
+                    hidden: *hidden,
                 });
             }
             (RecordedOp::Copy { src, dst }, _) => {
@@ -376,13 +379,13 @@ struct KernelParams {
 }
 
 fn kernel_params(plan: &Plan, spec: &NodeSpec) -> Option<KernelParams> {
-    let NodeSpec::Kernel { op, func, grid, block, shared, pointers, scalars } = spec else {
+    let NodeSpec::Kernel { op, func, grid, block, shared, pointers, scalars, hidden } = spec else {
         return None;
     };
     let RecordedOp::Kernel { kernel, .. } = &plan.ops[*op as usize].op else {
         return None;
     };
-    let mut params = Params::new(&kernel.signature, pointers.to_vec(), scalars).ok()?;
+    let mut params = Params::new(&kernel.signature, pointers.to_vec(), scalars, *hidden).ok()?;
     let mut addresses = params.addresses();
     let raw = CUDA_KERNEL_NODE_PARAMS {
         func: *func as sys::CUfunction,

@@ -21,11 +21,11 @@
 use std::ffi::c_void;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use gantry_driver::{Geometry, ScratchKind, Signature};
+use gantry_driver::{Geometry, Signature};
 
 use crate::error::{check, CallError};
 use crate::execution::Stream;
-use crate::module::Loaded;
+use crate::module::{Hidden, Loaded};
 
 /// Work-items per block along `x` for a plain range.
 pub const PLAIN_BLOCK: usize = 256;
@@ -70,6 +70,8 @@ pub(crate) struct Params {
     /// The scalar block, copied to 16-byte aligned storage.
     scalars: Vec<u128>,
     offsets: Vec<usize>,
+    /// Hidden parameters after the scalars (PTX compiled from LLVM IR).
+    hidden: Option<Hidden>,
 }
 
 impl Params {
@@ -79,6 +81,7 @@ impl Params {
         signature: &Signature,
         pointers: Vec<CUdeviceptr>,
         block: &[u8],
+        hidden: Option<Hidden>,
     ) -> Result<Self, String> {
         let expected = signature.scalar_bytes();
         if block.len() != expected {
@@ -88,7 +91,7 @@ impl Params {
         // SAFETY: the storage holds at least `expected` bytes; u8 has no alignment.
         unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), scalars.as_mut_ptr().cast::<u8>(), expected) };
         let offsets = (0..signature.scalars.len()).map(|i| signature.scalar_offset(i)).collect();
-        Ok(Self { pointers, scalars, offsets })
+        Ok(Self { pointers, scalars, offsets, hidden })
     }
 
     /// The array of argument addresses `cuLaunchKernel` takes (valid while `self`
@@ -99,6 +102,10 @@ impl Params {
             self.pointers.iter_mut().map(|p| (p as *mut CUdeviceptr).cast()).collect();
         // SAFETY: each offset lies inside the block (the signature laid it out).
         out.extend(self.offsets.iter().map(|&o| unsafe { base.add(o) }.cast::<c_void>()));
+        if let Some(h) = &mut self.hidden {
+            out.extend(h.global.iter_mut().map(|g| (g as *mut u64).cast::<c_void>()));
+            out.push((&mut h.work_dim as *mut u32).cast());
+        }
         out
     }
 }
@@ -111,7 +118,7 @@ pub(crate) fn launch(
     signature: &Signature,
     mut params: Params,
 ) -> Result<(), CallError> {
-    let shared = signature.memory_bytes(ScratchKind::Local);
+    let shared = loaded.shared_bytes(signature);
     loaded.allow_shared(shared)?;
     let shared = u32::try_from(shared).unwrap_or(u32::MAX);
     let mut args = params.addresses();
@@ -170,7 +177,7 @@ mod tests {
         let mut block = vec![0u8; sig.scalar_bytes()];
         block[0] = 7;
         block[8..16].copy_from_slice(&2.5f64.to_ne_bytes());
-        let mut p = Params::new(&sig, vec![0xABCD], &block).unwrap();
+        let mut p = Params::new(&sig, vec![0xABCD], &block, None).unwrap();
         let a = p.addresses();
         assert_eq!(a.len(), 3);
         // SAFETY: the addresses point into `p`, alive here.
@@ -180,6 +187,15 @@ mod tests {
             assert_eq!(*a[2].cast::<f64>(), 2.5);
             assert_eq!(a[2] as usize % 8, 0, "an f64 at its alignment");
         }
-        assert!(Params::new(&sig, vec![0], &block[..8]).is_err(), "a block of the wrong size");
+        assert!(Params::new(&sig, vec![0], &block[..8], None).is_err(), "a block of the wrong size");
+        let hidden = Hidden { global: [10, 4, 1], work_dim: 2 };
+        let mut p = Params::new(&sig, vec![1], &block, Some(hidden)).unwrap();
+        let a = p.addresses();
+        assert_eq!(a.len(), 3 + 4, "then the global size in OpenCL order and the work dimension");
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!([*a[3].cast::<u64>(), *a[4].cast::<u64>(), *a[5].cast::<u64>()], [10, 4, 1]);
+            assert_eq!(*a[6].cast::<u32>(), 2);
+        }
     }
 }

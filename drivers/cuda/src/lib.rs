@@ -38,9 +38,12 @@
 //!   names a failed operation ([`ExecError::DependencyFailed`]) runs nothing and
 //!   reports its error. API failures are [`ExecError::Backend`] with the call and
 //!   the `CUresult`'s code and name.
-//! * **Kernels**: [`ImageKind::Ptx`] images, and [`ImageKind::CudaC`] images compiled
-//!   by NVRTC (when `libnvrtc` can be loaded) for the device's compute capability;
-//!   each image is loaded once per driver.
+//! * **Kernels**: [`ImageKind::Ptx`] images, [`ImageKind::CudaC`] images compiled
+//!   by NVRTC (when `libnvrtc` can be loaded) for the device's compute capability,
+//!   and with the feature `jit` [`ImageKind::LlvmIr`] images compiled to PTX by
+//!   `gantry-jit` (OpenCL work-item built-ins on CUDA's registers, local memory in
+//!   dynamic shared memory, hidden parameters the launch appends); each image is
+//!   loaded once per driver.
 //!
 //! ## The kernel convention
 //!
@@ -151,9 +154,15 @@ use module::{Images, Loaded};
 /// The kind of every CUDA device.
 pub const KIND: DeviceKind = DeviceKind::Other("cuda");
 
-/// Image kinds with NVRTC, and without.
+/// Image kinds with NVRTC, and without (LLVM IR with the feature `jit`).
+#[cfg(not(feature = "jit"))]
 const WITH_NVRTC: &[ImageKind] = &[ImageKind::Ptx, ImageKind::CudaC];
+#[cfg(not(feature = "jit"))]
 const PTX_ONLY: &[ImageKind] = &[ImageKind::Ptx];
+#[cfg(feature = "jit")]
+const WITH_NVRTC: &[ImageKind] = &[ImageKind::Ptx, ImageKind::CudaC, ImageKind::LlvmIr];
+#[cfg(feature = "jit")]
+const PTX_ONLY: &[ImageKind] = &[ImageKind::Ptx, ImageKind::LlvmIr];
 
 /// Configuration of a CUDA driver.
 ///
@@ -364,9 +373,10 @@ impl CudaDriver {
         }
         let dims = launch::dims(&launch.geometry)
             .map_err(|e| self.invalid(format!("kernel `{}`: {e}", kernel.name)))?;
-        let params = launch::Params::new(signature, pointers, &launch.scalars)
-            .map_err(|e| self.invalid(format!("kernel `{}`: {e}", kernel.name)))?;
         let loaded = self.images.load(kernel)?;
+        let params =
+            launch::Params::new(signature, pointers, &launch.scalars, loaded.hidden(&launch.geometry))
+                .map_err(|e| self.invalid(format!("kernel `{}`: {e}", kernel.name)))?;
         Ok(Prepared::Kernel { loaded, dims, params, kernel: kernel.clone() })
     }
 
@@ -413,7 +423,7 @@ impl CudaDriver {
                 .map_err(|e| reporter.failed(e, format!("{label}"))),
             Prepared::Kernel { loaded, dims, params, kernel } => {
                 let signature = &kernel.signature;
-                let shared = signature.memory_bytes(gantry_driver::ScratchKind::Local);
+                let shared = loaded.shared_bytes(signature);
                 launch::launch(&lane.stream, &loaded, dims, signature, params).map_err(|e| {
                     reporter.failed(
                         e,

@@ -1,6 +1,12 @@
 //! Kernel images: PTX loaded as a module (`cuModuleLoadDataEx`, which JIT-compiles it
-//! for the device), CUDA C compiled by NVRTC to PTX first. Each image is loaded once
-//! per driver, through [`ImageCache`], into a module and its entry function.
+//! for the device), CUDA C compiled by NVRTC to PTX first, and (feature `jit`) LLVM
+//! IR compiled to PTX by `gantry-jit`. Each image is loaded once per driver, through
+//! [`ImageCache`], into a module and its entry function.
+//!
+//! PTX from LLVM IR follows `gantry-jit`'s convention (its `ptx` module): after the
+//! pointers and scalars come hidden parameters (the global size in OpenCL order and
+//! the work dimension), which the launch appends ([`Hidden`]), and its local slots are
+//! laid out in dynamic shared memory by `gantry_jit::ptx::shared_bytes`.
 
 use std::ffi::{c_uint, c_void, CString};
 use std::ptr;
@@ -21,7 +27,30 @@ pub(crate) struct Loaded {
     /// The dynamic shared memory the function has been allowed past the default
     /// 48 KiB (`cuFuncSetAttribute`), so the attribute is set once per size.
     shared_allowed: AtomicUsize,
+    /// The signature an LLVM IR image was compiled for (its PTX takes the hidden
+    /// parameters); `None` for PTX and CUDA C images.
+    jit: Option<gantry_driver::Signature>,
     ctx: Arc<Context>,
+}
+
+/// The hidden parameters of PTX compiled from LLVM IR: the global size in OpenCL
+/// order (dimension 0 = the fastest, CUDA's `x`) and the work dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hidden {
+    pub(crate) global: [u64; 3],
+    pub(crate) work_dim: u32,
+}
+
+impl Hidden {
+    /// The hidden parameters of a launch over `geometry`.
+    pub(crate) fn of(geometry: &gantry_driver::Geometry) -> Self {
+        let (d, global) = (geometry.dims(), geometry.global_range());
+        let mut out = [1u64; 3];
+        for (i, o) in out.iter_mut().enumerate().take(d) {
+            *o = global[d - 1 - i] as u64;
+        }
+        Self { global: out, work_dim: d as u32 }
+    }
 }
 
 // SAFETY: module and function handles are accepted by the driver API from any thread.
@@ -33,6 +62,20 @@ unsafe impl Sync for Loaded {}
 const DEFAULT_SHARED: usize = 48 << 10;
 
 impl Loaded {
+    /// Bytes of dynamic shared memory a launch with `signature` reserves.
+    pub(crate) fn shared_bytes(&self, signature: &gantry_driver::Signature) -> usize {
+        #[cfg(feature = "jit")]
+        if self.jit.is_some() {
+            return gantry_jit::ptx::shared_bytes(signature);
+        }
+        signature.memory_bytes(gantry_driver::ScratchKind::Local)
+    }
+
+    /// The hidden parameters a launch over `geometry` appends, for PTX from LLVM IR.
+    pub(crate) fn hidden(&self, geometry: &gantry_driver::Geometry) -> Option<Hidden> {
+        self.jit.as_ref().map(|_| Hidden::of(geometry))
+    }
+
     /// Lets the function use `bytes` of dynamic shared memory.
     pub(crate) fn allow_shared(&self, bytes: usize) -> Result<(), CallError> {
         if bytes <= DEFAULT_SHARED || bytes <= self.shared_allowed.load(Ordering::Relaxed) {
@@ -61,6 +104,9 @@ impl Drop for Loaded {
 /// The driver's loaded images and the compiler for CUDA C.
 pub(crate) struct Images {
     cache: ImageCache<Loaded>,
+    /// Compiles LLVM IR images to PTX for the device's architecture.
+    #[cfg(feature = "jit")]
+    ptx: gantry_jit::PtxCompiler,
     nvrtc: Option<Nvrtc>,
     /// Why there is no NVRTC, for the error of a CUDA C launch.
     nvrtc_missing: String,
@@ -77,7 +123,16 @@ impl Images {
             Err(why) => (None, why),
         };
         let arch = nvrtc.as_ref().map_or(cc.0 * 10 + cc.1, |n| n.arch_for(cc));
-        Self { cache: ImageCache::default(), nvrtc, nvrtc_missing, arch, ctx: ctx.clone(), device }
+        Self {
+            cache: ImageCache::default(),
+            #[cfg(feature = "jit")]
+            ptx: gantry_jit::PtxCompiler::for_target(&format!("sm_{}{}", cc.0, cc.1), "+ptx80"),
+            nvrtc,
+            nvrtc_missing,
+            arch,
+            ctx: ctx.clone(),
+            device,
+        }
     }
 
     /// Whether CUDA C images can be compiled.
@@ -85,15 +140,19 @@ impl Images {
         self.nvrtc.is_some()
     }
 
-    /// The loaded form of `kernel`'s PTX image, or of its CUDA C image where it has
-    /// no PTX.
+    /// The loaded form of `kernel`'s PTX image, else of its CUDA C image, else (feature
+    /// `jit`) of its LLVM IR image.
     pub(crate) fn load(&self, kernel: &Kernel) -> Result<Arc<Loaded>, ExecError> {
         if let Some(image) = kernel.image(ImageKind::Ptx) {
             return self.cache.get_or_load(image, |i| {
                 let mut ptx = i.code().to_vec();
                 ptx.push(0);
-                self.load_ptx(&ptx, i, &kernel.name)
+                self.load_ptx(&ptx, i, &kernel.name, None)
             });
+        }
+        #[cfg(feature = "jit")]
+        if let (None, Some(image)) = (kernel.image(ImageKind::CudaC), kernel.image(ImageKind::LlvmIr)) {
+            return self.load_llvm_ir(kernel, image);
         }
         let Some(image) = kernel.image(ImageKind::CudaC) else {
             return Err(no_image(&self.device, &kernel.name));
@@ -116,8 +175,34 @@ impl Images {
                     ),
                 }
             })?;
-            self.load_ptx(&ptx, i, &kernel.name)
+            self.load_ptx(&ptx, i, &kernel.name, None)
         })
+    }
+
+    /// An LLVM IR image compiled to PTX for `kernel`'s signature. The PTX depends on
+    /// the signature (its local slots' offsets): an image loaded for one signature is
+    /// refused for another rather than run with the wrong layout.
+    #[cfg(feature = "jit")]
+    fn load_llvm_ir(&self, kernel: &Kernel, image: &CodeImage) -> Result<Arc<Loaded>, ExecError> {
+        let loaded = self.cache.get_or_load(image, |i| {
+            let compiled = self.ptx.compile(i, &kernel.signature).map_err(|e| ExecError::Driver {
+                device: self.device.clone(),
+                message: format!("compiling the LLVM IR image of kernel `{}` to PTX: {e}", kernel.name),
+            })?;
+            let mut ptx = compiled.ptx.as_bytes().to_vec();
+            ptx.push(0);
+            self.load_ptx(&ptx, i, &kernel.name, Some(kernel.signature.clone()))
+        })?;
+        if loaded.jit.as_ref() != Some(&kernel.signature) {
+            return Err(ExecError::Driver {
+                device: self.device.clone(),
+                message: format!(
+                    "kernel `{}`: its LLVM IR image was compiled for another signature; give each signature                      its own image",
+                    kernel.name
+                ),
+            });
+        }
+        Ok(loaded)
     }
 
     /// How many images are loaded.
@@ -131,7 +216,13 @@ impl Images {
     }
 
     /// Loads NUL-terminated PTX and finds `image`'s entry point in it.
-    fn load_ptx(&self, ptx: &[u8], image: &CodeImage, kernel: &str) -> Result<Loaded, ExecError> {
+    fn load_ptx(
+        &self,
+        ptx: &[u8],
+        image: &CodeImage,
+        kernel: &str,
+        jit: Option<gantry_driver::Signature>,
+    ) -> Result<Loaded, ExecError> {
         let fail = |e: CallError, what: String| e.into_exec(&self.device, what);
         self.ctx.bind().map_err(|e| fail(e, format!("loading kernel `{kernel}`")))?;
         let mut log = vec![0u8; 16 << 10];
@@ -188,6 +279,7 @@ impl Images {
             module,
             function,
             shared_allowed: AtomicUsize::new(DEFAULT_SHARED),
+            jit,
             ctx: self.ctx.clone(),
         })
     }
