@@ -41,9 +41,13 @@
 //! graphs with `GraphProps::default().fused()`, which fuses each graph's stencil and
 //! row reduction (graph fusion); the fused chains are printed.
 //!
+//! `--device cuda` (feature `cuda`) runs the frame's kernels as CUDA C on an NVIDIA GPU
+//! (`cuda.rs`), its copies on the GPU and its host task on the CPU, verified against
+//! the same serial run; with `--graph` the recorded frames replay as CUDA graphs.
+//!
 //! ```text
 //! cargo run --release --example frame_loop -- [--frames N] [--size N] [--threads N]
-//!     [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph]
+//!     [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph] [--device cpu|cuda]
 //! ```
 
 use std::process::ExitCode;
@@ -51,9 +55,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use gantry::{
-    Accessor, Buffer, CacheStats, Event, ExecutableGraph, FusionOutcome, FusionProps, GraphProps, Item,
-    NdRange, Queue, Read, Runtime,
+    Accessor, Buffer, CacheStats, DeviceId, Event, ExecutableGraph, FusionOutcome, FusionProps, GraphProps,
+    Item, NdRange, Queue, QueueOptions, Read, Runtime,
 };
 
 /// Diffusion coefficient (stable for ≤ 0.25).
@@ -76,11 +83,13 @@ struct Options {
     preserve: bool,
     fusion: bool,
     graph: bool,
+    /// Run the frame's kernels and copies on the first CUDA device.
+    cuda: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph]\n\
+        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph] [--device cpu|cuda]\n\
          \x20 --frames N     frames to simulate (default 200)\n\
          \x20 --size N       grid is N×N (default 512, at least 3)\n\
          \x20 --threads N    CPU driver worker threads (default: one per core; 0 runs kernels inline)\n\
@@ -91,7 +100,9 @@ fn usage() -> ! {
          \x20                reduction fused into one kernel, and compare the frame times\n\
          \x20 --graph        run the frames eagerly, then by replaying a command graph recorded\n\
          \x20                once (stencil, row reduction, host task), and compare the frame\n\
-         \x20                times; with --fusion also a fused graph (GraphProps::fused)"
+         \x20                times; with --fusion also a fused graph (GraphProps::fused)\n\
+         \x20 --device D     cpu (default) or cuda: the kernels in CUDA C and the copies on\n\
+         \x20                CUDA device 0, the host task on the CPU (needs the feature cuda)"
     );
     std::process::exit(2)
 }
@@ -106,6 +117,7 @@ fn parse_options() -> Options {
         preserve: true,
         fusion: false,
         graph: false,
+        cuda: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -125,6 +137,14 @@ fn parse_options() -> Options {
             "--no-preserve" => o.preserve = false,
             "--fusion" => o.fusion = true,
             "--graph" => o.graph = true,
+            "--device" => match args.next().as_deref() {
+                Some("cpu") => o.cuda = false,
+                Some("cuda") => o.cuda = true,
+                other => {
+                    eprintln!("--device: expected cpu or cuda, got {other:?}");
+                    usage()
+                }
+            },
             "-h" | "--help" => usage(),
             _ => {
                 eprintln!("unknown argument: {flag}");
@@ -134,6 +154,17 @@ fn parse_options() -> Options {
     }
     if o.size < 3 || o.frames == 0 {
         usage();
+    }
+    if o.cuda && o.fusion {
+        eprintln!("--fusion: the CUDA C kernels of --device cuda are not fused (only closure kernels are)");
+        std::process::exit(2);
+    }
+    if o.cuda && !cfg!(feature = "cuda") {
+        eprintln!(
+            "--device cuda: this example was built without the feature cuda \
+             (cargo run --release --features cuda --example frame_loop -- --device cuda)"
+        );
+        std::process::exit(2);
     }
     o.inflight = o.inflight.max(1);
     if o.report == 0 {
@@ -223,6 +254,11 @@ enum Kernels {
 /// The simulation's buffers and where frames are submitted.
 struct Sim {
     q: Queue,
+    /// The device the frame's kernels and copies run on.
+    device: DeviceId,
+    /// With `--device cuda`: the frame's kernels as CUDA C.
+    #[cfg(feature = "cuda")]
+    gpu: Option<cuda::GpuKernels>,
     kernels: Kernels,
     h: usize,
     w: usize,
@@ -243,10 +279,15 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(rt: &Runtime, h: usize, w: usize, kernels: Kernels) -> Self {
+    /// The simulation on `device` (the CUDA device with `gpu`: its kernels run there).
+    fn new(rt: &Runtime, h: usize, w: usize, kernels: Kernels, device: DeviceId, gpu: bool) -> Self {
         let init = initial_grid(h, w);
+        let _ = gpu;
         Sim {
-            q: rt.queue(),
+            q: rt.queue_with(QueueOptions { device, in_order: false }).expect("a queue on the device"),
+            device,
+            #[cfg(feature = "cuda")]
+            gpu: gpu.then(cuda::GpuKernels::new),
             kernels,
             h,
             w,
@@ -266,7 +307,7 @@ impl Sim {
         assert!(self.kernels != Kernels::Fused, "a graph records unfused kernels");
         let mut execs = Vec::with_capacity(2);
         for parity in 0..2 {
-            let graph = rt.graph();
+            let graph = rt.graph_on(self.device);
             graph.begin_recording(&self.q)?;
             let mut recorded = Vec::new();
             let submitted = self
@@ -368,6 +409,10 @@ impl Sim {
         events: &mut Vec<Event>,
     ) -> gantry::Result<()> {
         let (h, w) = (self.h, self.w);
+        #[cfg(feature = "cuda")]
+        if let Some(gpu) = &self.gpu {
+            return gpu.submit(&self.q, (cur, next, &self.rows), (h, w), ALPHA, events);
+        }
 
         // 1. Stencil: next = diffuse(cur).
         events.push(self.q.submit(|cg| {
@@ -632,7 +677,8 @@ fn main() -> ExitCode {
     let o = parse_options();
     let (h, w) = (o.size, o.size);
     println!(
-        "frame_loop: {w}x{h} heat diffusion, {} frames, CPU worker threads: {}, {} in flight{}",
+        "frame_loop: {w}x{h} heat diffusion on the {}, {} frames, CPU worker threads: {}, {} in flight{}",
+        if o.cuda { "CUDA device" } else { "CPU" },
         o.frames,
         o.threads.map_or("default".to_string(), |t| t.to_string()),
         o.inflight,
@@ -716,8 +762,23 @@ fn run(
     if let Some(t) = o.threads {
         builder = builder.worker_threads(t);
     }
-    let rt = builder.build();
-    let mut sim = Sim::new(&rt, h, w, kernels);
+    #[cfg(feature = "cuda")]
+    if o.cuda {
+        builder = builder.cuda(0);
+    }
+    let rt = match builder.try_build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("the runtime did not start: {e}");
+            return None;
+        }
+    };
+    // The CUDA device is the last one registered.
+    let device = if o.cuda { rt.devices().len() as DeviceId - 1 } else { 0 };
+    if o.cuda {
+        println!("kernels and copies on {}", rt.devices()[device as usize].name);
+    }
+    let mut sim = Sim::new(&rt, h, w, kernels, device, o.cuda);
     let (mut fused_chains, mut not_fused) = (Vec::new(), Vec::new());
     if let Some(props) = graph {
         let t = Instant::now();
