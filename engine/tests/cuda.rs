@@ -295,3 +295,39 @@ fn llvm_ir_kernels_run_on_the_gpu_through_the_jit() {
     // Eight steps of z = 2z + 1 from 0: 2^8 - 1.
     assert_eq!(z.to_vec().unwrap(), vec![255f32; n], "a graph of IR kernels, replayed twice");
 }
+
+/// Two GPUs: a kernel on the first writes a buffer, a kernel on the second reads it:
+/// the scheduler moves it between the devices (over the peer link where they have
+/// one). Skipped with fewer than two CUDA devices.
+#[test]
+fn a_buffer_moves_between_two_gpus() {
+    let count = gantry::cuda::device_count().unwrap_or(0);
+    if count < 2 {
+        let _ =
+            writeln!(std::io::stderr(), "`a_buffer_moves_between_two_gpus` skipped: {count} CUDA device(s)");
+        return;
+    }
+    let rt = Runtime::builder().cuda(0).cuda(1).try_build().expect("two CUDA devices");
+    let devices = rt.devices();
+    let (d0, d1) = (devices.len() as u32 - 2, devices.len() as u32 - 1);
+    let groups = (devices[d0 as usize].caps.peer_group, devices[d1 as usize].caps.peer_group);
+    eprintln!("peer groups: {groups:x?}");
+    let q0 = rt.queue_with(QueueOptions { device: d0, in_order: true }).unwrap();
+    let q1 = rt.queue_with(QueueOptions { device: d1, in_order: true }).unwrap();
+    let n = 1 << 20;
+    let x = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
+    let y = rt.buffer(&vec![1u32; n]);
+    let kernel = saxpy();
+    for (q, a) in [(&q0, 2u32), (&q1, 3), (&q0, 5)] {
+        q.submit(|cg| {
+            cg.read(&x);
+            cg.read_write(&y);
+            cg.launch(&kernel, n).scalar(0, n as u32).scalar(1, a);
+        })
+        .unwrap();
+    }
+    q0.wait().unwrap();
+    q1.wait().unwrap();
+    let expected: Vec<u32> = (0..n as u32).map(|i| 1 + 10 * i).collect();
+    assert_eq!(y.to_vec().unwrap(), expected, "y moved GPU 0 → GPU 1 → GPU 0");
+}

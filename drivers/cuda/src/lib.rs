@@ -112,8 +112,15 @@
 //!   and back), fusion of CUDA kernels, timestamps from the device (completions
 //!   carry host-observed times: an operation starts no earlier than its submission
 //!   and its dependencies' ends, and ends when its completion thread sees its event),
-//!   peer copies between devices, and memory pools: `free` is `cuMemFree`, which may
-//!   wait for the device.
+//!   and memory pools: `free` is `cuMemFree`, which may wait for the device.
+//!
+//! ## Several GPUs
+//!
+//! Devices that can all access each other's memory (`cuDeviceCanAccessPeer`, NVLink
+//! or PCIe) share the peer group [`PEER_GROUP`] (module `peer`): the scheduler moves a
+//! buffer from one to another with a copy submitted to the target's driver, which
+//! resolves the other driver's allocation (ids are unique across the process's CUDA
+//! drivers) and runs `cuMemcpyPeerAsync`, with peer access enabled for the pair first.
 
 #![warn(missing_docs)]
 
@@ -126,6 +133,7 @@ mod launch;
 mod memory;
 mod module;
 mod nvrtc;
+mod peer;
 mod probe;
 mod transfer;
 
@@ -142,6 +150,7 @@ pub use error::CallError;
 pub use graph::GraphCounts;
 pub use launch::PLAIN_BLOCK;
 pub use nvrtc::CompileError;
+pub use peer::PEER_GROUP;
 pub use probe::{device_count, Unavailable};
 
 use command_buffer::{CudaCommandBuffer, Recorder};
@@ -243,7 +252,7 @@ impl CudaDriver {
             max_local_memory: props.max_shared,
             max_private_memory: 0,
             virtual_time: false,
-            peer_group: 0,
+            peer_group: if props.peers { PEER_GROUP } else { 0 },
         };
         Ok(Self {
             info: DeviceInfo { name: name.clone(), kind: KIND, caps },
@@ -252,7 +261,7 @@ impl CudaDriver {
             dctx,
             lanes,
             zeroing,
-            memory: Memory::new(&ctx, name.clone()),
+            memory: Memory::new(&ctx, name.clone(), props.peers),
             recorder: Recorder { ctx: ctx.clone(), images: images.clone(), device: name },
             images,
             graphs: graph::Counters::default(),
@@ -299,10 +308,22 @@ impl CudaDriver {
         match op {
             DeviceOp::Marker => Ok(Prepared::Nothing),
             DeviceOp::Copy { src, dst } => {
+                let src_len = src.len;
                 if src.len != dst.len {
                     return Err(self.invalid(format!("copy of {} bytes into {} bytes", src.len, dst.len)));
                 }
-                Ok(Prepared::Copy { src: resolve(src)?, dst: resolve(dst)?, len: src.len })
+                let (src, dst) = (resolve(src)?, resolve(dst)?);
+                let peer_and_own = matches!(
+                    (&src, &dst),
+                    (Place::Peer { .. }, Place::Device { .. }) | (Place::Device { .. }, Place::Peer { .. })
+                );
+                if !peer_and_own && matches!((&src, &dst), (Place::Peer { .. }, _) | (_, Place::Peer { .. }))
+                {
+                    return Err(self.invalid(
+                        "a copy of another device's memory must go to or come from this device's".into(),
+                    ));
+                }
+                Ok(Prepared::Copy { src, dst, len: src_len })
             }
             DeviceOp::Fill { dst, pattern } => {
                 if !fill_fits(dst.len, pattern) {
@@ -312,7 +333,11 @@ impl CudaDriver {
                         pattern.len()
                     )));
                 }
-                Ok(Prepared::Fill { dst: resolve(dst)?, len: dst.len, pattern: pattern.to_vec() })
+                let place = resolve(dst)?;
+                if matches!(place, Place::Peer { .. }) {
+                    return Err(self.invalid("a fill of another device's memory".into()));
+                }
+                Ok(Prepared::Fill { dst: place, len: dst.len, pattern: pattern.to_vec() })
             }
             DeviceOp::Kernel(launch) => self.prepare_kernel(launch),
             DeviceOp::HostTask(_) => {
@@ -330,6 +355,11 @@ impl CudaDriver {
         for (i, arg) in launch.args.iter().enumerate() {
             match self.memory.resolve(&arg.mem) {
                 Ok(Place::Device { ptr, .. }) => bound.push(graph::Entry { ptr, len: arg.mem.len }),
+                Ok(Place::Peer { .. }) => {
+                    return Err(
+                        self.invalid(format!("command buffer argument {i} is another device's memory"))
+                    )
+                }
                 Ok(Place::Host(..)) => {
                     return Err(self.invalid(format!(
                         "command buffer argument {i} is host memory: CUDA graphs take device memory"
@@ -362,6 +392,12 @@ impl CudaDriver {
         for (i, arg) in launch.args.iter().enumerate() {
             match self.memory.resolve(&arg.mem) {
                 Ok(Place::Device { ptr, .. }) => pointers.push(ptr),
+                Ok(Place::Peer { .. }) => {
+                    return Err(self.invalid(format!(
+                        "argument {i} of kernel `{}` is another device's memory",
+                        kernel.name
+                    )))
+                }
                 Ok(Place::Host(..)) => {
                     return Err(self.invalid(format!(
                         "argument {i} of kernel `{}` is host memory: CUDA kernels take device memory",

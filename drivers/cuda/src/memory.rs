@@ -12,6 +12,7 @@ use gantry_driver::{AllocId, ExecError, HostStorage, MemRef, MemSlice};
 use crate::context::Context;
 use crate::error::{check, CallError};
 use crate::execution::{lock, Stream};
+use crate::peer::Table;
 
 /// Pinned (page-locked) host memory: the device copies to and from it
 /// asynchronously, which it cannot do with ordinary host memory.
@@ -89,21 +90,40 @@ pub(crate) enum Place {
         /// The allocation it lies in.
         alloc: AllocId,
     },
+    /// Another peer device's memory at this address (only the source or destination
+    /// of a copy): its context.
+    Peer {
+        /// Address of the slice's first byte.
+        ptr: CUdeviceptr,
+        /// The other device's context.
+        owner: Arc<Context>,
+    },
     /// Host memory: the slice's first byte is at `offset` of the storage.
     Host(Arc<HostStorage>, usize),
 }
 
-/// The driver's device allocations.
+/// The driver's device allocations. Ids are unique across the process's CUDA
+/// drivers, so that a peer device's driver can name one ([`crate::peer`]).
 pub(crate) struct Memory {
-    allocs: Mutex<HashMap<u64, (CUdeviceptr, usize)>>,
-    next: AtomicU64,
+    table: Arc<Table>,
+    /// Whether the device is in the peer group (its table is registered).
+    peers: bool,
     ctx: Arc<Context>,
     device: Arc<str>,
 }
 
+/// The next allocation id of any CUDA driver of the process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 impl Memory {
-    pub(crate) fn new(ctx: &Arc<Context>, device: Arc<str>) -> Self {
-        Self { allocs: Mutex::new(HashMap::new()), next: AtomicU64::new(1), ctx: ctx.clone(), device }
+    /// The allocations of the device `device`; with `peers`, registered for the
+    /// other peer devices.
+    pub(crate) fn new(ctx: &Arc<Context>, device: Arc<str>, peers: bool) -> Self {
+        let table = Arc::new(Table { ctx: ctx.clone(), allocs: Mutex::new(HashMap::new()) });
+        if peers {
+            crate::peer::register(&table);
+        }
+        Self { table, peers, ctx: ctx.clone(), device }
     }
 
     /// Allocates `bytes` of device memory and zeroes them on `zeroing` before
@@ -135,14 +155,14 @@ impl Memory {
             }
             return Err(fail(e));
         }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.allocs).insert(id, (ptr, bytes));
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        lock(&self.table.allocs).insert(id, (ptr, bytes));
         Ok(AllocId(id))
     }
 
     /// Frees an allocation (unknown ids are ignored: the contract has no error here).
     pub(crate) fn free(&self, id: AllocId) {
-        if let Some((ptr, _)) = lock(&self.allocs).remove(&id.0) {
+        if let Some((ptr, _)) = lock(&self.table.allocs).remove(&id.0) {
             // SAFETY: allocated by `alloc`, removed from the table, so freed once; the
             // scheduler frees only memory no submitted operation uses.
             unsafe {
@@ -157,8 +177,9 @@ impl Memory {
         let end = slice.offset.checked_add(slice.len);
         match &slice.mem {
             MemRef::Device(id) => {
-                let Some(&(base, len)) = lock(&self.allocs).get(&id.0) else {
-                    return Err(format!("device allocation {} is not this driver's (or was freed)", id.0));
+                let own = lock(&self.table.allocs).get(&id.0).copied();
+                let Some((base, len)) = own else {
+                    return self.resolve_peer(slice, id);
                 };
                 if end.is_none_or(|e| e > len) {
                     return Err(format!(
@@ -183,10 +204,27 @@ impl Memory {
     }
 }
 
+impl Memory {
+    /// Where `slice` of another peer device's allocation `id` is.
+    fn resolve_peer(&self, slice: &MemSlice, id: &AllocId) -> Result<Place, String> {
+        let found = if self.peers { crate::peer::find(id.0, &self.table) } else { None };
+        let Some((owner, base, len)) = found else {
+            return Err(format!("device allocation {} is not this driver's (or was freed)", id.0));
+        };
+        if slice.offset.checked_add(slice.len).is_none_or(|e| e > len) {
+            return Err(format!(
+                "bytes {}..+{} lie outside peer allocation {} of {len} bytes",
+                slice.offset, slice.len, id.0
+            ));
+        }
+        Ok(Place::Peer { ptr: base + slice.offset as CUdeviceptr, owner: owner.ctx.clone() })
+    }
+}
+
 impl Drop for Memory {
     fn drop(&mut self) {
         let _ = self.ctx.bind();
-        for (_, (ptr, _)) in lock(&self.allocs).drain() {
+        for (_, (ptr, _)) in lock(&self.table.allocs).drain() {
             // SAFETY: allocated by `alloc`, never freed (still in the table); the
             // driver is going, with every operation completed.
             unsafe {

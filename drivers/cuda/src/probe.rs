@@ -141,6 +141,8 @@ pub(crate) struct DeviceProps {
     pub cc: (i32, i32),
     /// Largest dynamic shared memory a block may opt into, in bytes.
     pub max_shared: usize,
+    /// Whether it and every other device can access each other's memory.
+    pub peers: bool,
 }
 
 /// Opens device `ordinal`: a typed error where CUDA is missing or has no such device.
@@ -180,5 +182,6 @@ fn properties(ordinal: usize, device: &Arc<str>) -> Result<DeviceProps, ExecErro
     raw[raw.len() - 1] = 0;
     // SAFETY: NUL-terminated (set above).
     let name = unsafe { CStr::from_ptr(raw.as_ptr()) }.to_string_lossy().into_owned();
-    Ok(DeviceProps { dev, name, cc, max_shared })
+    let peers = crate::peer::reaches_all(dev, count).map_err(fail)?;
+    Ok(DeviceProps { dev, name, cc, max_shared, peers })
 }

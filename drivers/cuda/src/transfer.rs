@@ -138,6 +138,26 @@ pub(crate) fn copy(
             }
             Ok(None)
         }
+        (Place::Peer { ptr: s, owner }, Place::Device { ptr: d, .. }) => {
+            crate::peer::enable(&owner, ctx, ctx)?;
+            // SAFETY: device ranges of `len` bytes in the two contexts, peer access
+            // enabled; the operation keeps the other context until it completes.
+            check("cuMemcpyPeerAsync", unsafe {
+                sys::cuMemcpyPeerAsync(d, ctx.raw(), s, owner.raw(), len, stream.raw)
+            })?;
+            Ok(Some(Box::new(owner)))
+        }
+        (Place::Device { ptr: s, .. }, Place::Peer { ptr: d, owner }) => {
+            crate::peer::enable(ctx, &owner, ctx)?;
+            // SAFETY: as above.
+            check("cuMemcpyPeerAsync", unsafe {
+                sys::cuMemcpyPeerAsync(d, owner.raw(), s, ctx.raw(), len, stream.raw)
+            })?;
+            Ok(Some(Box::new(owner)))
+        }
+        (Place::Peer { .. }, _) | (_, Place::Peer { .. }) => {
+            unreachable!("the driver refuses copies of peer memory other than to or from its own")
+        }
         (Place::Host(a, at_a), Place::Host(b, at_b)) => {
             let (from, to) = (host_ptr(&a, at_a), host_ptr(&b, at_b));
             enqueue_host(stream, move || {
@@ -216,6 +236,7 @@ pub(crate) fn plan_fill(addr: u64, len: usize, pattern: &[u8]) -> Vec<FillStep> 
 pub(crate) fn fill(stream: &Stream, dst: Place, len: usize, pattern: &[u8]) -> Result<(), CallError> {
     let ptr = match dst {
         Place::Device { ptr, .. } => ptr,
+        Place::Peer { .. } => unreachable!("the driver refuses fills of peer memory"),
         Place::Host(storage, at) => {
             let (to, pattern) = (host_ptr(&storage, at), pattern.to_vec());
             return enqueue_host(stream, move || {

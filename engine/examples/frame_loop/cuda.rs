@@ -60,8 +60,8 @@ impl GpuKernels {
         }
     }
 
-    /// 1. the stencil (`next = diffuse(cur)`) and 2. the per-row sum and maximum of
-    /// `next`, on queue `q`.
+    /// Submits the stencil (`next = diffuse(cur)`), then the per-row sum and maximum
+    /// of `next`, on queue `q`.
     pub fn submit(
         &self,
         q: &Queue,
