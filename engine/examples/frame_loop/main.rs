@@ -42,12 +42,16 @@
 //! row reduction (graph fusion); the fused chains are printed.
 //!
 //! `--device cuda` (feature `cuda`) runs the frame's kernels as CUDA C on an NVIDIA GPU
-//! (`cuda.rs`), its copies on the GPU and its host task on the CPU, verified against
+//! (`kernels.rs`), its copies on the GPU and its host task on the CPU, verified against
 //! the same serial run; with `--graph` the recorded frames replay as CUDA graphs.
+//! `--kernels opencl` (feature `jit`) writes the two kernels in OpenCL C instead,
+//! compiled by clang and the JIT: native work-group functions on the CPU, PTX on a
+//! CUDA device.
 //!
 //! ```text
 //! cargo run --release --example frame_loop -- [--frames N] [--size N] [--threads N]
 //!     [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph] [--device cpu|cuda]
+//!     [--kernels closure|cuda-c|opencl]
 //! ```
 
 use std::process::ExitCode;
@@ -55,8 +59,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-#[cfg(feature = "cuda")]
-mod cuda;
+mod kernels;
 
 use gantry::{
     Accessor, Buffer, CacheStats, DeviceId, Event, ExecutableGraph, FusionOutcome, FusionProps, GraphProps,
@@ -85,11 +88,24 @@ struct Options {
     graph: bool,
     /// Run the frame's kernels and copies on the first CUDA device.
     cuda: bool,
+    /// What the frame's two kernels are written in.
+    kernels: KernelSource,
+}
+
+/// What the frame's two kernels are written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelSource {
+    /// Rust closures (the CPU driver's).
+    Closure,
+    /// CUDA C (`--device cuda` only).
+    CudaC,
+    /// OpenCL C through the JIT (feature `jit`).
+    OpenCl,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph] [--device cpu|cuda]\n\
+        "usage: frame_loop [--frames N] [--size N] [--threads N] [--inflight N] [--report N] [--no-preserve] [--fusion] [--graph] [--device cpu|cuda] [--kernels closure|cuda-c|opencl]\n\
          \x20 --frames N     frames to simulate (default 200)\n\
          \x20 --size N       grid is N×N (default 512, at least 3)\n\
          \x20 --threads N    CPU driver worker threads (default: one per core; 0 runs kernels inline)\n\
@@ -102,7 +118,9 @@ fn usage() -> ! {
          \x20                once (stencil, row reduction, host task), and compare the frame\n\
          \x20                times; with --fusion also a fused graph (GraphProps::fused)\n\
          \x20 --device D     cpu (default) or cuda: the kernels in CUDA C and the copies on\n\
-         \x20                CUDA device 0, the host task on the CPU (needs the feature cuda)"
+         \x20                CUDA device 0, the host task on the CPU (needs the feature cuda)\n\
+         \x20 --kernels K    closure (default on the CPU), cuda-c (default on CUDA) or opencl\n\
+         \x20                (OpenCL C through clang and the JIT; needs the feature jit)"
     );
     std::process::exit(2)
 }
@@ -118,7 +136,9 @@ fn parse_options() -> Options {
         fusion: false,
         graph: false,
         cuda: false,
+        kernels: KernelSource::Closure,
     };
+    let mut kernels = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || -> usize {
@@ -145,6 +165,17 @@ fn parse_options() -> Options {
                     usage()
                 }
             },
+            "--kernels" => {
+                kernels = Some(match args.next().as_deref() {
+                    Some("closure") => KernelSource::Closure,
+                    Some("cuda-c") => KernelSource::CudaC,
+                    Some("opencl") => KernelSource::OpenCl,
+                    other => {
+                        eprintln!("--kernels: expected closure, cuda-c or opencl, got {other:?}");
+                        usage()
+                    }
+                })
+            }
             "-h" | "--help" => usage(),
             _ => {
                 eprintln!("unknown argument: {flag}");
@@ -155,9 +186,24 @@ fn parse_options() -> Options {
     if o.size < 3 || o.frames == 0 {
         usage();
     }
-    if o.cuda && o.fusion {
-        eprintln!("--fusion: the CUDA C kernels of --device cuda are not fused (only closure kernels are)");
-        std::process::exit(2);
+    o.kernels = kernels.unwrap_or(if o.cuda { KernelSource::CudaC } else { KernelSource::Closure });
+    let refuse = |why: &str| -> ! {
+        eprintln!("{why}");
+        std::process::exit(2)
+    };
+    match (o.kernels, o.cuda) {
+        (KernelSource::Closure, true) => {
+            refuse("--kernels closure: closure kernels run on the CPU, not on CUDA")
+        }
+        (KernelSource::CudaC, false) => refuse("--kernels cuda-c: CUDA C kernels need --device cuda"),
+        (KernelSource::OpenCl, _) if !cfg!(feature = "jit") => refuse(
+            "--kernels opencl: this example was built without the feature jit \
+             (cargo run --release --features jit --example frame_loop -- --kernels opencl)",
+        ),
+        _ => {}
+    }
+    if o.kernels != KernelSource::Closure && o.fusion {
+        refuse("--fusion: only the closure kernels are fused here");
     }
     if o.cuda && !cfg!(feature = "cuda") {
         eprintln!(
@@ -256,9 +302,9 @@ struct Sim {
     q: Queue,
     /// The device the frame's kernels and copies run on.
     device: DeviceId,
-    /// With `--device cuda`: the frame's kernels as CUDA C.
-    #[cfg(feature = "cuda")]
-    gpu: Option<cuda::GpuKernels>,
+    /// The frame's kernels as code images (`--kernels cuda-c|opencl`), instead of
+    /// closures.
+    images: Option<kernels::ImageKernels>,
     kernels: Kernels,
     h: usize,
     w: usize,
@@ -279,15 +325,19 @@ struct Sim {
 }
 
 impl Sim {
-    /// The simulation on `device` (the CUDA device with `gpu`: its kernels run there).
-    fn new(rt: &Runtime, h: usize, w: usize, kernels: Kernels, device: DeviceId, gpu: bool) -> Self {
+    /// The simulation on `device`, its kernels given by `images` where there are.
+    fn new(
+        rt: &Runtime,
+        (h, w): (usize, usize),
+        kernels: Kernels,
+        device: DeviceId,
+        images: Option<kernels::ImageKernels>,
+    ) -> Self {
         let init = initial_grid(h, w);
-        let _ = gpu;
         Sim {
             q: rt.queue_with(QueueOptions { device, in_order: false }).expect("a queue on the device"),
             device,
-            #[cfg(feature = "cuda")]
-            gpu: gpu.then(cuda::GpuKernels::new),
+            images,
             kernels,
             h,
             w,
@@ -409,9 +459,8 @@ impl Sim {
         events: &mut Vec<Event>,
     ) -> gantry::Result<()> {
         let (h, w) = (self.h, self.w);
-        #[cfg(feature = "cuda")]
-        if let Some(gpu) = &self.gpu {
-            return gpu.submit(&self.q, (cur, next, &self.rows), (h, w), ALPHA, events);
+        if let Some(images) = &self.images {
+            return images.submit(&self.q, (cur, next, &self.rows), (h, w), ALPHA, events);
         }
 
         // 1. Stencil: next = diffuse(cur).
@@ -677,8 +726,9 @@ fn main() -> ExitCode {
     let o = parse_options();
     let (h, w) = (o.size, o.size);
     println!(
-        "frame_loop: {w}x{h} heat diffusion on the {}, {} frames, CPU worker threads: {}, {} in flight{}",
+        "frame_loop: {w}x{h} heat diffusion on the {}, kernels {:?}, {} frames, CPU worker threads: {}, {} in flight{}",
         if o.cuda { "CUDA device" } else { "CPU" },
+        o.kernels,
         o.frames,
         o.threads.map_or("default".to_string(), |t| t.to_string()),
         o.inflight,
@@ -778,7 +828,21 @@ fn run(
     if o.cuda {
         println!("kernels and copies on {}", rt.devices()[device as usize].name);
     }
-    let mut sim = Sim::new(&rt, h, w, kernels, device, o.cuda);
+    let images = match o.kernels {
+        KernelSource::Closure => None,
+        KernelSource::CudaC => Some(kernels::ImageKernels::cuda_c()),
+        #[cfg(feature = "jit")]
+        KernelSource::OpenCl => match kernels::ImageKernels::opencl_c() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                eprintln!("the OpenCL C kernels did not compile: {e}");
+                return None;
+            }
+        },
+        #[cfg(not(feature = "jit"))]
+        KernelSource::OpenCl => unreachable!("refused when the options were read"),
+    };
+    let mut sim = Sim::new(&rt, (h, w), kernels, device, images);
     let (mut fused_chains, mut not_fused) = (Vec::new(), Vec::new());
     if let Some(props) = graph {
         let t = Instant::now();
