@@ -8,12 +8,18 @@
 //! seed: every slot of every kernel on one buffer is passed once) and the buffers it
 //! internalized — or a [`FusionError`] naming why the kernels cannot be fused.
 //!
-//! The compiler for closure kernels (the ND-range rules, work-item remapping,
-//! internalization and its plan cache) is `gantry_host`'s `ClosureFusion`.
+//! The rules that decide the fused grid, which kernels are remapped, what is
+//! internalized and how slots group into arguments are shared by every compiler
+//! ([`rules`]), so a list fuses, or is refused for the same reason, whatever its
+//! kernels' code is. The compiler for closure kernels (work-item remapping,
+//! internalization and its plan cache) is `gantry_host`'s `ClosureFusion`; the one
+//! for LLVM IR kernels is `gantry_jit`'s `IrFusion`.
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+
+pub mod rules;
 
 use crate::image::ImageKind;
 use crate::kernel::{KernelRef, ScalarBlock};
