@@ -95,9 +95,9 @@ struct Built {
 /// let step = |a: f32, b: f32| FusionKernel {
 ///     kernel: kernel.clone(),
 ///     geometry,
-///     args: smallvec::smallvec![FusionArg::new(1, 0..4096, 4)],
+///     args: [FusionArg::new(1, 0..4096, 4)].into_iter().collect(),
 ///     scalars: [a.to_ne_bytes(), b.to_ne_bytes()].concat().into_iter().collect(),
-///     deps: smallvec::smallvec![],
+///     deps: Default::default(),
 /// };
 /// let request = FusionRequest { kernels: vec![step(2.0, 1.0), step(0.5, 3.0)], barriers: true };
 /// let fused = gantry_jit::IrFusion::new().fuse(&request).unwrap();
