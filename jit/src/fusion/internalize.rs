@@ -10,7 +10,8 @@
 //! parameter as an `i64` value (a `getelementptr`'s is its own indices applied to a
 //! null base, which LLVM folds to the index arithmetic), and every `load`, `store`,
 //! `atomicrmw` and `cmpxchg` through a derived pointer is pointed at the internal
-//! buffer. Any other use of a derived pointer (stored as a value, compared,
+//! buffer; a comparison of two derived pointers compares their offsets. Any other
+//! use of a derived pointer (stored as a value, compared with another pointer,
 //! converted to an integer, passed to a call) makes the buffer [`rewritable`]
 //! answer no: it then stays in global memory, since rewriting only some accesses
 //! would split one buffer in two.
@@ -88,8 +89,9 @@ fn is_lifetime(user: LLVMValueRef) -> bool {
 
 /// The pointers derived from `param`, `param` first, in discovery order; `None` if
 /// some use cannot be rewritten (see the module docs).
-fn derived(param: LLVMValueRef) -> Option<Vec<LLVMValueRef>> {
+fn derived(param: LLVMValueRef) -> Option<(Vec<LLVMValueRef>, Vec<LLVMValueRef>)> {
     let mut order = vec![param];
+    let mut compares = Vec::new();
     let mut i = 0;
     while i < order.len() {
         let v = order[i];
@@ -103,6 +105,12 @@ fn derived(param: LLVMValueRef) -> Option<Vec<LLVMValueRef>> {
             let through = match op {
                 LLVMOpcode::LLVMGetElementPtr => index == 0,
                 LLVMOpcode::LLVMSelect => index != 0,
+                // A comparison of two derived pointers compares their offsets
+                // (checked below); it derives no pointer.
+                LLVMOpcode::LLVMICmp => {
+                    compares.push(user);
+                    continue;
+                }
                 _ => derives(user),
             };
             if !through {
@@ -137,7 +145,15 @@ fn derived(param: LLVMValueRef) -> Option<Vec<LLVMValueRef>> {
             }
         }
     }
-    Some(order)
+    for &c in &compares {
+        // SAFETY: a live comparison instruction.
+        if (0..2).any(|k| !order.contains(&unsafe { LLVMGetOperand(c, k) })) {
+            return None;
+        }
+    }
+    compares.sort();
+    compares.dedup();
+    Some((order, compares))
 }
 
 /// Whether every access through parameter `param` of `function` can be rewritten.
@@ -161,7 +177,8 @@ pub(super) fn rewrite(
 ) -> Result<(), JitError> {
     use inkwell::values::AsValueRef;
     let p = function.get_nth_param(param).ok_or_else(|| codegen("no such parameter"))?.as_value_ref();
-    let order = derived(p).ok_or_else(|| codegen("the parameter's accesses cannot be rewritten"))?;
+    let (order, compares) =
+        derived(p).ok_or_else(|| codegen("the parameter's accesses cannot be rewritten"))?;
     // SAFETY: every value below is an instruction (or the parameter) of `function`,
     // alive for the whole rewrite; new instructions are inserted where the values
     // they use dominate them (see each case).
@@ -244,6 +261,14 @@ pub(super) fn rewrite(
                     LLVMAddIncoming(phi, &mut value, &mut block, 1);
                 }
             }
+        }
+        // Comparisons of derived pointers compare their offsets.
+        for &c in &compares {
+            LLVMPositionBuilderBefore(builder, c);
+            let (a, b) = (offset[&LLVMGetOperand(c, 0)], offset[&LLVMGetOperand(c, 1)]);
+            let by_offset = LLVMBuildICmp(builder, LLVMGetICmpPredicate(c), a, b, c"".as_ptr());
+            LLVMReplaceAllUsesWith(c, by_offset);
+            LLVMInstructionEraseFromParent(c);
         }
         // Every access through a derived pointer goes to the internal buffer.
         let size = LLVMConstInt(i64t, bytes, 0);
