@@ -11,7 +11,9 @@
 //!   and [`signature_of`];
 //! * [`host`]: work-group functions on the host, barriers included;
 //! * [`ptx`]: PTX with the CUDA driver's parameter convention;
-//! * [`cache`]: the compile cache.
+//! * [`cache`]: the compile cache;
+//! * [`fusion`]: kernel fusion on LLVM IR ([`IrFusion`]), whose fused kernels
+//!   both compilers take like any other.
 //!
 //! Builds need LLVM 19 (`LLVM_SYS_191_PREFIX=/usr/lib/llvm-19`); making images from
 //! OpenCL C at run time needs clang-19 (or `$GANTRY_CLANG`).
@@ -22,6 +24,7 @@ mod barrier;
 mod builtins;
 pub mod cache;
 mod error;
+pub mod fusion;
 pub mod host;
 pub mod ir;
 mod prepare;
@@ -34,6 +37,7 @@ mod transplant;
 
 pub use cache::{CacheKey, CompileCache};
 pub use error::JitError;
+pub use fusion::{FusionCacheStats, FusionTimings, IrFusion};
 pub use host::{HostCompiler, HostKernel, HostLaunch};
 pub use ir::{from_llvm_ir, from_opencl_c};
 pub use ptx::{PtxCompiler, PtxKernel};

@@ -190,17 +190,6 @@ fn fused_name(request: &FusionRequest) -> Arc<str> {
     name.into()
 }
 
-/// Numbers the request's buffers in order of first appearance.
-fn canonical_buffers(request: &FusionRequest) -> SmallVec<[u64; 8]> {
-    let mut order = SmallVec::new();
-    for a in request.kernels.iter().flat_map(|k| &k.args) {
-        if !order.contains(&a.buffer) {
-            order.push(a.buffer);
-        }
-    }
-    order
-}
-
 /// Counters of a [`ClosureFusion`]'s plan cache.
 ///
 /// Non-exhaustive: read its fields; more counters may be added.
@@ -375,7 +364,7 @@ impl FusionCompiler for ClosureFusion {
                 kind: ImageKind::Closure,
             });
         }
-        let buffers = canonical_buffers(request);
+        let buffers = gantry_driver::fusion::rules::buffers_in_order(&request.kernels);
         let (plan, name, cached) = self.plan_for(request, &buffers)?;
         // Plain loops: collecting these short lists through `SmallVec`'s `extend` cost
         // more than the pushes themselves (a cache hit builds all of them).

@@ -3,9 +3,9 @@
 //! and which kernels stream span by span. A plan depends only on the kernels' code,
 //! geometries and argument layout, so it is cached.
 
+use gantry_driver::fusion::rules::{self, FusedGrid, SlotPlace};
 use gantry_driver::fusion::{FusionError, FusionKernel, FusionRequest, Promotion, PromotionMismatch};
-use gantry_driver::{Binding, Geometry, Internal, ItemCost, NdRange, Range, Scratch, ScratchKind};
-use smallvec::SmallVec;
+use gantry_driver::{Binding, Geometry, Internal, ItemCost, Scratch, ScratchKind};
 
 use super::closure_of;
 use crate::closure::Elementwise;
@@ -68,203 +68,36 @@ impl FusionPlan {
 }
 
 /// Which slots an argument stands for: (kernel index, slot).
-pub(super) type Uses = SmallVec<[(u32, u32); 2]>;
+pub(super) use gantry_driver::fusion::rules::Uses;
 
-fn range_of(dims: usize, e: [usize; 3]) -> Range {
-    match dims {
-        1 => Range::d1(e[0]),
-        2 => Range::d2(e[0], e[1]),
-        _ => Range::d3(e[0], e[1], e[2]),
-    }
-}
-
-/// The fused grid (the DPC++ kernel-fusion design, "Fusing kernels with different
-/// nd-ranges"): the largest
-/// kernel's global range, with the common work-group size if any kernel has one; and
-/// per kernel whether its ids must be mapped from the grid.
-fn fused_geometry(kernels: &[FusionKernel]) -> Result<(Geometry, Vec<bool>), FusionError> {
-    let name = |k: &FusionKernel| k.kernel.name.to_string();
-    let first = kernels.first().ok_or(FusionError::Empty)?;
-    let offset = first.geometry.offset();
-    for k in kernels {
-        if k.geometry.offset() != offset {
-            return Err(FusionError::DifferentOffsets {
-                kernel: name(k),
-                offset: k.geometry.offset(),
-                fused: offset,
-            });
+impl From<SlotPlace> for SlotSource {
+    fn from(p: SlotPlace) -> Self {
+        match p {
+            SlotPlace::Arg { index, offset, len } => SlotSource::Arg { index, offset, len },
+            SlotPlace::Internal { index } => SlotSource::Internal { index },
         }
     }
-    let nd = kernels.iter().find(|k| k.geometry.is_nd());
-    if let Some(n) = nd {
-        for k in kernels.iter().filter(|k| k.geometry.is_nd()) {
-            if k.geometry.local_range() != n.geometry.local_range() {
-                return Err(FusionError::DifferentLocalSizes {
-                    first: name(n),
-                    first_local: n.geometry.local_range(),
-                    second: name(k),
-                    second_local: k.geometry.local_range(),
-                });
-            }
-        }
-    }
-    // The largest launch; the first of equals.
-    let big =
-        kernels
-            .iter()
-            .fold(first, |a, k| if k.geometry.global_size() > a.geometry.global_size() { k } else { a });
-    let geometry = match nd {
-        None => Geometry::for_range_with_offset(
-            range_of(big.geometry.dims(), big.geometry.global_range()),
-            offset,
-        )
-        .expect("a valid kernel's range is valid"),
-        Some(n) => {
-            if big.geometry.dims() != n.geometry.dims() {
-                return Err(FusionError::DifferentDimensions {
-                    kernel: name(n),
-                    dims: n.geometry.dims(),
-                    fused_dims: big.geometry.dims(),
-                });
-            }
-            let dims = n.geometry.dims();
-            let nd_range = NdRange {
-                global: range_of(dims, big.geometry.global_range()),
-                local: range_of(dims, n.geometry.local_range()),
-                offset,
-            };
-            nd_range.geometry().map_err(|_| FusionError::NonUniformWorkGroups {
-                global: big.geometry.global_range(),
-                local: n.geometry.local_range(),
-            })?
-        }
-    };
-    let mut remap = Vec::with_capacity(kernels.len());
-    for k in kernels {
-        let (own, grid) = (k.geometry.global_range(), geometry.global_range());
-        // Ids need real remapping (not just skipping work-items past the kernel's
-        // range) when the shape differs beyond the slowest dimension.
-        let reshaped = k.geometry.dims() != geometry.dims() || own[1..] != grid[1..];
-        if reshaped && k.geometry.is_nd() {
-            return Err(if k.geometry.dims() != geometry.dims() {
-                FusionError::DifferentDimensions {
-                    kernel: name(k),
-                    dims: k.geometry.dims(),
-                    fused_dims: geometry.dims(),
-                }
-            } else {
-                FusionError::DifferentGlobalSizes { kernel: name(k), global: own, fused: grid }
-            });
-        }
-        if reshaped && offset != [0; 3] {
-            return Err(FusionError::DifferentOffsets { kernel: name(k), offset, fused: [0; 3] });
-        }
-        // Any other shape (a plain range's driver-chosen groups included) is run through
-        // the grid's work-items.
-        remap.push(
-            own != grid
-                || k.geometry.dims() != geometry.dims()
-                || k.geometry.local_range() != geometry.local_range(),
-        );
-    }
-    Ok((geometry, remap))
-}
-
-/// Decides whether the slots `uses` on one buffer can be internalized, and how large
-/// the scratch is: bytes per work-group (local) or per work-item (private).
-fn promotion_of(
-    kernels: &[FusionKernel],
-    uses: &[(u32, u32)],
-) -> Result<Option<(Promotion, usize)>, PromotionMismatch> {
-    let arg = |&(k, s): &(u32, u32)| &kernels[k as usize].args[s as usize];
-    let hints: SmallVec<[Promotion; 4]> = uses.iter().map(|u| arg(u).promotion).collect();
-    if hints.iter().all(|&h| h == Promotion::None) {
-        return Ok(None);
-    }
-    if hints.contains(&Promotion::None) {
-        return Err(PromotionMismatch::NotAllPromoted);
-    }
-    if hints.contains(&Promotion::Local) && hints.contains(&Promotion::Private) {
-        return Err(PromotionMismatch::LocalAndPrivate);
-    }
-    let kind = hints[0];
-    let first = arg(&uses[0]);
-    let mut size = None;
-    for u in uses {
-        let a = arg(u);
-        if (a.start, a.end) != (first.start, first.end) {
-            return Err(PromotionMismatch::DifferentRanges);
-        }
-        let g = &kernels[u.0 as usize].geometry;
-        let parts = match kind {
-            Promotion::Local if !g.is_nd() => {
-                return Err(PromotionMismatch::NoWorkGroupSize {
-                    kernel: kernels[u.0 as usize].kernel.name.to_string(),
-                })
-            }
-            Promotion::Local => g.group_count(),
-            _ => g.global_size(),
-        };
-        let bytes = a.bytes();
-        let elem = a.elem_size.max(1);
-        if !bytes.is_multiple_of(parts) || !(bytes / parts).is_multiple_of(elem) || bytes / parts == 0 {
-            return Err(PromotionMismatch::Sizes);
-        }
-        if *size.get_or_insert(bytes / parts) != bytes / parts {
-            return Err(PromotionMismatch::Sizes);
-        }
-    }
-    Ok(Some((kind, size.expect("at least one use"))))
 }
 
 pub(super) fn plan(request: &FusionRequest, buffers: &[u64]) -> Result<FusionPlan, FusionError> {
     let kernels = &request.kernels;
-    let (geometry, remap) = fused_geometry(kernels)?;
-    let mut slots: Vec<Vec<SlotSource>> =
-        kernels.iter().map(|k| vec![SlotSource::Internal { index: u32::MAX }; k.args.len()]).collect();
-    let (mut args, mut internal, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
-    let mut internal_len = Vec::new();
-    let mut scratch = Vec::new();
-    for (canon, &buffer) in buffers.iter().enumerate() {
-        let uses: SmallVec<[(u32, u32); 2]> = kernels
-            .iter()
-            .enumerate()
-            .flat_map(|(k, kd)| {
-                kd.args
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.buffer == buffer)
-                    .map(move |(s, _)| (k as u32, s as u32))
-            })
-            .collect();
-        match promotion_of(kernels, &uses) {
-            Ok(Some((kind, bytes))) => {
-                let index = internal.len() as u32;
-                for &(k, s) in &uses {
-                    slots[k as usize][s as usize] = SlotSource::Internal { index };
-                }
-                let scratch_kind =
-                    if kind == Promotion::Local { ScratchKind::Local } else { ScratchKind::Private };
-                scratch.push(Scratch::new(scratch_kind, bytes));
-                let (k, s) = uses[0];
-                internal_len.push(kernels[k as usize].args[s as usize].bytes());
-                internal.push((canon, kind, bytes, uses));
-                continue;
-            }
-            Ok(None) => {}
-            Err(reason) => warnings.push((canon, reason)),
-        }
-        let arg = |&(k, s): &(u32, u32)| &kernels[k as usize].args[s as usize];
-        let start = uses.iter().map(|u| arg(u).start).min().expect("a buffer has a use");
-        let end = uses.iter().map(|u| arg(u).end).max().expect("a buffer has a use");
-        let index = args.len() as u32;
-        for u in &uses {
-            let a = arg(u);
-            slots[u.0 as usize][u.1 as usize] =
-                SlotSource::Arg { index, offset: a.start - start, len: a.bytes() };
-        }
-        args.push((canon, start, end, uses));
+    // The shared rules (`gantry_driver::fusion::rules`): the grid, the remapped
+    // kernels, and the identical-argument groups with their promotions.
+    let FusedGrid { geometry, remap } = rules::fused_geometry(kernels)?;
+    let groups = rules::group_slots(kernels, buffers, |_| false);
+    let slots: Vec<Vec<SlotSource>> =
+        groups.slots.iter().map(|k| k.iter().map(|&p| SlotSource::from(p)).collect()).collect();
+    let args: Vec<_> = groups.args.into_iter().map(|a| (a.buffer, a.start, a.end, a.uses)).collect();
+    let mut scratch = Vec::with_capacity(groups.internal.len());
+    let mut internal_len = Vec::with_capacity(groups.internal.len());
+    let mut internal = Vec::with_capacity(groups.internal.len());
+    for g in groups.internal {
+        let scratch_kind = if g.kind == Promotion::Local { ScratchKind::Local } else { ScratchKind::Private };
+        scratch.push(Scratch::new(scratch_kind, g.bytes));
+        internal_len.push(g.len);
+        internal.push((g.buffer, g.kind, g.bytes, g.uses));
     }
+    let warnings = groups.warnings;
     let mut scratch_base = Vec::with_capacity(kernels.len());
     let mut cost = ItemCost { ns: 0.0, default_items: 0.0 };
     let grid_size = geometry.global_size() as f64;

@@ -8,12 +8,18 @@
 //! seed: every slot of every kernel on one buffer is passed once) and the buffers it
 //! internalized — or a [`FusionError`] naming why the kernels cannot be fused.
 //!
-//! The compiler for closure kernels (the ND-range rules, work-item remapping,
-//! internalization and its plan cache) is `gantry_host`'s `ClosureFusion`.
+//! The rules that decide the fused grid, which kernels are remapped, what is
+//! internalized and how slots group into arguments are shared by every compiler
+//! ([`rules`]), so a list fuses, or is refused for the same reason, whatever its
+//! kernels' code is. The compiler for closure kernels (work-item remapping,
+//! internalization and its plan cache) is `gantry_host`'s `ClosureFusion`; the one
+//! for LLVM IR kernels is `gantry_jit`'s `IrFusion`.
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
+
+pub mod rules;
 
 use crate::image::ImageKind;
 use crate::kernel::{KernelRef, ScalarBlock};
@@ -169,6 +175,25 @@ pub enum FusionError {
         /// Its image kinds.
         kinds: String,
     },
+    /// A kernel with work-group barriers would run for only some work-items of a
+    /// fused work-group (its range is smaller than the grid and does not end at a
+    /// group boundary, or is reshaped and smaller): the skipped work-items would
+    /// never reach its barriers.
+    #[error("kernel `{kernel}` has barriers but would run for only part of a fused work-group")]
+    BarriersInPartialGroups {
+        /// The kernel.
+        kernel: String,
+    },
+    /// The fusion compiler could not read or transform a kernel's code (for the
+    /// LLVM IR compiler: unparsable IR, an entry that does not match the kernel's
+    /// signature, a construct the JIT does not translate).
+    #[error("kernel `{kernel}` cannot be fused: {reason}")]
+    Code {
+        /// The kernel.
+        kernel: String,
+        /// Why.
+        reason: String,
+    },
     /// The kernels' global offsets differ, or are non-zero where ids must be remapped.
     #[error("different offsets: `{kernel}` has {offset:?}, the fused grid {fused:?}")]
     DifferentOffsets {
@@ -199,6 +224,14 @@ pub enum PromotionMismatch {
     /// The promoted size (elements / work-groups or / work-items) is not whole, or not
     /// the same for every kernel using the buffer.
     Sizes,
+    /// A kernel reaches the buffer through accesses the compiler cannot rewrite to
+    /// the internal buffer (its pointer is stored, compared, passed to a call, or
+    /// merged with another buffer's): keeping the buffer in global memory is
+    /// correct where a guessed rewrite might not be.
+    AccessNotRewritable {
+        /// The kernel.
+        kernel: String,
+    },
 }
 
 /// Something fusion did differently from what was asked, without failing.
@@ -229,6 +262,9 @@ impl std::fmt::Display for FusionWarning {
                     }
                     PromotionMismatch::DifferentRanges => write!(f, "accessors cover different ranges"),
                     PromotionMismatch::Sizes => write!(f, "the promoted sizes differ or are not whole"),
+                    PromotionMismatch::AccessNotRewritable { kernel } => {
+                        write!(f, "kernel `{kernel}` accesses it in a way that cannot be internalized")
+                    }
                 }
             }
         }
