@@ -331,3 +331,76 @@ fn a_buffer_moves_between_two_gpus() {
     let expected: Vec<u32> = (0..n as u32).map(|i| 1 + 10 * i).collect();
     assert_eq!(y.to_vec().unwrap(), expected, "y moved GPU 0 → GPU 1 → GPU 0");
 }
+
+/// Eight IR kernels fused by the queue on the GPU (the JIT's fusion compiler, then
+/// PTX), the intermediates internalized in registers: one fused kernel, the output
+/// bit-identical to the Rust reference, the intermediates never written back.
+#[cfg(feature = "jit")]
+#[test]
+fn a_chain_of_ir_kernels_fuses_on_the_gpu() {
+    let Some((rt, q)) = cuda_runtime("a_chain_of_ir_kernels_fuses_on_the_gpu") else { return };
+    let image = gantry::jit::from_llvm_ir(JIT_KERNELS.as_bytes(), "step").unwrap();
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::DiscardWrite)
+        .scalar::<u32>()
+        .scalar::<f32>()
+        .scalar::<f32>();
+    let step = Kernel::new("step", sig).with_image(image).into_ref();
+    let n = 1_000_003usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
+    let coefficients = |k: usize| (1.0 + k as f32 / 8.0, k as f32 - 3.5);
+    let expected: Vec<f32> = x
+        .iter()
+        .map(|&v| {
+            (0..8).fold(v, |v, k| {
+                let (a, b) = coefficients(k);
+                a * v + b
+            })
+        })
+        .collect();
+    for barriers in [true, false] {
+        let mut buffers = vec![rt.buffer(&x)];
+        buffers.extend((0..8).map(|_| rt.buffer(&vec![-1f32; n])));
+        q.start_fusion().unwrap();
+        for k in 0..8 {
+            let (a, b) = coefficients(k);
+            q.submit(|cg| {
+                let input = cg.read(&buffers[k]);
+                let output = cg.discard_write(&buffers[k + 1]);
+                if k > 0 {
+                    cg.promote(&input, gantry::Promotion::Private);
+                }
+                if k < 7 {
+                    cg.promote(&output, gantry::Promotion::Private);
+                }
+                cg.launch(&step, n).scalar(0, n as u32).scalar(1, a).scalar(2, b);
+            })
+            .unwrap();
+        }
+        q.complete_fusion(gantry::FusionProps { barriers }).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(gantry::FusionOutcome::Fused { kernels: 8, .. }) => {}
+            other => panic!("barriers {barriers}: {other:?}"),
+        }
+        let got = buffers[8].to_vec().unwrap();
+        let wrong = (0..n).find(|&i| got[i].to_bits() != expected[i].to_bits());
+        assert!(
+            wrong.is_none(),
+            "barriers {barriers}: element {wrong:?} is {:?}, expected {:?}",
+            wrong.map(|i| got[i]),
+            wrong.map(|i| expected[i])
+        );
+        // Internalized, the intermediate is not written back: the buffer holds no
+        // step-4 values (a device copy of a discarded buffer starts zeroed).
+        let middle = buffers[4].to_vec().unwrap();
+        let step4 = |v: f32| {
+            (0..4).fold(v, |v, k| {
+                let (a, b) = coefficients(k);
+                a * v + b
+            })
+        };
+        let written = (0..n).filter(|&i| middle[i] == step4(x[i])).count();
+        assert!(written < n / 100, "an internalized intermediate holds {written} computed values");
+    }
+}

@@ -144,3 +144,135 @@ define spir_kernel void @broken(ptr addrspace(1) %x) {
     q.submit(|cg| cg.fill(&x, 1f32)).unwrap().wait().unwrap();
     assert_eq!(x.to_vec().unwrap(), vec![1f32; 16], "the runtime goes on");
 }
+
+const STEP: &str = "#pragma OPENCL FP_CONTRACT OFF
+kernel void step(global const float* in, global float* out, uint n, float a, float b) {
+    size_t i = get_global_id(0);
+    if (i < n) out[i] = a * in[i] + b;
+}";
+
+fn step_kernel() -> KernelRef {
+    let image = from_opencl_c(STEP, "step").unwrap_or_else(|e| panic!("{e}"));
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::DiscardWrite)
+        .scalar::<u32>()
+        .scalar::<f32>()
+        .scalar::<f32>();
+    Kernel::new("step", sig).with_image(image).into_ref()
+}
+
+/// `out = step7(…step0(x))` with `step_k(v) = a_k·v + b_k`, through `buffers` (the
+/// input, seven intermediates, the output), each intermediate hinted private.
+fn submit_chain(q: &gantry::Queue, kernel: &KernelRef, buffers: &[gantry::Buffer<f32>], n: usize) {
+    for k in 0..buffers.len() - 1 {
+        let (a, b) = (1.0 + k as f32 / 8.0, k as f32 - 3.5);
+        q.submit(|cg| {
+            let input = cg.read(&buffers[k]);
+            let output = cg.discard_write(&buffers[k + 1]);
+            if k > 0 {
+                cg.promote(&input, gantry::Promotion::Private);
+            }
+            if k + 2 < buffers.len() {
+                cg.promote(&output, gantry::Promotion::Private);
+            }
+            cg.launch(kernel, n).scalar(0, n as u32).scalar(1, a).scalar(2, b);
+        })
+        .unwrap();
+    }
+}
+
+fn chain_reference(x: &[f32], steps: usize) -> Vec<f32> {
+    x.iter().map(|&v| (0..steps).fold(v, |v, k| (1.0 + k as f32 / 8.0) * v + (k as f32 - 3.5))).collect()
+}
+
+/// Eight OpenCL C kernels fused by the queue (the JIT's fusion compiler, with a
+/// barrier between kernels and without): one fused kernel, the intermediates
+/// internalized (never written back), the output bit-identical to the unfused chain
+/// and to the Rust reference; fusing the same chain again is a cache hit.
+#[test]
+fn a_chain_of_opencl_c_kernels_fuses_on_the_cpu() {
+    let n = 100_003usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
+    let expected = chain_reference(&x, 8);
+    let kernel = step_kernel();
+    let rt = Runtime::builder().worker_threads(2).build();
+    let q = rt.in_order_queue();
+    for barriers in [true, false, true] {
+        let mut buffers = vec![rt.buffer(&x)];
+        buffers.extend((0..8).map(|_| rt.buffer(&vec![-1f32; n])));
+        q.start_fusion().unwrap();
+        submit_chain(&q, &kernel, &buffers, n);
+        q.complete_fusion(gantry::FusionProps { barriers }).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(gantry::FusionOutcome::Fused { kernels: 8, .. }) => {}
+            other => panic!("barriers {barriers}: {other:?}"),
+        }
+        assert_eq!(buffers[8].to_vec().unwrap(), expected, "barriers {barriers}");
+        for t in &buffers[1..8] {
+            assert_eq!(t.to_vec().unwrap(), vec![-1f32; n], "an internalized intermediate is never written");
+        }
+    }
+    let unfused: Vec<gantry::Buffer<f32>> =
+        std::iter::once(rt.buffer(&x)).chain((0..8).map(|_| rt.buffer_zeroed(n))).collect();
+    submit_chain(&q, &kernel, &unfused, n);
+    q.wait().unwrap();
+    assert_eq!(unfused[8].to_vec().unwrap(), expected, "unfused");
+    let stats = rt.fusion_cache_stats();
+    eprintln!("closure fusion cache: {stats:?}");
+}
+
+/// A command graph of the same chain, finalized with graph fusion: the chain is
+/// fused into one node and the replays compute the reference.
+#[test]
+fn graph_fusion_fuses_opencl_c_kernels() {
+    let n = 4096usize;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 / 3.0).collect();
+    let kernel = step_kernel();
+    let rt = Runtime::new();
+    let q = rt.in_order_queue();
+    let buffers: Vec<gantry::Buffer<f32>> =
+        std::iter::once(rt.buffer(&x)).chain((0..4).map(|_| rt.buffer_zeroed(n))).collect();
+    let graph = rt.graph();
+    graph.begin_recording(&q).unwrap();
+    submit_chain(&q, &kernel, &buffers, n);
+    graph.end_recording(&q).unwrap();
+    let exec = graph.finalize(gantry::GraphProps::default().fused()).unwrap();
+    assert_eq!(exec.fused_chains().len(), 1, "{:?} / not fused: {:?}", exec.fused_chains(), exec.not_fused());
+    for _ in 0..3 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        assert_eq!(buffers[4].to_vec().unwrap(), chain_reference(&x, 4));
+    }
+}
+
+/// A fusion list mixing a closure kernel and an OpenCL C kernel has no compiler that
+/// takes both: it is cancelled with the typed reason, and the kernels run unfused.
+#[test]
+fn a_list_mixing_closure_and_ir_kernels_is_cancelled_with_the_reason() {
+    let n = 1024usize;
+    let rt = Runtime::new();
+    let q = rt.in_order_queue();
+    let (x, y, z) = (rt.buffer(&vec![2f32; n]), rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(n));
+    let kernel = step_kernel();
+    q.start_fusion().unwrap();
+    q.submit(|cg| {
+        let (x, y) = (cg.read(&x), cg.elements_out(&y));
+        cg.parallel_for(n, move |it| *y.elem(it) = x.get(it, it.global_linear_id()) + 1.0);
+    })
+    .unwrap();
+    q.submit(|cg| {
+        cg.read(&y);
+        cg.discard_write(&z);
+        cg.launch(&kernel, n).scalar(0, n as u32).scalar(1, 2f32).scalar(2, 0f32);
+    })
+    .unwrap();
+    q.complete_fusion(gantry::FusionProps::default()).unwrap().wait().unwrap();
+    match q.fusion_outcome() {
+        Some(gantry::FusionOutcome::Cancelled(reason)) => {
+            let text = reason.to_string();
+            assert!(text.contains("compiler"), "{text}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(z.to_vec().unwrap(), vec![6f32; n]);
+}

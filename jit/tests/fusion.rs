@@ -325,6 +325,17 @@ fn local_internalization_with_barriers() {
         .unwrap();
     assert!(ptx.ptx.contains("bar.sync"), "{}", ptx.ptx);
     assert!(ptx.ptx.contains(".entry"));
+    // ptxas takes identifiers of letters, digits, `_` and `$` only (no `.`).
+    let declarations = ptx.ptx.lines().filter(|l| l.trim_start().starts_with('.'));
+    for line in declarations.filter(|l| l.contains(".entry") || l.contains(".func") || l.contains(".global"))
+    {
+        let name = line.split_whitespace().find(|w| !w.starts_with('.')).unwrap_or_default();
+        let name = name.trim_end_matches(['(', ';', ',']).split(['[', '(']).next().unwrap_or_default();
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$'),
+            "a PTX name ptxas refuses: `{name}` in `{line}`"
+        );
+    }
     assert_eq!(ptx.shared_bytes, 16 * (group * 4).div_ceil(16) + group * 4);
 }
 

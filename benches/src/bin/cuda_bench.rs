@@ -320,9 +320,25 @@ impl Gantry {
             .expect("submit");
     }
 
+    /// [`Gantry::chain_graph`] finalized with graph fusion.
+    #[cfg(feature = "jit")]
+    fn chain_graph_fused(
+        &self,
+        kernel: &KernelRef,
+        x: &Buffer<f32>,
+        count: usize,
+    ) -> gantry::ExecutableGraph {
+        self.chain(kernel, x, count).finalize(GraphProps::default().fused()).expect("finalize")
+    }
+
     /// A finalized graph of `count` launches of `kernel` on `x` (a chain: each
     /// reads and writes `x`).
     fn chain_graph(&self, kernel: &KernelRef, x: &Buffer<f32>, count: usize) -> gantry::ExecutableGraph {
+        self.chain(kernel, x, count).finalize(GraphProps::default()).expect("finalize")
+    }
+
+    /// A graph of `count` launches of `kernel` on `x`.
+    fn chain(&self, kernel: &KernelRef, x: &Buffer<f32>, count: usize) -> gantry::CommandGraph {
         let graph = self.rt.graph_on(self.device);
         let n = x.len();
         let tiny = kernel.signature.scalars.len() == 1;
@@ -340,7 +356,7 @@ impl Gantry {
                 )
                 .expect("add");
         }
-        graph.finalize(GraphProps::default()).expect("finalize")
+        graph
     }
 }
 
@@ -490,6 +506,58 @@ fn main() {
                 raw_unfused,
                 "",
             );
+            // The 8 JIT kernels fused by the queue (the JIT's fusion compiler: one PTX
+            // kernel), with and without barriers, and by graph fusion.
+            for barriers in [true, false] {
+                let fused = t(&mut || {
+                    g.q.start_fusion().expect("start_fusion");
+                    for _ in 0..8 {
+                        g.submit(&g.q, &jit, &x);
+                    }
+                    g.q.complete_fusion(gantry::FusionProps { barriers }).expect("complete_fusion");
+                    g.q.wait().expect("wait");
+                });
+                let what = if barriers { "with barriers" } else { "no barriers" };
+                let target = if n >= 1 << 20 { ">= 0.95x hand-fused, >= 7x unfused" } else { "" };
+                row(
+                    &format!("8-kernel chain over {label} f32, JIT-fused ({what})"),
+                    "us",
+                    fused,
+                    raw_fused,
+                    target,
+                );
+                println!(
+                    "  {label}: JIT-fused ({what}) is {:.2}x faster than the unfused JIT chain",
+                    gantry_jit / fused
+                );
+                if let Some(gantry::FusionOutcome::Cancelled(why)) = g.q.fusion_outcome() {
+                    println!("  {label}: fusion cancelled: {why}");
+                }
+            }
+            let again = t(&mut || {
+                g.submit(&g.q, &g.axpb8, &x);
+                g.q.wait().expect("wait");
+            });
+            let stats = g.rt.stats();
+            println!(
+                "  {label}: hand-fused through Gantry again after the fused runs: {again:.1} us (before: {gantry_fused:.1}); \
+                 moves so far {}",
+                stats.moves
+            );
+            let exec = g.chain_graph_fused(&jit, &x, 8);
+            let graph_fused = t(&mut || {
+                g.q.submit_graph(&exec).expect("submit_graph");
+                g.q.wait().expect("wait");
+            });
+            let target = if n < 1 << 20 { "<= 1.2x hand-fused" } else { "" };
+            row(
+                &format!("8-kernel chain over {label} f32, fused graph"),
+                "us",
+                graph_fused,
+                raw_fused,
+                target,
+            );
+            println!("  {label}: graph fusion fused {:?}", exec.fused_chains());
         }
         row(&format!("8-kernel chain over {label} f32, graph unfused"), "us", gantry_graph, raw_graph, "");
         row(

@@ -185,6 +185,12 @@ impl Driver for CpuDriver {
             .map_err(|e| self.inner.invalid(e))
     }
 
+    /// LLVM IR kernels' fusion compiler with the feature `jit` (the runtime adds the
+    /// closure one).
+    fn fusion_compilers(&self) -> Vec<Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+        gantry_host::fusion_compilers()
+    }
+
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
         let mut waits_done = true;
         for wait in sub.waits {

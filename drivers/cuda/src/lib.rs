@@ -556,6 +556,15 @@ impl Driver for CudaDriver {
         Ok(Accepted::Pending(self.lanes.hand_over(planned, submitted_ns)))
     }
 
+    /// With the feature `jit`: the fusion compiler of LLVM IR kernels, whose fused
+    /// kernels run as PTX like any other IR kernel.
+    fn fusion_compilers(&self) -> Vec<Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+        #[cfg(feature = "jit")]
+        return vec![Arc::new(gantry_jit::IrFusion::new())];
+        #[cfg(not(feature = "jit"))]
+        Vec::new()
+    }
+
     /// Records a CUDA graph: see the crate docs.
     fn create_command_buffer(
         &self,

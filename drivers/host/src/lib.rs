@@ -56,6 +56,16 @@ pub use replay::{BoundOps, BoundStep, CachedPlan};
 pub use runner::{Groups, KernelCall, Runner};
 pub use snapshot::{Snapshot, SnapshotPool};
 
+/// The fusion compilers a host driver offers besides the closure one (which the
+/// runtime adds): with the feature `jit`, `gantry-jit`'s compiler of LLVM IR kernels,
+/// whose fused kernels the [`Runner`] runs like any other IR kernel.
+pub fn fusion_compilers() -> Vec<std::sync::Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+    #[cfg(feature = "jit")]
+    return vec![std::sync::Arc::new(gantry_jit::IrFusion::new())];
+    #[cfg(not(feature = "jit"))]
+    Vec::new()
+}
+
 /// The kernel image kinds the [`Runner`] runs: closures, and LLVM IR with the
 /// feature `jit`.
 pub const IMAGE_KINDS: &[gantry_driver::ImageKind] = if cfg!(feature = "jit") {

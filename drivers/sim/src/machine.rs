@@ -483,6 +483,15 @@ impl SimDriver {
 }
 
 impl Driver for SimDriver {
+    /// LLVM IR kernels' fusion compiler with the feature `jit` (the runtime adds the
+    /// closure one).
+    fn fusion_compilers(&self) -> Vec<Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+        if self.host_pool {
+            return Vec::new();
+        }
+        gantry_host::fusion_compilers()
+    }
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }

@@ -1,8 +1,8 @@
 ; Generated from jit_kernels.cl (beside it) by
 ;   clang-19 -x cl -cl-std=CL2.0 -target spir64-unknown-unknown -emit-llvm -S -O1 -Xclang -finclude-default-header -o jit_kernels.ll jit_kernels.cl
 ; and embedded in the CUDA tests (the device machine has no clang): the build-time route of gantry-jit.
-; ModuleID = 'k.cl'
-source_filename = "k.cl"
+; ModuleID = 'jit_kernels.cl'
+source_filename = "jit_kernels.cl"
 target datalayout = "e-i64:64-v16:16-v24:32-v32:32-v48:64-v96:128-v192:256-v256:256-v512:512-v1024:1024-G1"
 target triple = "spir64-unknown-unknown"
 
@@ -109,6 +109,26 @@ define dso_local spir_kernel void @axpb(ptr addrspace(1) nocapture noundef align
   ret void
 }
 
+; Function Attrs: convergent mustprogress nofree norecurse nounwind willreturn memory(argmem: readwrite)
+define dso_local spir_kernel void @step(ptr addrspace(1) nocapture noundef readonly align 4 %0, ptr addrspace(1) nocapture noundef writeonly align 4 %1, i32 noundef %2, float noundef %3, float noundef %4) local_unnamed_addr #0 !kernel_arg_addr_space !23 !kernel_arg_access_qual !24 !kernel_arg_type !25 !kernel_arg_base_type !25 !kernel_arg_type_qual !26 {
+  %6 = tail call spir_func i64 @_Z13get_global_idj(i32 noundef 0) #5
+  %7 = zext i32 %2 to i64
+  %8 = icmp ult i64 %6, %7
+  br i1 %8, label %9, label %15
+
+9:                                                ; preds = %5
+  %10 = getelementptr inbounds float, ptr addrspace(1) %0, i64 %6
+  %11 = load float, ptr addrspace(1) %10, align 4, !tbaa !8
+  %12 = fmul float %11, %3
+  %13 = fadd float %12, %4
+  %14 = getelementptr inbounds float, ptr addrspace(1) %1, i64 %6
+  store float %13, ptr addrspace(1) %14, align 4, !tbaa !8
+  br label %15
+
+15:                                               ; preds = %9, %5
+  ret void
+}
+
 attributes #0 = { convergent mustprogress nofree norecurse nounwind willreturn memory(argmem: readwrite) "frame-pointer"="all" "no-trapping-math"="true" "stack-protector-buffer-size"="8" "uniform-work-group-size"="false" }
 attributes #1 = { convergent mustprogress nofree nounwind willreturn memory(none) "frame-pointer"="all" "no-trapping-math"="true" "stack-protector-buffer-size"="8" }
 attributes #2 = { mustprogress nocallback nofree nosync nounwind speculatable willreturn memory(none) }
@@ -145,3 +165,7 @@ attributes #6 = { convergent nounwind }
 !20 = !{i32 1, i32 0, i32 0, i32 0}
 !21 = !{!"float*", !"uint", !"float", !"float"}
 !22 = !{!"", !"", !"", !""}
+!23 = !{i32 1, i32 1, i32 0, i32 0, i32 0}
+!24 = !{!"none", !"none", !"none", !"none", !"none"}
+!25 = !{!"float*", !"float*", !"uint", !"float", !"float"}
+!26 = !{!"const", !"", !"", !"", !""}

@@ -30,7 +30,7 @@ pub(super) struct Loaded<'ctx> {
 
 /// The prefix of every definition of list entry `index`.
 pub(super) fn prefix(index: usize) -> String {
-    format!("gantry.fuse.{index}.")
+    format!("gantry_fuse_{index}_")
 }
 
 /// Loads `image` (list entry `index`, whose kernel has `signature`).

@@ -419,7 +419,7 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
 /// The marker function standing for internal buffer `index`'s base until the
 /// kernels are inlined into the stub, which has the buffer.
 fn marker_name(index: u32) -> String {
-    format!("gantry.fuse.internal.{index}")
+    format!("gantry_fuse_internal_{index}")
 }
 
 fn marker<'ctx>(

@@ -38,7 +38,7 @@ use crate::raw;
 use crate::signature::Binding;
 
 /// The stub entry's name in the fused image.
-pub(super) const STUB: &str = "gantry.fused";
+pub(super) const STUB: &str = "gantry_fused";
 
 /// `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`.
 const BARRIER: &str = "_Z7barrierj";
