@@ -670,3 +670,29 @@ fn chain_of_eight_over_16m_on_one_thread() {
         unfused_s * 1e3
     );
 }
+
+/// What a cache hit of the 8-kernel chain costs (printed; run with `--ignored
+/// --nocapture` in release mode): the same request, and an equal request whose
+/// kernels' images are new (equal bytes, other identities).
+#[test]
+#[ignore]
+fn cache_hit_of_the_chain_of_eight() {
+    let fusion = IrFusion::new();
+    let k = axpb();
+    let request = chain(&k, 1 << 20, 1, 8);
+    assert!(!fusion.fuse(&request).unwrap().cached);
+    let rounds = 20_000;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        assert!(fusion.fuse(&request).unwrap().cached);
+    }
+    let same = start.elapsed() / rounds;
+    // Equal bytes in new images: found by the bytes.
+    let fresh = chain(&axpb(), 1 << 20, 1, 8);
+    let start = Instant::now();
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    let by_bytes = start.elapsed();
+    println!(
+        "cache hit of the 8-kernel chain: {same:?} (same images), {by_bytes:?} (new images, first call)"
+    );
+}
