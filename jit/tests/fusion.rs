@@ -174,7 +174,14 @@ fn elementwise_chain_of_eight_with_constants() {
         fused.kernel.image(ImageKind::LlvmIr).unwrap().code()
     );
     let stats = fusion.stats();
-    assert_eq!((stats.hits, stats.misses, stats.len), (1, 1, 1));
+    assert_eq!((stats.hits, stats.by_bytes, stats.misses, stats.len), (1, 0, 1, 1));
+    // New images of the same bytes: found by the bytes once, then by their
+    // identities.
+    let fresh = chain(&axpb(), n, 1, 8);
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    let stats = fusion.stats();
+    assert_eq!((stats.hits, stats.by_bytes, stats.misses, stats.len), (3, 1, 1, 1));
     // Other constants are another module.
     let mut other = chain(&k, n, 1, 8);
     other.kernels[3].scalars = scalars(2.0, 0.0).into_iter().collect();
@@ -195,6 +202,28 @@ fn cache_evicts_the_least_recently_used() {
     assert!(!fusion.fuse(&b).unwrap().cached);
     let s = fusion.stats();
     assert_eq!((s.hits, s.misses, s.evictions, s.len), (2, 4, 2, 2));
+}
+
+/// Each module keeps a bounded number of identity keys: new images of equal bytes
+/// hit by their bytes, and the oldest identities are forgotten (then found by the
+/// bytes again).
+#[test]
+fn identity_keys_are_bounded() {
+    let fusion = IrFusion::new();
+    let chains: Vec<FusionRequest> = (0..10).map(|_| chain(&axpb(), 64, 1, 2)).collect();
+    assert!(!fusion.fuse(&chains[0]).unwrap().cached);
+    for c in &chains[1..] {
+        assert!(fusion.fuse(c).unwrap().cached);
+    }
+    assert_eq!(fusion.stats().by_bytes, 9);
+    // Ten identities for one module, which keeps the last eight.
+    for c in &chains[2..] {
+        assert!(fusion.fuse(c).unwrap().cached);
+    }
+    assert_eq!(fusion.stats().by_bytes, 9, "the last eight by identity");
+    assert!(fusion.fuse(&chains[0]).unwrap().cached);
+    assert_eq!(fusion.stats().by_bytes, 10, "the first one forgotten");
+    assert_eq!((fusion.stats().len, fusion.stats().misses), (1, 1));
 }
 
 const TWICE: &str = "kernel void twice(global const float* x, global float* t) {

@@ -55,7 +55,7 @@ use inkwell::AddressSpace;
 use parking_lot::Mutex;
 
 pub use cache::FusionCacheStats;
-use cache::{FusionKey, Lru};
+use cache::{FusionKey, IdKey, Lru};
 use remap::Remap;
 
 use crate::error::{codegen, JitError};
@@ -180,14 +180,20 @@ impl FusionCompiler for IrFusion {
             })?);
         }
         let buffers = rules::buffers_in_order(&request.kernels);
+        // By identities first: no image bytes hashed (see the cache's docs).
+        let id_hash = IdKey::hash_of(request, &images, &buffers);
+        if let Some(hit) = self.cache.lock().get_by_identity(id_hash, request, &images, &buffers) {
+            return Ok(answer(request, &buffers, &hit, true));
+        }
+        let ids = IdKey::new(request, &images, &buffers, id_hash);
         let key = FusionKey::new(request, &images, &buffers);
-        if let Some(hit) = self.cache.lock().get(&key) {
+        if let Some(hit) = self.cache.lock().get(&key, ids.clone()) {
             return Ok(answer(request, &buffers, &hit, true));
         }
         self.cache.lock().miss();
         let built = Arc::new(build(request, &images, &buffers)?);
         *self.last.lock() = Some(built.timings);
-        self.cache.lock().insert(key, built.clone());
+        self.cache.lock().insert(key, ids, built.clone());
         Ok(answer(request, &buffers, &built, false))
     }
 }
