@@ -26,9 +26,14 @@ pub(crate) fn callee_name(call: InstructionValue) -> Option<String> {
     if call.get_opcode() != InstructionOpcode::Call {
         return None;
     }
-    // SAFETY: `call` is a call instruction of a live module.
+    callee_name_of(call.as_value_ref())
+}
+
+/// [`callee_name`] of a call instruction given by its raw value.
+pub(crate) fn callee_name_of(call: inkwell::llvm_sys::prelude::LLVMValueRef) -> Option<String> {
+    // SAFETY: `call` is a call instruction of a live module (the caller checks).
     unsafe {
-        let callee = core::LLVMGetCalledValue(call.as_value_ref());
+        let callee = core::LLVMGetCalledValue(call);
         if callee.is_null() || core::LLVMIsAFunction(callee).is_null() {
             return None;
         }
@@ -73,9 +78,14 @@ pub(crate) fn delete_function(function: FunctionValue) {
 
 /// The constant integer value of `call`'s argument `index`, if it is constant.
 pub(crate) fn const_arg(call: InstructionValue, index: u32) -> Option<u64> {
+    const_operand(call.as_value_ref(), index)
+}
+
+/// [`const_arg`] of an instruction given by its raw value.
+pub(crate) fn const_operand(call: inkwell::llvm_sys::prelude::LLVMValueRef, index: u32) -> Option<u64> {
     // SAFETY: operands of a live instruction.
     unsafe {
-        let v = core::LLVMGetOperand(call.as_value_ref(), index);
+        let v = core::LLVMGetOperand(call, index);
         if v.is_null() || core::LLVMIsAConstantInt(v).is_null() {
             return None;
         }

@@ -158,6 +158,12 @@ fn elementwise_chain_of_eight_with_constants() {
     for (i, (got, want)) in fused_bufs[&1].iter().zip(&reference).enumerate() {
         assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "element {i}: {got} vs {want}");
     }
+    // Every work-item touches only its own element: the seven barriers the request
+    // asks for are left out, so the fused kernel has none (the PTX compiler then
+    // guards it, which it does only for a kernel without barriers).
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 7);
+    let ptx = ptx_of(&fused);
+    assert!(!ptx.ptx.contains("bar.sync") && ptx.guarded, "{}", ptx.ptx);
 
     // The same chain over another buffer: the cached module.
     let again = fusion.fuse(&chain(&k, n, 99, 8)).unwrap();
@@ -168,7 +174,14 @@ fn elementwise_chain_of_eight_with_constants() {
         fused.kernel.image(ImageKind::LlvmIr).unwrap().code()
     );
     let stats = fusion.stats();
-    assert_eq!((stats.hits, stats.misses, stats.len), (1, 1, 1));
+    assert_eq!((stats.hits, stats.by_bytes, stats.misses, stats.len), (1, 0, 1, 1));
+    // New images of the same bytes: found by the bytes once, then by their
+    // identities.
+    let fresh = chain(&axpb(), n, 1, 8);
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    let stats = fusion.stats();
+    assert_eq!((stats.hits, stats.by_bytes, stats.misses, stats.len), (3, 1, 1, 1));
     // Other constants are another module.
     let mut other = chain(&k, n, 1, 8);
     other.kernels[3].scalars = scalars(2.0, 0.0).into_iter().collect();
@@ -189,6 +202,28 @@ fn cache_evicts_the_least_recently_used() {
     assert!(!fusion.fuse(&b).unwrap().cached);
     let s = fusion.stats();
     assert_eq!((s.hits, s.misses, s.evictions, s.len), (2, 4, 2, 2));
+}
+
+/// Each module keeps a bounded number of identity keys: new images of equal bytes
+/// hit by their bytes, and the oldest identities are forgotten (then found by the
+/// bytes again).
+#[test]
+fn identity_keys_are_bounded() {
+    let fusion = IrFusion::new();
+    let chains: Vec<FusionRequest> = (0..10).map(|_| chain(&axpb(), 64, 1, 2)).collect();
+    assert!(!fusion.fuse(&chains[0]).unwrap().cached);
+    for c in &chains[1..] {
+        assert!(fusion.fuse(c).unwrap().cached);
+    }
+    assert_eq!(fusion.stats().by_bytes, 9);
+    // Ten identities for one module, which keeps the last eight.
+    for c in &chains[2..] {
+        assert!(fusion.fuse(c).unwrap().cached);
+    }
+    assert_eq!(fusion.stats().by_bytes, 9, "the last eight by identity");
+    assert!(fusion.fuse(&chains[0]).unwrap().cached);
+    assert_eq!(fusion.stats().by_bytes, 10, "the first one forgotten");
+    assert_eq!((fusion.stats().len, fusion.stats().misses), (1, 1));
 }
 
 const TWICE: &str = "kernel void twice(global const float* x, global float* t) {
@@ -219,7 +254,10 @@ fn private_internalization_keeps_the_buffer_untouched() {
         ],
         barriers: true,
     };
-    let fused = IrFusion::new().fuse(&request).unwrap();
+    let fusion = IrFusion::new();
+    let fused = fusion.fuse(&request).unwrap();
+    // Private to each work-item: no barrier needed for it.
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 1);
     assert_eq!(fused.internal.len(), 1);
     assert_eq!(
         (fused.internal[0].buffer, fused.internal[0].kind, fused.internal[0].bytes),
@@ -286,6 +324,7 @@ fn local_internalization_with_barriers() {
     };
     let fusion = IrFusion::new();
     let fused = fusion.fuse(&request).unwrap();
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 0, "local memory keeps them");
     assert_eq!(fused.internal.len(), 1);
     assert_eq!((fused.internal[0].kind, fused.internal[0].bytes), (Promotion::Local, group * 4));
     let locals: Vec<usize> = fused.kernel.signature.memory.iter().map(|s| s.bytes).collect();
@@ -586,25 +625,150 @@ fn refusals_and_warnings_are_typed() {
     assert_eq!(bufs[&1], vec![2.0; n], "kept in global memory, written as unfused");
 }
 
-/// Without barriers and without kernels that have their own, the fused PTX has no
-/// `bar.sync` (and is guarded by the PTX compiler); with them it has.
+fn ptx_of(fused: &gantry_driver::fusion::Fused) -> std::sync::Arc<gantry_jit::PtxKernel> {
+    PtxCompiler::new()
+        .compile(fused.kernel.image(ImageKind::LlvmIr).unwrap(), &fused.kernel.signature)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// An elementwise chain fused with barriers asked for is the chain fused without
+/// them (its barriers are all elided): the same PTX, with no `bar.sync`, guarded by
+/// the PTX compiler.
 #[test]
 fn ptx_of_fused_chains() {
     let k = axpb();
     let fusion = IrFusion::new();
-    let ptx = PtxCompiler::new();
     let mut request = chain(&k, 1 << 12, 1, 4);
     let with = fusion.fuse(&request).unwrap();
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 3);
     request.barriers = false;
     let without = fusion.fuse(&request).unwrap();
-    let compile = |f: &gantry_driver::fusion::Fused| {
-        ptx.compile(f.kernel.image(ImageKind::LlvmIr).unwrap(), &f.kernel.signature).unwrap()
-    };
-    let (with, without) = (compile(&with), compile(&without));
-    assert_eq!(with.ptx.matches("bar.sync").count(), 3, "{}", with.ptx);
-    assert!(!without.ptx.contains("bar.sync"));
-    assert!(without.guarded && !with.guarded);
+    assert!(!without.cached, "another request, another module");
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 0, "none asked for");
+    let (with, without) = (ptx_of(&with), ptx_of(&without));
+    assert!(!with.ptx.contains("bar.sync") && with.guarded, "{}", with.ptx);
+    assert_eq!(with.ptx, without.ptx);
     assert_eq!(with.params, 1 + 4, "one global, then the hidden parameters");
+}
+
+/// Runs `request` fused and unfused on copies of `bufs`; asserts the results are
+/// bit-identical and returns the fused kernel's barriers in its PTX (`bar.sync`)
+/// and the barriers elided.
+fn fused_equals_unfused(request: &FusionRequest, bufs: &Buffers) -> (usize, usize) {
+    let host = HostCompiler::new();
+    let fusion = IrFusion::new();
+    let fused = fusion.fuse(request).unwrap_or_else(|e| panic!("{e}"));
+    let (mut a, mut b) = (bufs.clone(), bufs.clone());
+    run_fused(&host, &fused, &mut a);
+    run_unfused(&host, request, &mut b);
+    assert_eq!(a, b, "fused = unfused");
+    let elided = fusion.last_timings().unwrap().barriers_elided;
+    (ptx_of(&fused).ptx.matches("bar.sync").count(), elided)
+}
+
+/// Reads the next work-item's element of `x` (within its group), which the kernel
+/// before wrote: needs the barrier between them.
+const NEXT: &str = "kernel void next(global const float* x, global float* y) {
+    size_t i = get_global_id(0);
+    y[i] = get_local_id(0) + 1 < get_local_size(0) ? x[i + 1] : -1.0f;
+}";
+
+/// A kernel that reads `x[i + 1]` after one that wrote it keeps the barrier
+/// between them; without it (asked for no barriers) the host's result differs.
+/// Where no kernel writes `x`, the barrier goes.
+#[test]
+fn a_neighbours_element_keeps_the_barrier() {
+    let (n, group) = (1024, 64);
+    let inc = kernel("inc", INC, Signature::new().global(AccessMode::ReadWrite));
+    let next = kernel("next", NEXT, Signature::new().global(AccessMode::Read).global(AccessMode::Write));
+    let g = nd(n, group);
+    let request = FusionRequest {
+        kernels: vec![step(&inc, g, &[arg(1, n)], &[]), step(&next, g, &[arg(1, n), arg(2, n)], &[])],
+        barriers: true,
+    };
+    let bufs: Buffers = [(1, data(n, 4)), (2, vec![0.0; n])].into();
+    assert_eq!(fused_equals_unfused(&request, &bufs), (1, 0));
+    // The barrier is what makes it right: without it a work-item reads its
+    // neighbour's element before the neighbour incremented it.
+    let free = IrFusion::new().fuse(&FusionRequest { barriers: false, ..request.clone() }).unwrap();
+    let host = HostCompiler::new();
+    let (mut a, mut b) = (bufs.clone(), bufs.clone());
+    run_fused(&host, &free, &mut a);
+    run_unfused(&host, &request, &mut b);
+    assert_eq!(a[&1], b[&1]);
+    assert_ne!(a[&2], b[&2]);
+    // Neighbours' elements of a buffer no kernel writes need no barrier.
+    let read_only = FusionRequest {
+        kernels: vec![step(&next, g, &[arg(1, n), arg(2, n)], &[]), step(&inc, g, &[arg(2, n)], &[])],
+        barriers: true,
+    };
+    assert_eq!(fused_equals_unfused(&read_only, &bufs), (0, 1));
+}
+
+/// Uses local memory, though only its own work-item's element of it.
+const SCRATCH: &str = "kernel void scratch(global float* x, local float* t) {
+    size_t i = get_global_id(0), l = get_local_id(0);
+    t[l] = x[i] * 2.0f;
+    x[i] = t[l] + 1.0f;
+}";
+/// Has a barrier of its own.
+const SYNC: &str = "kernel void sync_(global float* x) {
+    size_t i = get_global_id(0);
+    float v = x[i];
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    x[i] = v * 0.5f;
+}";
+
+/// A kernel with local memory or with a barrier of its own keeps the barriers
+/// around it; the barrier between the last two elementwise kernels goes.
+#[test]
+fn local_memory_and_own_barriers_keep_the_barriers_around_them() {
+    let (n, group) = (1024, 64);
+    let rw = Signature::new().global(AccessMode::ReadWrite);
+    let inc = kernel("inc", INC, rw.clone());
+    let scratch = kernel("scratch", SCRATCH, rw.clone().local(group * 4));
+    let sync = kernel("sync_", SYNC, rw);
+    let g = nd(n, group);
+    let x = [arg(1, n)];
+    let request = FusionRequest {
+        kernels: [&inc, &scratch, &inc, &sync, &inc, &inc].iter().map(|k| step(k, g, &x, &[])).collect(),
+        barriers: true,
+    };
+    let bufs: Buffers = [(1, data(n, 6))].into();
+    // Four of the stub's five barriers stay, and the kernel's own.
+    assert_eq!(fused_equals_unfused(&request, &bufs), (4 + 1, 1));
+}
+
+/// Indexes its 2-D range by both ids.
+const INC2: &str = "kernel void inc2(global float* x) {
+    x[get_global_id(1) * get_global_size(0) + get_global_id(0)] += 1.0f;
+}";
+
+/// 2-D kernels keep their barriers: a remapped one in a 1-D grid, and kernels over
+/// a 2-D grid (even one whose first dimension alone tells work-items apart).
+#[test]
+fn two_dimensional_kernels_keep_the_barriers() {
+    let n = 2048;
+    let rw = Signature::new().global(AccessMode::ReadWrite);
+    let inc = kernel("inc", INC, rw.clone());
+    let inc2 = kernel("inc2", INC2, rw);
+    let ids2 = kernel("ids2", IDS2, Signature::new().global(AccessMode::Read).global(AccessMode::Write));
+    let bufs: Buffers = [(1, data(n, 8)), (2, vec![0.0; n])].into();
+    let remapped = FusionRequest {
+        kernels: vec![
+            step(&inc, range(n), &[arg(1, n)], &[]),
+            step(&ids2, range([16, n / 16]), &[arg(1, n), arg(2, n)], &[]),
+            step(&inc, range(n), &[arg(1, n)], &[]),
+        ],
+        barriers: true,
+    };
+    assert_eq!(fused_equals_unfused(&remapped, &bufs), (2, 0));
+    let grid2 = |k: &KernelRef, r: Range| FusionRequest {
+        kernels: (0..3).map(|_| step(k, range(r), &[arg(1, n)], &[])).collect(),
+        barriers: true,
+    };
+    assert_eq!(fused_equals_unfused(&grid2(&inc2, Range::d2(16, n / 16)), &bufs), (2, 0));
+    assert_eq!(fused_equals_unfused(&grid2(&inc, Range::d2(1, n)), &bufs), (2, 0));
 }
 
 /// Fusion compile times per chain length (printed; `--nocapture`).
@@ -628,8 +792,9 @@ fn fusion_compile_times() {
     }
 }
 
-/// The 8-kernel chain over 16M floats on one thread, fused and unfused (figures
-/// printed; run with `--ignored --nocapture` in release mode).
+/// The 8-kernel chain over 16M floats on one thread, fused (with barriers asked
+/// for, which are elided, and without) and unfused (figures printed; run with
+/// `--ignored --nocapture` in release mode).
 #[test]
 #[ignore]
 fn chain_of_eight_over_16m_on_one_thread() {
@@ -637,7 +802,8 @@ fn chain_of_eight_over_16m_on_one_thread() {
     let host = HostCompiler::new();
     let k = axpb();
     let request = chain(&k, n, 1, 8);
-    let fused = IrFusion::new().fuse(&request).unwrap();
+    let fusion = IrFusion::new();
+    let fused = fusion.fuse(&request).unwrap();
     let input = data(n, 1);
     let mut a: Buffers = [(1, input.clone())].into();
     let mut b = a.clone();
@@ -655,6 +821,7 @@ fn chain_of_eight_over_16m_on_one_thread() {
         best
     };
     let fused_s = time(&mut || run_fused(&host, &fused, &mut a));
+    let elided = fusion.last_timings().unwrap().barriers_elided;
     let unfused_s = time(&mut || run_unfused(&host, &request, &mut b));
     assert_eq!(a, b);
     // Without barriers between the kernels (the `no_barriers` property).
@@ -664,9 +831,36 @@ fn chain_of_eight_over_16m_on_one_thread() {
     assert_eq!(a, b);
     let free_s = time(&mut || run_fused(&host, &free, &mut a));
     println!(
-        "16M f32, 8 kernels, one thread: fused {:.1} ms, fused without barriers {:.1} ms, unfused {:.1} ms",
+        "16M f32, 8 kernels, one thread: fused with barriers asked for ({elided} of 7 elided) {:.1} ms, \
+         fused without barriers {:.1} ms, unfused {:.1} ms",
         fused_s * 1e3,
         free_s * 1e3,
         unfused_s * 1e3
+    );
+}
+
+/// What a cache hit of the 8-kernel chain costs (printed; run with `--ignored
+/// --nocapture` in release mode): the same request, and an equal request whose
+/// kernels' images are new (equal bytes, other identities).
+#[test]
+#[ignore]
+fn cache_hit_of_the_chain_of_eight() {
+    let fusion = IrFusion::new();
+    let k = axpb();
+    let request = chain(&k, 1 << 20, 1, 8);
+    assert!(!fusion.fuse(&request).unwrap().cached);
+    let rounds = 20_000;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        assert!(fusion.fuse(&request).unwrap().cached);
+    }
+    let same = start.elapsed() / rounds;
+    // Equal bytes in new images: found by the bytes.
+    let fresh = chain(&axpb(), 1 << 20, 1, 8);
+    let start = Instant::now();
+    assert!(fusion.fuse(&fresh).unwrap().cached);
+    let by_bytes = start.elapsed();
+    println!(
+        "cache hit of the 8-kernel chain: {same:?} (same images), {by_bytes:?} (new images, first call)"
     );
 }

@@ -14,10 +14,13 @@
 //!    a buffer some kernel reaches in a way that cannot be rewritten stays in
 //!    global memory, with [`PromotionMismatch::AccessNotRewritable`];
 //! 4. its built-ins are remapped where its geometry is not the grid's ([`remap`]);
-//! 5. the modules are linked, the stub kernel calling each kernel in order is built
+//! 5. the barriers between kernels that cannot matter are left out: where two
+//!    adjacent kernels provably touch, in every work-item, only that work-item's
+//!    own elements of what they write ([`private_access`]);
+//! 6. the modules are linked, the stub kernel calling each kernel in order is built
 //!    ([`stub`]), everything is inlined into it, and the post-fusion pipeline runs
 //!    ([`passes`]);
-//! 6. the module is kept in a bounded cache ([`cache`]).
+//! 7. the module is kept in a bounded cache ([`cache`]).
 //!
 //! A kernel with barriers that would run for only some work-items of a fused
 //! work-group is refused ([`FusionError::BarriersInPartialGroups`]): the others
@@ -28,6 +31,7 @@ mod cache;
 mod internalize;
 mod load;
 mod passes;
+mod private_access;
 mod remap;
 mod stub;
 
@@ -45,25 +49,31 @@ use gantry_driver::{
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
+use inkwell::targets::TargetData;
 use inkwell::values::{AsValueRef, BasicValue};
 use inkwell::AddressSpace;
 use parking_lot::Mutex;
 
 pub use cache::FusionCacheStats;
-use cache::{FusionKey, Lru};
+use cache::{FusionKey, IdKey, Lru};
 use remap::Remap;
 
 use crate::error::{codegen, JitError};
 use crate::raw;
 use crate::signature::Binding;
 
-/// Where a fusion's build time went (a cache hit builds nothing).
+/// Where a fusion's build time went (a cache hit builds nothing), and what the
+/// build decided beyond the [`Fused`] answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FusionTimings {
     /// Loading the kernels, rewriting them, linking and building the stub.
     pub build: Duration,
     /// Inlining into the stub and the post-fusion pipeline, to bitcode.
     pub optimize: Duration,
+    /// Barriers between kernels that the request asked for and the fused kernel
+    /// leaves out, because no work-item could observe them (see the
+    /// [module docs](self)).
+    pub barriers_elided: usize,
 }
 
 /// A fused module and what the rules decided, with buffers by number.
@@ -170,14 +180,20 @@ impl FusionCompiler for IrFusion {
             })?);
         }
         let buffers = rules::buffers_in_order(&request.kernels);
+        // By identities first: no image bytes hashed (see the cache's docs).
+        let id_hash = IdKey::hash_of(request, &images, &buffers);
+        if let Some(hit) = self.cache.lock().get_by_identity(id_hash, request, &images, &buffers) {
+            return Ok(answer(request, &buffers, &hit, true));
+        }
+        let ids = IdKey::new(request, &images, &buffers, id_hash);
         let key = FusionKey::new(request, &images, &buffers);
-        if let Some(hit) = self.cache.lock().get(&key) {
+        if let Some(hit) = self.cache.lock().get(&key, ids.clone()) {
             return Ok(answer(request, &buffers, &hit, true));
         }
         self.cache.lock().miss();
         let built = Arc::new(build(request, &images, &buffers)?);
         *self.last.lock() = Some(built.timings);
-        self.cache.lock().insert(key, built.clone());
+        self.cache.lock().insert(key, ids, built.clone());
         Ok(answer(request, &buffers, &built, false))
     }
 }
@@ -263,6 +279,22 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
     for (i, (k, image)) in kernels.iter().zip(images).enumerate() {
         loaded.push(load::load(&context, image, &k.kernel.signature, i).map_err(|e| refusal(k, e))?);
     }
+    // Which parameters each kernel touches in its own elements only: read before
+    // any rewrite, on the kernel as written (only where barriers could be elided).
+    let accesses: Vec<Option<Vec<private_access::ParamAccess>>> = kernels
+        .iter()
+        .zip(&loaded)
+        .enumerate()
+        .map(|(i, (k, l))| {
+            let local = k.kernel.signature.memory.iter().any(|m| m.kind == ScratchKind::Local);
+            if !request.barriers || grid.geometry.dims() != 1 || grid.remap[i] || local || l.barriers > 0 {
+                return None;
+            }
+            let function = l.module.get_function(&l.entry).expect("loaded entry");
+            let data = TargetData::create(&l.module.get_data_layout().as_str().to_string_lossy());
+            private_access::analyze(function, &l.bindings, &data)
+        })
+        .collect();
     for (i, k) in kernels.iter().enumerate() {
         let reshaped = rules::reshaped(&k.geometry, &grid.geometry);
         if loaded[i].barriers > 0 && grid.remap[i] && !whole_groups(k, &grid.geometry, reshaped) {
@@ -288,6 +320,9 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
     }
     let groups = rules::group_slots(kernels, buffers, |c| not_rewritable.iter().any(|(n, _)| *n == c));
     let mut warnings = groups.warnings.clone();
+    let barrier_after = private_access::elide(request.barriers, &touches(&accesses, &loaded, &groups));
+    let barriers_elided =
+        if request.barriers { kernels.len() - 1 - barrier_after.iter().filter(|&&b| b).count() } else { 0 };
     for (canon, kernel) in not_rewritable {
         // Only where the rules would have internalized it: a dropped hint already
         // has its warning.
@@ -373,7 +408,7 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
         locals: signature.memory.len(),
         internal: &groups.internal,
         grid: grid_cl,
-        barriers: request.barriers,
+        barriers: &barrier_after,
     };
     let whole = |e: JitError| FusionError::Code { kernel: fused_name(request), reason: e.to_string() };
     let bases = stub::build(&context, &module, &layout, &parts).map_err(whole)?;
@@ -412,8 +447,45 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
         args: groups.args,
         internal: groups.internal,
         warnings,
-        timings: FusionTimings { build: build_time, optimize },
+        timings: FusionTimings { build: build_time, optimize, barriers_elided },
     })
+}
+
+/// Per kernel, the fused arguments it touches and how, for
+/// [`private_access::elide`]; `None` for a kernel that is not analyzable or touches
+/// a locally internalized buffer (local memory). Privately internalized buffers
+/// are left out: each work-item has its own.
+fn touches(
+    accesses: &[Option<Vec<private_access::ParamAccess>>],
+    loaded: &[load::Loaded],
+    groups: &rules::SlotGroups,
+) -> Vec<Option<Vec<private_access::Touch>>> {
+    accesses
+        .iter()
+        .enumerate()
+        .map(|(k, access)| {
+            let access = access.as_ref()?;
+            let mut out = Vec::new();
+            for (s, place) in groups.slots[k].iter().enumerate() {
+                let param = param_of(&loaded[k].bindings, s)?;
+                let a = access[param as usize];
+                match *place {
+                    SlotPlace::Internal { index }
+                        if groups.internal[index as usize].kind == Promotion::Local =>
+                    {
+                        return None
+                    }
+                    SlotPlace::Internal { .. } => {}
+                    SlotPlace::Arg { index, offset, .. } => {
+                        if a.reads || a.writes {
+                            out.push(private_access::Touch { arg: index, offset, access: a });
+                        }
+                    }
+                }
+            }
+            Some(out)
+        })
+        .collect()
 }
 
 /// The marker function standing for internal buffer `index`'s base until the

@@ -19,7 +19,8 @@
 //! work-item calls it (the PTX compiler does not guard kernels with barriers
 //! against a plain range's overhanging last block), so each kernel without
 //! barriers of its own is also guarded by the grid's bounds. A work-group barrier
-//! follows each kernel but the last where the request asks for them.
+//! follows each kernel the layout says (where the request asks for barriers and
+//! [`super::private_access`] could not prove one unneeded).
 
 use gantry_driver::fusion::rules::{InternalGroup, SlotPlace};
 use gantry_driver::fusion::Promotion;
@@ -73,8 +74,8 @@ pub(super) struct Layout<'a> {
     pub internal: &'a [InternalGroup],
     /// The grid's global size, OpenCL order.
     pub grid: [u64; 3],
-    /// Barriers between kernels.
-    pub barriers: bool,
+    /// Per kernel, whether a barrier follows it (never after the last).
+    pub barriers: &'a [bool],
 }
 
 /// Builds the stub in `module`; returns, per internal buffer, its base pointer in
@@ -120,7 +121,7 @@ pub(super) fn build<'ctx>(
     }
 
     let builtins = Builtins { module, context };
-    let stub_has_barriers = (layout.barriers && parts.len() > 1) || parts.iter().any(|p| p.barriers);
+    let stub_has_barriers = layout.barriers.iter().any(|&b| b) || parts.iter().any(|p| p.barriers);
     let in_grid = if stub_has_barriers && parts.iter().any(|p| !p.barriers) {
         let mut inside = context.bool_type().const_all_ones();
         for d in 0..3u64 {
@@ -168,7 +169,7 @@ pub(super) fn build<'ctx>(
         b.build_call(part.function, &args, "").map_err(e)?;
         b.build_unconditional_branch(after).map_err(e)?;
         b.position_at_end(after);
-        if layout.barriers && k + 1 < parts.len() {
+        if layout.barriers.get(k).copied().unwrap_or(false) && k + 1 < parts.len() {
             b.build_call(barrier, &[context.i32_type().const_int(BOTH_FENCES, false).into()], "")
                 .map_err(e)?;
         }
