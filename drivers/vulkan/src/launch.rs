@@ -27,14 +27,16 @@ pub(crate) fn shape(geometry: &Geometry, dims: &[Dim; 3], limits: &Limits) -> Re
     let mut size = [1u32; 3];
     for i in 0..3 {
         size[i] = match (dims[i], geometry.is_nd()) {
-            (Dim::Fixed(f), true) if f as usize != local[i] => return Err(format!(
+            (Dim::Fixed(f), true) if f as usize != local[i] => {
+                return Err(format!(
                 "the ND-range's local size {:?} (x, y, z) does not match the shader's workgroup size {:?}",
                 local,
                 dims.map(|d| match d {
                     Dim::Fixed(f) => f as usize,
                     Dim::Spec(_) => 0,
                 })
-            )),
+            ))
+            }
             (Dim::Fixed(f), _) => f,
             (Dim::Spec(_), true) => {
                 u32::try_from(local[i]).map_err(|_| format!("local size {} is too large", local[i]))?
