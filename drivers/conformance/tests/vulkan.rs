@@ -2,11 +2,10 @@
 //! only Mesa's lavapipe, the CPU), with its kernels' WGSL images compiled by naga.
 //! On a machine without a Vulkan loader or device every check says it was skipped
 //! and why. The driver declares no host tasks (the scheduler runs host tasks of
-//! Vulkan queues on the CPU) and records no command buffers yet, so those checks are
-//! skipped.
+//! Vulkan queues on the CPU), so those checks are skipped.
 
 gantry_conformance::suite!(
     vulkan,
     gantry_vulkan::factory(0),
-    skips = [host_task_runs_once, host_task_panic_is_reported, command_buffer_replay, command_buffer_patch]
+    skips = [host_task_runs_once, host_task_panic_is_reported]
 );

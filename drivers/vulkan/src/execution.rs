@@ -112,7 +112,10 @@ pub(crate) struct Planned {
     pub(crate) preset: Option<ExecError>,
     pub(crate) keep: Vec<Box<dyn Any + Send + Sync>>,
     pub(crate) finish: Option<Finish>,
+    /// A command buffer of the lanes' pool, returned to it once the batch ran.
     pub(crate) cmd: Option<vk::CommandBuffer>,
+    /// A recorded command buffer the batch replays (kept by its owner, not returned).
+    pub(crate) replay: Option<vk::CommandBuffer>,
 }
 
 /// The device-wide state completion threads share: where completions go, and
@@ -286,7 +289,13 @@ impl Lanes {
                 }
             }
             let stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; sems.len()];
-            let cmds: Vec<vk::CommandBuffer> = planned.cmd.iter().copied().collect();
+            // A batch that failed when submitted runs nothing (its command buffer
+            // may be half-recorded): it only advances the lane.
+            let cmds: Vec<vk::CommandBuffer> = if planned.preset.is_none() {
+                planned.cmd.or(planned.replay).into_iter().collect()
+            } else {
+                Vec::new()
+            };
             let signal = [lane.sem];
             let signal_values = [value];
             let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()

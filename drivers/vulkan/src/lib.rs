@@ -101,18 +101,33 @@
 //! restore), or the device is lost (nothing left to restore into). So the driver
 //! takes no snapshot.
 //!
+//! ## Command buffers
+//!
+//! A finalized command graph's partition on a Vulkan device is recorded into a
+//! Vulkan command buffer (module `command_buffer`) with a pipeline barrier exactly
+//! where a dependency edge between two of its operations' buffer ranges needs one
+//! ([`Barrier`], module `barriers`: masks from the read/write relation, none
+//! between independent operations); finalize loads every kernel image and makes its
+//! pipelines. The commands are recorded at the first submission with a binding of
+//! the argument table and kept per binding ([`INSTANCES`] of them): a replay over a
+//! binding seen before is one `vkQueueSubmit`, another binding records anew, and a
+//! patch ([`Driver::patch_command_buffer`]) changes the plan and records at the next
+//! replay. [`VulkanCommandBuffer::barriers`] lists the barriers a buffer records.
+//!
 //! ## Not yet
 //!
-//! Command buffers (`create_command_buffer` refuses; the scheduler replays command
-//! graphs as single submissions), host tasks ([`Capabilities::host_tasks`] is false:
-//! the scheduler runs them on the CPU), the transfer queue, fusion, device
-//! timestamps (completions carry host-observed times), a memory sub-allocator and a
-//! staging pool (each host copy makes staging memory as long as itself), and
-//! host → device copies whose wait-list is unfinished block `submit` until it
-//! finishes (their host bytes must be final when they are staged).
+//! Host tasks ([`Capabilities::host_tasks`] is false: the scheduler runs them on
+//! the CPU), the transfer queue, fusion, device timestamps (completions carry
+//! host-observed times), a memory sub-allocator and a staging pool (each host copy
+//! makes staging memory as long as itself), rebinding a recorded command buffer's
+//! descriptors without recording again, and host → device copies whose wait-list
+//! is unfinished block `submit` until it finishes (their host bytes must be final
+//! when they are staged).
 
 #![warn(missing_docs)]
 
+mod barriers;
+mod command_buffer;
 mod device;
 mod error;
 mod execution;
@@ -128,12 +143,14 @@ use std::sync::{Arc, Mutex};
 
 use ash::vk;
 use gantry_driver::{
-    fill_fits, no_image, Accepted, AllocId, Capabilities, DeviceInfo, DeviceKind, DeviceOp, Driver,
-    DriverContext, ExecError, ImageCache, ImageKind, KernelLaunch, KernelRef, ScalarBlock, ScratchKind,
-    Submission,
+    fill_fits, patch_buffer, Accepted, AllocId, Capabilities, CommandBuffer, CommandBufferBuilder,
+    CommandBufferDesc, CommandBufferLaunch, DeviceInfo, DeviceKind, DeviceOp, Driver, DriverContext,
+    ExecError, ImageKind, KernelLaunch, OpPatch, ScalarBlock, Submission,
 };
 
 pub use ash;
+pub use barriers::{Barrier, Hazard};
+pub use command_buffer::{VulkanCommandBuffer, INSTANCES};
 pub use device::Limits;
 pub use error::CallError;
 pub use launch::PLAIN_GROUP;
@@ -141,11 +158,11 @@ pub use pipeline::PipelineStats;
 pub use probe::{device_count, Select};
 pub use wgsl::CompileError;
 
+use command_buffer::{Instance, Recorder};
 use error::invalid;
 use execution::{lock, Lanes, Op, Planned};
-use launch::Shape;
 use memory::{Buffer, Memory, Place};
-use pipeline::{LoadError, Pipelines};
+use pipeline::{Images, Ready};
 use transfer::{Recorded, TransferError};
 
 /// The kind of every Vulkan device.
@@ -202,8 +219,8 @@ pub struct VulkanDriver {
     // flight), then memory and pipelines, the device with its last holder.
     lanes: Lanes,
     memory: Memory,
-    images: ImageCache<Pipelines>,
-    counters: Arc<pipeline::Counters>,
+    images: Arc<Images>,
+    recorder: Recorder,
     dev: Arc<device::Device>,
     /// Serializes submissions (lane choice, recording, hand-over).
     submitting: Mutex<()>,
@@ -219,6 +236,7 @@ impl VulkanDriver {
         };
         let dev = device::Device::open(config.select, name.clone())?;
         let lanes = Lanes::new(&dev, config.lanes, config.spin_before_blocking, dctx.clone())?;
+        let images = Arc::new(Images::new(&dev));
         let caps = Capabilities {
             shares_host_memory: false,
             in_driver_waits: true,
@@ -234,8 +252,8 @@ impl VulkanDriver {
             dctx,
             lanes,
             memory: Memory::new(&dev),
-            images: ImageCache::default(),
-            counters: Arc::default(),
+            recorder: Recorder { images: images.clone(), dev: dev.clone() },
+            images,
             dev,
             submitting: Mutex::new(()),
         })
@@ -263,7 +281,7 @@ impl VulkanDriver {
 
     /// How many pipelines the driver made, and the time that took.
     pub fn pipeline_stats(&self) -> PipelineStats {
-        self.counters.get()
+        self.images.counters.get()
     }
 
     /// How many kernel images the driver holds loaded.
@@ -300,31 +318,7 @@ impl VulkanDriver {
             DeviceOp::HostTask(_) => {
                 Err(ExecError::Unsupported { device: self.info.name.clone(), what: "host tasks" })
             }
-            DeviceOp::CommandBuffer(_) => {
-                Err(ExecError::Unsupported { device: self.info.name.clone(), what: "command buffers" })
-            }
-        }
-    }
-
-    /// The loaded image of `kernel` (SPIR-V preferred over WGSL).
-    fn load(&self, kernel: &KernelRef) -> Result<Arc<Pipelines>, ExecError> {
-        let image = kernel
-            .image(ImageKind::SpirV)
-            .or_else(|| kernel.image(ImageKind::Wgsl))
-            .ok_or_else(|| no_image(&self.info.name, &kernel.name))?;
-        self.images
-            .get_or_load(image, |i| Pipelines::load(&self.dev, i, &kernel.signature, &self.counters))
-            .map_err(|e| self.load_error(kernel, image.kind(), e))
-    }
-
-    fn load_error(&self, kernel: &KernelRef, kind: ImageKind, e: LoadError) -> ExecError {
-        match e {
-            LoadError::Compile(e) => {
-                self.invalid(format!("the {kind} image of kernel `{}` does not load: {e}", kernel.name))
-            }
-            LoadError::Call(e) => {
-                e.into_exec(&self.info.name, format!("loading the {kind} image of kernel `{}`", kernel.name))
-            }
+            DeviceOp::CommandBuffer(launch) => self.prepare_replay(launch),
         }
     }
 
@@ -338,26 +332,6 @@ impl VulkanDriver {
                 "kernel `{name}` has {} buffer slots but {} arguments",
                 signature.globals.len(),
                 launch.args.len()
-            )));
-        }
-        if launch.geometry.offset() != [0; 3] {
-            return Err(ExecError::Unsupported {
-                device: self.info.name.clone(),
-                what: "global offsets in Vulkan kernel launches",
-            });
-        }
-        let local = signature.memory_bytes(ScratchKind::Local);
-        if local > limits.max_shared {
-            return Err(self.invalid(format!(
-                "kernel `{name}` declares {local} bytes of local memory; the device has {} (maxComputeSharedMemorySize)",
-                limits.max_shared
-            )));
-        }
-        if launch.scalars.len() > limits.max_push as usize {
-            return Err(self.invalid(format!(
-                "kernel `{name}` takes {} bytes of scalars; the device's push constants hold {}",
-                launch.scalars.len(),
-                limits.max_push
             )));
         }
         let mut args = Vec::with_capacity(launch.args.len());
@@ -388,26 +362,50 @@ impl VulkanDriver {
                 Err(e) => return Err(self.invalid(format!("argument {i} of kernel `{name}`: {e}"))),
             }
         }
-        let pipelines = self.load(kernel)?;
-        if pipelines.globals != args.len() {
+        if launch.scalars.len() != signature.scalar_bytes() {
             return Err(self.invalid(format!(
-                "kernel `{name}` has {} buffer slots but its image was loaded for {}",
-                args.len(),
-                pipelines.globals
+                "kernel `{name}` takes {} bytes of scalars but {} are given",
+                signature.scalar_bytes(),
+                launch.scalars.len()
             )));
         }
-        let shape = launch::shape(&launch.geometry, &pipelines.dims, limits)
-            .map_err(|e| self.invalid(format!("kernel `{name}`: {e}")))?;
-        let pipeline =
-            pipelines.pipeline(shape.size).map_err(|e| self.load_error(kernel, ImageKind::Wgsl, e))?;
-        Ok(Prepared::Kernel { pipelines, pipeline, shape, args, scalars: launch.scalars.clone() })
+        let ready = self.images.ready(kernel, &launch.geometry)?;
+        Ok(Prepared::Kernel { ready, args, scalars: launch.scalars.clone() })
+    }
+
+    fn prepare_replay(&self, launch: &CommandBufferLaunch) -> Result<Prepared, ExecError> {
+        let Some(recorded) = launch.buffer.downcast_ref::<VulkanCommandBuffer>() else {
+            return Err(self.invalid("a command buffer recorded by another driver".into()));
+        };
+        let mut bound = Vec::with_capacity(launch.args.len());
+        for (i, arg) in launch.args.iter().enumerate() {
+            match self.memory.resolve(&arg.mem) {
+                Ok(Place::Device(buffer, offset)) => bound.push((buffer, offset, arg.mem.len)),
+                Ok(Place::Host(..)) => {
+                    return Err(self.invalid(format!(
+                    "command buffer argument {i} is host memory: Vulkan command buffers take device memory"
+                )))
+                }
+                Err(e) => return Err(self.invalid(format!("command buffer argument {i}: {e}"))),
+            }
+        }
+        let instance = recorded.instance(&bound)?;
+        Ok(Prepared::Replay { instance, buffer: launch.buffer.clone() })
     }
 
     /// Records `work` into a command buffer of `planned`.
     fn record(&self, work: Prepared, planned: &mut Planned) -> Result<(), ExecError> {
-        if let Prepared::Nothing = work {
-            return Ok(());
-        }
+        let work = match work {
+            Prepared::Nothing => return Ok(()),
+            Prepared::Replay { instance, buffer } => {
+                planned.replay = Some(instance.cmd);
+                planned.finish = instance.finish();
+                planned.keep.push(Box::new(instance));
+                planned.keep.push(Box::new(buffer));
+                return Ok(());
+            }
+            work => work,
+        };
         let reporter = self.lanes.reporter();
         let label = planned.label.clone();
         let mut commands = lock(&self.lanes.commands);
@@ -443,54 +441,18 @@ impl VulkanDriver {
             Prepared::Fill { dst, len, pattern } => {
                 transfer::fill(&self.dev, cmd, dst, len, &pattern).map_err(transfer_error)
             }
-            Prepared::Kernel { pipelines, pipeline, shape, args, scalars } => {
-                let infos: Vec<[vk::DescriptorBufferInfo; 1]> = args
-                    .iter()
-                    .map(|(b, offset, len)| {
-                        let range = if *len == 0 { vk::WHOLE_SIZE } else { *len as u64 };
-                        [vk::DescriptorBufferInfo { buffer: b.raw, offset: *offset as u64, range }]
-                    })
-                    .collect();
-                let writes: Vec<vk::WriteDescriptorSet> = infos
-                    .iter()
-                    .enumerate()
-                    .map(|(i, info)| {
-                        vk::WriteDescriptorSet::default()
-                            .dst_binding(i as u32)
-                            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                            .buffer_info(info)
-                    })
-                    .collect();
-                let mut push = scalars.to_vec();
-                push.resize(pipelines.push_bytes as usize, 0);
-                let d = &self.dev.raw;
-                // SAFETY: a recording command buffer; the pipeline and layout are the
-                // image's (kept with the operation); the descriptors name live
-                // buffers (kept) over checked, aligned ranges; the push constants
-                // fit the layout's range.
-                unsafe {
-                    d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
-                    if !writes.is_empty() {
-                        self.dev.push.cmd_push_descriptor_set(
-                            cmd,
-                            vk::PipelineBindPoint::COMPUTE,
-                            pipelines.layout,
-                            0,
-                            &writes,
-                        );
-                    }
-                    if !push.is_empty() {
-                        d.cmd_push_constants(cmd, pipelines.layout, vk::ShaderStageFlags::COMPUTE, 0, &push);
-                    }
-                    d.cmd_dispatch(cmd, shape.groups[0], shape.groups[1], shape.groups[2]);
-                }
+            Prepared::Kernel { ready, args, scalars } => {
+                let resolved: Vec<(vk::Buffer, usize, usize)> =
+                    args.iter().map(|(b, o, l)| (b.raw, *o, *l)).collect();
+                pipeline::record_dispatch(&self.dev, cmd, &ready, &resolved, &scalars);
                 let mut out = Recorded { device_work: true, ..Default::default() };
-                out.keep.push(Box::new(pipelines));
+                out.keep.push(Box::new(ready.pipelines));
                 for (b, _, _) in args {
                     out.keep.push(Box::new(b));
                 }
                 Ok(out)
             }
+            Prepared::Replay { .. } => unreachable!("replays are not recorded"),
         }
     }
 }
@@ -498,23 +460,10 @@ impl VulkanDriver {
 /// An operation checked and resolved, ready to record.
 enum Prepared {
     Nothing,
-    Copy {
-        src: Place,
-        dst: Place,
-        len: usize,
-    },
-    Fill {
-        dst: Place,
-        len: usize,
-        pattern: Vec<u8>,
-    },
-    Kernel {
-        pipelines: Arc<Pipelines>,
-        pipeline: vk::Pipeline,
-        shape: Shape,
-        args: Vec<(Arc<Buffer>, usize, usize)>,
-        scalars: ScalarBlock,
-    },
+    Copy { src: Place, dst: Place, len: usize },
+    Fill { dst: Place, len: usize, pattern: Vec<u8> },
+    Kernel { ready: Ready, args: Vec<(Arc<Buffer>, usize, usize)>, scalars: ScalarBlock },
+    Replay { instance: Arc<Instance>, buffer: CommandBuffer },
 }
 
 impl Prepared {
@@ -522,11 +471,10 @@ impl Prepared {
     /// wait for what the operation waits on). A device → host copy writes its host
     /// memory later, after its device work, so it does not.
     fn touches_host_now(&self) -> bool {
-        match self {
-            Prepared::Copy { src: Place::Host(..), .. } => true,
-            Prepared::Fill { dst: Place::Host(..), .. } => true,
-            _ => false,
-        }
+        matches!(
+            self,
+            Prepared::Copy { src: Place::Host(..), .. } | Prepared::Fill { dst: Place::Host(..), .. }
+        )
     }
 }
 
@@ -583,6 +531,7 @@ impl Driver for VulkanDriver {
             keep: Vec::new(),
             finish: None,
             cmd: None,
+            replay: None,
         };
         let failed = |waits: &[Arc<Op>]| {
             waits.iter().find_map(|w| w.failure().map(|e| e.as_dependency_of(w.label.clone())))
@@ -607,6 +556,25 @@ impl Driver for VulkanDriver {
             }
         };
         Ok(Accepted::Pending(self.lanes.submit(planned, submitted_ns)))
+    }
+
+    /// Records a command buffer: see the module docs of `command_buffer`.
+    fn create_command_buffer(
+        &self,
+        desc: CommandBufferDesc,
+    ) -> Result<Box<dyn CommandBufferBuilder>, ExecError> {
+        Ok(self.recorder.start(desc))
+    }
+
+    /// Patches the plan; the next replay records it anew.
+    fn patch_command_buffer(
+        &self,
+        buffer: &mut CommandBuffer,
+        patch: &[OpPatch<'_>],
+    ) -> Result<(), ExecError> {
+        patch_buffer(buffer, VulkanCommandBuffer::clone, |b| self.recorder.patch(b, patch)).unwrap_or_else(
+            || Err(self.invalid("patching a command buffer recorded by another driver".into())),
+        )
     }
 }
 

@@ -12,11 +12,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ash::vk;
-use gantry_driver::{CodeImage, ImageKind, Signature};
+use gantry_driver::{
+    no_image, CodeImage, ExecError, Geometry, ImageCache, ImageKind, KernelRef, ScratchKind, Signature,
+};
 
 use crate::device::Device;
 use crate::error::{CallError, Check};
 use crate::execution::lock;
+use crate::launch::{self, Shape};
 use crate::spirv::{self, Dim};
 use crate::wgsl::{CompileError, Wgsl};
 
@@ -67,7 +70,7 @@ impl From<CallError> for LoadError {
 
 enum Source {
     /// Compiled to SPIR-V per workgroup size.
-    Wgsl(Wgsl),
+    Wgsl(Box<Wgsl>),
     /// One shader module, specialized per workgroup size.
     SpirV(vk::ShaderModule),
 }
@@ -114,7 +117,7 @@ impl Pipelines {
                 let over = w.overridable();
                 let dims =
                     [0, 1, 2].map(|d| if over[d] { Dim::Spec(d as u32) } else { Dim::Fixed(w.size[d]) });
-                (Source::Wgsl(w), dims)
+                (Source::Wgsl(Box::new(w)), dims)
             }
             _ => {
                 let words = spirv::words(image.code())?;
@@ -266,5 +269,137 @@ impl Drop for Pipelines {
                 self.dev.raw.destroy_shader_module(m, None);
             }
         }
+    }
+}
+
+/// The driver's loaded images, shared with its command-buffer recorder.
+pub(crate) struct Images {
+    cache: ImageCache<Pipelines>,
+    pub(crate) counters: Arc<Counters>,
+    dev: Arc<Device>,
+}
+
+/// A kernel ready to dispatch: its loaded image, the pipeline for its workgroup
+/// size, and its shape.
+#[derive(Clone)]
+pub(crate) struct Ready {
+    pub pipelines: Arc<Pipelines>,
+    pub pipeline: vk::Pipeline,
+    pub shape: Shape,
+}
+
+impl Images {
+    pub(crate) fn new(dev: &Arc<Device>) -> Self {
+        Self { cache: ImageCache::default(), counters: Arc::default(), dev: dev.clone() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn invalid(&self, message: String) -> ExecError {
+        crate::error::invalid(&self.dev.name, message)
+    }
+
+    /// `kernel` loaded (its SPIR-V image preferred over its WGSL one) and made
+    /// ready for a launch over `geometry`; the error names the kernel.
+    pub(crate) fn ready(&self, kernel: &KernelRef, geometry: &Geometry) -> Result<Ready, ExecError> {
+        let name = &kernel.name;
+        let signature = &kernel.signature;
+        let limits = &self.dev.limits;
+        if geometry.offset() != [0; 3] {
+            return Err(ExecError::Unsupported {
+                device: self.dev.name.clone(),
+                what: "global offsets in Vulkan kernel launches",
+            });
+        }
+        let local = signature.memory_bytes(ScratchKind::Local);
+        if local > limits.max_shared {
+            return Err(self.invalid(format!(
+                "kernel `{name}` declares {local} bytes of local memory; the device has {} \
+                 (maxComputeSharedMemorySize)",
+                limits.max_shared
+            )));
+        }
+        if signature.scalar_bytes() > limits.max_push as usize {
+            return Err(self.invalid(format!(
+                "kernel `{name}` takes {} bytes of scalars; the device's push constants hold {}",
+                signature.scalar_bytes(),
+                limits.max_push
+            )));
+        }
+        let image = kernel
+            .image(ImageKind::SpirV)
+            .or_else(|| kernel.image(ImageKind::Wgsl))
+            .ok_or_else(|| no_image(&self.dev.name, name))?;
+        let kind = image.kind();
+        let load_error = |e: LoadError| match e {
+            LoadError::Compile(e) => {
+                self.invalid(format!("the {kind} image of kernel `{name}` does not load: {e}"))
+            }
+            LoadError::Call(e) => {
+                e.into_exec(&self.dev.name, format!("loading the {kind} image of kernel `{name}`"))
+            }
+        };
+        let pipelines = self
+            .cache
+            .get_or_load(image, |i| Pipelines::load(&self.dev, i, signature, &self.counters))
+            .map_err(load_error)?;
+        if pipelines.globals != signature.globals.len() {
+            return Err(self.invalid(format!(
+                "kernel `{name}` has {} buffer slots but its image was loaded for {}",
+                signature.globals.len(),
+                pipelines.globals
+            )));
+        }
+        let shape = launch::shape(geometry, &pipelines.dims, limits)
+            .map_err(|e| self.invalid(format!("kernel `{name}`: {e}")))?;
+        let pipeline = pipelines.pipeline(shape.size).map_err(load_error)?;
+        Ok(Ready { pipelines, pipeline, shape })
+    }
+}
+
+/// Records a dispatch of `ready` over `args` (buffer, offset, length: checked and
+/// aligned) with `scalars` into `cmd`.
+pub(crate) fn record_dispatch(
+    dev: &Device,
+    cmd: vk::CommandBuffer,
+    ready: &Ready,
+    args: &[(vk::Buffer, usize, usize)],
+    scalars: &[u8],
+) {
+    let infos: Vec<[vk::DescriptorBufferInfo; 1]> = args
+        .iter()
+        .map(|&(buffer, offset, len)| {
+            let range = if len == 0 { vk::WHOLE_SIZE } else { len as u64 };
+            [vk::DescriptorBufferInfo { buffer, offset: offset as u64, range }]
+        })
+        .collect();
+    let writes: Vec<vk::WriteDescriptorSet> = infos
+        .iter()
+        .enumerate()
+        .map(|(i, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_binding(i as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(info)
+        })
+        .collect();
+    let mut push = scalars.to_vec();
+    push.resize(ready.pipelines.push_bytes as usize, 0);
+    let layout = ready.pipelines.layout;
+    let groups = ready.shape.groups;
+    // SAFETY: a recording command buffer; the pipeline and layout are the image's
+    // (the caller keeps them with the work); the descriptors name live buffers over
+    // checked, aligned ranges; the push constants fill the layout's range.
+    unsafe {
+        dev.raw.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, ready.pipeline);
+        if !writes.is_empty() {
+            dev.push.cmd_push_descriptor_set(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &writes);
+        }
+        if !push.is_empty() {
+            dev.raw.cmd_push_constants(cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, &push);
+        }
+        dev.raw.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
     }
 }
