@@ -97,15 +97,24 @@ impl CommandBufferBuilder for Builder {
     }
 }
 
-/// Each kernel of `plan` loaded and made ready (`None` for other operations).
+/// Each kernel of `plan` loaded and made ready (`None` for other operations); a
+/// kernel and geometry like the previous kernel's reuse its answer.
 fn ready_all(images: &Images, plan: &Plan) -> Result<Vec<Option<Ready>>, ExecError> {
-    plan.ops
-        .iter()
-        .map(|p| match &p.op {
-            RecordedOp::Kernel { kernel, geometry, .. } => images.ready(kernel, geometry).map(Some),
-            _ => Ok(None),
-        })
-        .collect()
+    let mut last: Option<(&gantry_driver::KernelRef, &gantry_driver::Geometry, Ready)> = None;
+    let mut out = Vec::with_capacity(plan.ops.len());
+    for p in &plan.ops {
+        let RecordedOp::Kernel { kernel, geometry, .. } = &p.op else {
+            out.push(None);
+            continue;
+        };
+        let ready = match &last {
+            Some((k, g, r)) if Arc::ptr_eq(k, kernel) && *g == geometry => r.clone(),
+            _ => images.ready(kernel, geometry)?,
+        };
+        last = Some((kernel, geometry, ready.clone()));
+        out.push(Some(ready));
+    }
+    Ok(out)
 }
 
 /// A bound argument-table entry: the buffer, the offset of the entry's memory in
@@ -231,6 +240,17 @@ impl VulkanCommandBuffer {
             TransferError::Call(e) => fail(e),
         };
         let mut barriers = self.barriers.iter().peekable();
+        let mut pipeline = vk::Pipeline::null();
+        // The images its dispatches use, each kept once.
+        let mut images: Vec<&Arc<crate::pipeline::Pipelines>> = Vec::new();
+        for ready in self.kernels.iter().flatten() {
+            if !images.last().is_some_and(|p| Arc::ptr_eq(p, &ready.pipelines)) {
+                images.push(&ready.pipelines);
+            }
+        }
+        images.sort_by_key(|p| Arc::as_ptr(p));
+        images.dedup_by_key(|p| Arc::as_ptr(p));
+        instance.keep.extend(images.into_iter().map(|p| Box::new(p.clone()) as Box<dyn Any + Send + Sync>));
         let recorded: Result<(), ExecError> = (|| {
             for (i, planned) in self.plan.ops.iter().enumerate() {
                 while let Some(b) = barriers.next_if(|b| b.before as usize == i) {
@@ -253,15 +273,14 @@ impl VulkanCommandBuffer {
                 match &planned.op {
                     RecordedOp::Kernel { args, scalars, .. } => {
                         let ready = self.kernels[i].as_ref().expect("made ready at finalize");
-                        let resolved: Vec<(vk::Buffer, usize, usize)> = args
+                        let resolved: smallvec::SmallVec<[(vk::Buffer, usize, usize); 8]> = args
                             .iter()
                             .map(|a| {
                                 let (b, base, _) = &bound[a.entry as usize];
                                 (b.raw, base + a.offset, a.len)
                             })
                             .collect();
-                        record_dispatch(dev, cmd, ready, &resolved, scalars);
-                        instance.keep.push(Box::new(ready.pipelines.clone()));
+                        record_dispatch(dev, cmd, ready, &resolved, scalars, &mut pipeline);
                     }
                     RecordedOp::Copy { src, dst } => {
                         let r = transfer::copy(dev, cmd, place(src), place(dst), src.len)

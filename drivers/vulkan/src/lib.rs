@@ -444,7 +444,14 @@ impl VulkanDriver {
             Prepared::Kernel { ready, args, scalars } => {
                 let resolved: Vec<(vk::Buffer, usize, usize)> =
                     args.iter().map(|(b, o, l)| (b.raw, *o, *l)).collect();
-                pipeline::record_dispatch(&self.dev, cmd, &ready, &resolved, &scalars);
+                pipeline::record_dispatch(
+                    &self.dev,
+                    cmd,
+                    &ready,
+                    &resolved,
+                    &scalars,
+                    &mut vk::Pipeline::null(),
+                );
                 let mut out = Recorded { device_work: true, ..Default::default() };
                 out.keep.push(Box::new(ready.pipelines));
                 for (b, _, _) in args {

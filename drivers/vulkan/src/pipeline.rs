@@ -15,6 +15,7 @@ use ash::vk;
 use gantry_driver::{
     no_image, CodeImage, ExecError, Geometry, ImageCache, ImageKind, KernelRef, ScratchKind, Signature,
 };
+use smallvec::SmallVec;
 
 use crate::device::Device;
 use crate::error::{CallError, Check};
@@ -360,22 +361,24 @@ impl Images {
 }
 
 /// Records a dispatch of `ready` over `args` (buffer, offset, length: checked and
-/// aligned) with `scalars` into `cmd`.
+/// aligned) with `scalars` into `cmd`. `bound` is the pipeline the command buffer
+/// has bound (a dispatch of the same pipeline does not bind it again).
 pub(crate) fn record_dispatch(
     dev: &Device,
     cmd: vk::CommandBuffer,
     ready: &Ready,
     args: &[(vk::Buffer, usize, usize)],
     scalars: &[u8],
+    bound: &mut vk::Pipeline,
 ) {
-    let infos: Vec<[vk::DescriptorBufferInfo; 1]> = args
+    let infos: SmallVec<[[vk::DescriptorBufferInfo; 1]; 8]> = args
         .iter()
         .map(|&(buffer, offset, len)| {
             let range = if len == 0 { vk::WHOLE_SIZE } else { len as u64 };
             [vk::DescriptorBufferInfo { buffer, offset: offset as u64, range }]
         })
         .collect();
-    let writes: Vec<vk::WriteDescriptorSet> = infos
+    let writes: SmallVec<[vk::WriteDescriptorSet; 8]> = infos
         .iter()
         .enumerate()
         .map(|(i, info)| {
@@ -385,7 +388,7 @@ pub(crate) fn record_dispatch(
                 .buffer_info(info)
         })
         .collect();
-    let mut push = scalars.to_vec();
+    let mut push: SmallVec<[u8; 64]> = SmallVec::from_slice(scalars);
     push.resize(ready.pipelines.push_bytes as usize, 0);
     let layout = ready.pipelines.layout;
     let groups = ready.shape.groups;
@@ -393,7 +396,10 @@ pub(crate) fn record_dispatch(
     // (the caller keeps them with the work); the descriptors name live buffers over
     // checked, aligned ranges; the push constants fill the layout's range.
     unsafe {
-        dev.raw.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, ready.pipeline);
+        if *bound != ready.pipeline {
+            dev.raw.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, ready.pipeline);
+            *bound = ready.pipeline;
+        }
         if !writes.is_empty() {
             dev.push.cmd_push_descriptor_set(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &writes);
         }
