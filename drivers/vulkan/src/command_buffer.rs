@@ -12,9 +12,9 @@
 //! binding seen before is one submit with nothing recorded; another binding records
 //! a new instance (about 0.2 µs per dispatch on lavapipe) rather than rewriting
 //! descriptors of an instance that may be in flight, which would need
-//! update-after-bind descriptor sets. Patching ([`Driver::patch_command_buffer`]
-//! (gantry_driver::Driver::patch_command_buffer)) changes the plan and drops the
-//! instances.
+//! update-after-bind descriptor sets. Patching
+//! ([`Driver::patch_command_buffer`](gantry_driver::Driver::patch_command_buffer))
+//! changes the plan and drops the instances.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
