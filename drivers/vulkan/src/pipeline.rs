@@ -115,6 +115,7 @@ impl Pipelines {
                 let text = std::str::from_utf8(image.code())
                     .map_err(|e| CompileError::Parse(format!("not UTF-8: {e}")))?;
                 let w = Wgsl::parse(text, image.entry())?;
+                w.check_interface(signature.globals.len(), signature.scalar_bytes())?;
                 let over = w.overridable();
                 let dims =
                     [0, 1, 2].map(|d| if over[d] { Dim::Spec(d as u32) } else { Dim::Fixed(w.size[d]) });
@@ -346,11 +347,16 @@ impl Images {
             .cache
             .get_or_load(image, |i| Pipelines::load(&self.dev, i, signature, &self.counters))
             .map_err(load_error)?;
-        if pipelines.globals != signature.globals.len() {
+        if pipelines.globals != signature.globals.len()
+            || pipelines.push_bytes as usize != signature.scalar_bytes().next_multiple_of(4)
+        {
             return Err(self.invalid(format!(
-                "kernel `{name}` has {} buffer slots but its image was loaded for {}",
+                "kernel `{name}` ({} buffer slots, {} bytes of scalars) shares its image with a kernel of another \
+                 signature ({} slots, {} bytes)",
                 signature.globals.len(),
-                pipelines.globals
+                signature.scalar_bytes(),
+                pipelines.globals,
+                pipelines.push_bytes
             )));
         }
         let shape = launch::shape(geometry, &pipelines.dims, limits)

@@ -33,6 +33,10 @@ pub enum CompileError {
     /// naga's SPIR-V writer failed.
     #[error("SPIR-V output: {0}")]
     Write(String),
+    /// The shader's resources do not match the kernel's signature: a buffer
+    /// binding the launch does not provide, or a larger scalar block.
+    #[error("the shader does not match the kernel's signature: {0}")]
+    Interface(String),
     /// A SPIR-V image is malformed (see the `spirv` module).
     #[error("SPIR-V: {0}")]
     SpirV(String),
@@ -82,6 +86,33 @@ impl Wgsl {
         }
         let size = ep.workgroup_size;
         Ok(Self { entry: entry.to_owned(), size, overridable, module, info })
+    }
+
+    /// Checks the shader's resources against a signature of `globals` buffers and
+    /// `scalar_bytes` of scalars: every resource is in group 0 at a binding below
+    /// `globals`, and its immediate (push-constant) block is no larger than the
+    /// scalars (a larger one would read past what the launch pushes).
+    pub(crate) fn check_interface(&self, globals: usize, scalar_bytes: usize) -> Result<(), CompileError> {
+        for (_, var) in self.module.global_variables.iter() {
+            let name = var.name.as_deref().unwrap_or("?");
+            if let Some(b) = &var.binding {
+                if b.group != 0 || b.binding as usize >= globals {
+                    return Err(CompileError::Interface(format!(
+                        "`{name}` is @group({}) @binding({}); the kernel binds group 0, bindings 0..{globals}",
+                        b.group, b.binding
+                    )));
+                }
+            }
+            if var.space == naga::AddressSpace::Immediate {
+                let size = self.module.types[var.ty].inner.size(self.module.to_ctx()) as usize;
+                if size > scalar_bytes.next_multiple_of(4) {
+                    return Err(CompileError::Interface(format!(
+                        "the immediate block `{name}` is {size} bytes; the kernel's scalars are {scalar_bytes}"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Which dimensions (Vulkan order) the launch sets.
@@ -152,5 +183,10 @@ mod tests {
             broken.err()
         );
         assert!(matches!(Wgsl::parse(SCALE, "other"), Err(CompileError::NoEntry(_))));
+        assert!(w.check_interface(1, 8).is_ok());
+        assert!(
+            matches!(w.check_interface(0, 8), Err(CompileError::Interface(m)) if m.contains("binding(0)"))
+        );
+        assert!(matches!(w.check_interface(1, 4), Err(CompileError::Interface(m)) if m.contains("8 bytes")));
     }
 }
