@@ -167,3 +167,39 @@ fn waits_across_operations_and_lanes() {
         assert_eq!(*v, zv, "element {i}");
     }
 }
+
+/// Host memory passed along a chain handed over at once: a device → host read-back
+/// into host memory, a host → device copy out of the same host memory waiting on
+/// it (its bytes are staged only once the read-back has landed), then a kernel on
+/// the copy and a second read-back. The result shows each step saw the one before.
+#[test]
+fn host_memory_between_operations_keeps_their_order() {
+    let Some(mut g) = gpu("host_memory_between_operations_keeps_their_order") else { return };
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::ReadWrite)
+        .scalar::<u32>()
+        .scalar::<u32>();
+    let k = kernel("add", sig, ImageKind::Wgsl, "add", ADD);
+    let n = 1 << 16;
+    let (a, b) = (g.alloc(4 * n), g.alloc(4 * n));
+    let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    g.upload(a, 0, &bytes(&data));
+    let host = std::sync::Arc::new(gantry_driver::HostStorage::zeroed(4 * n));
+    let out = std::sync::Arc::new(gantry_driver::HostStorage::zeroed(4 * n));
+    let (down, _) = g.submit(DeviceOp::Copy { src: whole(a, 4 * n), dst: MemSlice::host(host.clone()) }, &[]);
+    let (up, _) =
+        g.submit(DeviceOp::Copy { src: MemSlice::host(host.clone()), dst: whole(b, 4 * n) }, &[down]);
+    let geometry = Geometry::for_range(Range::d1(n)).unwrap();
+    let (add, _) =
+        g.submit(g.launch(&k, geometry, &[(a, 4 * n), (b, 4 * n)], scalars(&[n as u32, 1])), &[up]);
+    let (_, last) =
+        g.submit(DeviceOp::Copy { src: whole(b, 4 * n), dst: MemSlice::host(out.clone()) }, &[add]);
+    g.ok(last);
+    // SAFETY: every operation completed; nothing else uses the storage.
+    let got = u32s(unsafe { out.bytes() });
+    for (i, v) in got.iter().enumerate() {
+        let expected = data[i].wrapping_mul(2).wrapping_add(data[i]).wrapping_add(1);
+        assert_eq!(*v, expected, "element {i}");
+    }
+}
