@@ -12,7 +12,9 @@
 //! binding seen before is one submit with nothing recorded; another binding records
 //! a new instance (about 0.2 µs per dispatch on lavapipe) rather than rewriting
 //! descriptors of an instance that may be in flight, which would need
-//! update-after-bind descriptor sets. Patching
+//! update-after-bind descriptor sets. An instance with memory buffer reads is not
+//! replayed while a replay of it is in flight (its staging memory is its own), so
+//! overlapping replays of such a buffer record another instance. Patching
 //! ([`Driver::patch_command_buffer`](gantry_driver::Driver::patch_command_buffer))
 //! changes the plan and drops the instances.
 
@@ -173,16 +175,21 @@ impl VulkanCommandBuffer {
         }
         let key: Key = bound.iter().map(|(b, o, l)| (b.raw, *o, *l)).collect();
         let mut instances = lock(&self.instances);
-        if let Some((_, i)) = instances.iter().find(|(k, _)| *k == key) {
+        // An instance with memory buffer reads copies them out of its own staging
+        // memory after each replay: one in flight (held by its operation) is not
+        // replayed again before that, so such a replay records another instance.
+        let reusable = |i: &Arc<Instance>| i.reads.is_empty() || Arc::strong_count(i) == 1;
+        if let Some((_, i)) = instances.iter().find(|(k, i)| *k == key && reusable(i)) {
             return Ok(i.clone());
         }
         self.check(bound)?;
         let instance = Arc::new(self.record(bound)?);
-        if instances.len() >= INSTANCES {
-            // The oldest not in flight makes room (in flight ones are held by their
-            // operations).
-            if let Some(at) = instances.iter().position(|(_, i)| Arc::strong_count(i) == 1) {
-                instances.remove(at);
+        // The oldest not in flight make room (in flight ones are held by their
+        // operations, and go at a later recording).
+        while instances.len() >= INSTANCES {
+            match instances.iter().position(|(_, i)| Arc::strong_count(i) == 1) {
+                Some(at) => drop(instances.remove(at)),
+                None => break,
             }
         }
         instances.push((key, instance.clone()));
