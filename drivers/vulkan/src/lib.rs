@@ -51,7 +51,10 @@
 //!   follows with [`ExecError::DeviceLost`].
 //! * **Kernels**: [`ImageKind::SpirV`] and [`ImageKind::Wgsl`] images, each loaded
 //!   once per driver into its layouts and shader, with a pipeline per workgroup size
-//!   ([`VulkanDriver::pipeline_stats`]).
+//!   ([`VulkanDriver::pipeline_stats`]). A WGSL image that does not compile fails
+//!   its launch with naga's message ([`CompileError`]), as does one whose bindings
+//!   or immediate block do not fit the kernel's signature (which Vulkan would leave
+//!   undefined); SPIR-V images are trusted to match it.
 //!
 //! ## The kernel convention
 //!
