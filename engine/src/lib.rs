@@ -92,6 +92,11 @@ pub use gantry_host::isa;
 #[cfg(feature = "cuda")]
 pub use gantry_cuda as cuda;
 
+/// The Vulkan driver (feature `vulkan`): register it with [`RuntimeBuilder::vulkan`]
+/// or `Runtime::builder().driver(gantry::vulkan::factory(index))`.
+#[cfg(feature = "vulkan")]
+pub use gantry_vulkan as vulkan;
+
 /// The driver contract, for backends written outside Gantry and registered with
 /// [`RuntimeBuilder::driver`].
 pub use gantry_driver as driver;

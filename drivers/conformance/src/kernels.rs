@@ -1,6 +1,7 @@
 //! Every kernel the checks run, built here and nowhere else: the one file that knows
-//! what a kernel is (a [`KernelRef`] with two images: a closure of phases over
-//! accessors, for host drivers, and CUDA C source, for GPU drivers), so that a change
+//! what a kernel is (a [`KernelRef`] with three images: a closure of phases over
+//! accessors, for host drivers, CUDA C source, for the CUDA driver, and WGSL
+//! source, for the Vulkan driver), so that a change
 //! of the kernel type changes this file only. The checks see a [`Kernel`]: a name,
 //! an iteration space and what it computes, which they launch over memory arguments,
 //! record into a command buffer, or patch into one.
@@ -8,10 +9,13 @@
 //! Every kernel works on `u32` elements, indexed by the global linear id, and wraps
 //! on overflow (an overflow panic would be a kernel failure the check did not ask
 //! for). Its constants are also its scalar arguments (all `u32`, the element count
-//! first), which the CUDA C image reads and the closure, having captured them,
-//! ignores. Each CUDA C source is one image shared by every kernel of its kind, so a
-//! driver compiles it once. The CUDA C images follow the CUDA driver's convention:
-//! one pointer per buffer slot, then the scalars.
+//! first), which the CUDA C and WGSL images read and the closure, having captured
+//! them, ignores. Each CUDA C or WGSL source is one image shared by every kernel of
+//! its kind, so a driver compiles it once. The CUDA C images follow the CUDA
+//! driver's convention (one pointer per buffer slot, then the scalars), the WGSL
+//! images the Vulkan driver's (binding `i` of group 0 per buffer slot, the scalars
+//! as an immediate (push-constant) block, a workgroup size the launch sets through
+//! the `override` `wx`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,7 +38,7 @@ const TAG: u64 = 0xC0F0;
 const GROUP: usize = 64;
 
 /// The image kinds every kernel here has.
-const IMAGE_KINDS: [ImageKind; 2] = [ImageKind::Closure, ImageKind::CudaC];
+const IMAGE_KINDS: [ImageKind; 3] = [ImageKind::Closure, ImageKind::CudaC, ImageKind::Wgsl];
 
 /// Whether a driver with `caps` runs these kernels (it runs one of their images).
 pub(crate) fn runnable(caps: &Capabilities) -> bool {
@@ -92,14 +96,15 @@ fn geometry(n: usize) -> Geometry {
     NdRange::new(n, local).geometry().expect("a valid ND-range")
 }
 
-/// A kernel of both images: the closure `body` and the CUDA C `source` (one per kind
-/// of kernel, see [`cuda_image`]), over `modes` and the `u32` `scalars`.
+/// A kernel of all three images: the closure `body`, the CUDA C `source` and the
+/// WGSL `wgsl` (one each per kind of kernel, see [`cuda_image`]), over `modes` and
+/// the `u32` `scalars`.
 fn build(
     name: &str,
     geometry: Geometry,
     modes: &[AccessMode],
     body: Phase,
-    source: &'static CudaSource,
+    (source, wgsl): (&'static CudaSource, &'static CudaSource),
     scalars: &[u32],
 ) -> Kernel {
     let closure = ClosureKernel {
@@ -113,13 +118,14 @@ fn build(
     let signature = modes.iter().fold(signature, |s, &m| s.global(m));
     let kernel = KernelOf::with_native(name, signature, Some(ImageKind::Closure), closure)
         .with_image(cuda_image(source))
+        .with_image(wgsl.image(ImageKind::Wgsl))
         .into_ref();
     // u32 scalars lie one after the other, each at its alignment.
     let scalars = scalars.iter().flat_map(|v| v.to_ne_bytes()).collect();
     Kernel { kernel, geometry, scalars }
 }
 
-/// A CUDA C kernel's entry point and source, and its image once made.
+/// A GPU kernel's entry point and source (CUDA C or WGSL), and its image once made.
 struct CudaSource {
     entry: &'static str,
     code: &'static str,
@@ -132,13 +138,17 @@ impl CudaSource {
     }
 }
 
-/// The image of `source`: one for the process, so a driver loads it once however
-/// many kernels of its kind the checks make.
+impl CudaSource {
+    /// Its image of `kind`: one for the process, so a driver loads it once however
+    /// many kernels of its kind the checks make.
+    fn image(&'static self, kind: ImageKind) -> CodeImage {
+        self.image.get_or_init(|| CodeImage::new(kind, self.entry, self.code.as_bytes())).clone()
+    }
+}
+
+/// The CUDA C image of `source` (see [`CudaSource::image`]).
 fn cuda_image(source: &'static CudaSource) -> CodeImage {
-    source
-        .image
-        .get_or_init(|| CodeImage::new(ImageKind::CudaC, source.entry, source.code.as_bytes()))
-        .clone()
+    source.image(ImageKind::CudaC)
 }
 
 static AFFINE: CudaSource = CudaSource::new(
@@ -196,6 +206,89 @@ static REFUSED: CudaSource = CudaSource::new(
 }"#,
 );
 
+/// The WGSL images: the same computations as the CUDA C ones above, each over its
+/// scalars (an immediate block of `u32`s, the element count first) with a guarded
+/// index, in workgroups of `wx` work-items that the launch sets.
+static AFFINE_WGSL: CudaSource = CudaSource::new(
+    "conformance_affine",
+    "struct S { n: u32, a: u32, b: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+override wx: u32 = 64;
+@compute @workgroup_size(wx)
+fn conformance_affine(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if i < s.n { x[i] = s.a * x[i] + s.b; }
+}",
+);
+
+static DERIVE_WGSL: CudaSource = CudaSource::new(
+    "conformance_derive",
+    "struct S { n: u32, a: u32, b: u32, c: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+override wx: u32 = 64;
+@compute @workgroup_size(wx)
+fn conformance_derive(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if i < s.n { dst[i] = s.a * src[i] + s.b + s.c * i; }
+}",
+);
+
+static REVERSE_AFFINE_WGSL: CudaSource = CudaSource::new(
+    "conformance_reverse_affine",
+    "struct S { n: u32, a: u32, b: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+override wx: u32 = 64;
+@compute @workgroup_size(wx)
+fn conformance_reverse_affine(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if i < s.n { dst[i] = s.a * src[s.n - 1u - i] + s.b; }
+}",
+);
+
+static ACCUMULATE_WGSL: CudaSource = CudaSource::new(
+    "conformance_accumulate",
+    "struct S { n: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> acc: array<u32>;
+override wx: u32 = 64;
+@compute @workgroup_size(wx)
+fn conformance_accumulate(@builtin(global_invocation_id) id: vec3<u32>) {
+    let i = id.x;
+    if i < s.n { acc[i] = acc[i] + src[i]; }
+}",
+);
+
+static STORE_WGSL: CudaSource = CudaSource::new(
+    "conformance_store",
+    "struct S { n: u32, value: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+override wx: u32 = 64;
+@compute @workgroup_size(wx)
+fn conformance_store(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { x[id.x] = s.value; }
+}",
+);
+
+/// [`REFUSED`] in WGSL: a fixed workgroup size of 32, which the Vulkan driver
+/// refuses to launch over [`write_then_panic`]'s one group of more.
+static REFUSED_WGSL: CudaSource = CudaSource::new(
+    "conformance_refused",
+    "struct S { n: u32, value: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+@compute @workgroup_size(32)
+fn conformance_refused(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { x[id.x] = s.value; }
+}",
+);
+
 /// `x[i] = a * x[i] + b` over `n` elements of slot 0 (read-write). Two of these with
 /// different `b` do not commute, so a chain of them tells the order they ran in.
 pub(crate) fn affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
@@ -204,7 +297,7 @@ pub(crate) fn affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         let i = it.global_linear_id();
         x.set(it, i, x.get(it, i).wrapping_mul(a).wrapping_add(b))
     });
-    build(name, geometry(n), &[AccessMode::ReadWrite], body, &AFFINE, &[n as u32, a, b])
+    build(name, geometry(n), &[AccessMode::ReadWrite], body, (&AFFINE, &AFFINE_WGSL), &[n as u32, a, b])
 }
 
 /// What [`derive`] computes: `a * v + b + c * i` for element `v` at index `i`.
@@ -232,7 +325,7 @@ pub(crate) fn derive(name: &str, n: usize, f: Linear) -> Kernel {
         dst.set(it, i, f.at(src.get(it, i), i as u32))
     });
     let scalars = [n as u32, f.a, f.b, f.c];
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body, &DERIVE, &scalars)
+    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body, (&DERIVE, &DERIVE_WGSL), &scalars)
 }
 
 /// `dst[i] = a * src[n - 1 - i] + b` over `n` elements: slot 0 is `src` (read), slot 1
@@ -247,7 +340,14 @@ pub(crate) fn reverse_affine(name: &str, n: usize, a: u32, b: u32) -> Kernel {
         dst.set(it, i, src.get(it, n - 1 - i).wrapping_mul(a).wrapping_add(b))
     });
     let scalars = [n as u32, a, b];
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::Write], body, &REVERSE_AFFINE, &scalars)
+    build(
+        name,
+        geometry(n),
+        &[AccessMode::Read, AccessMode::Write],
+        body,
+        (&REVERSE_AFFINE, &REVERSE_AFFINE_WGSL),
+        &scalars,
+    )
 }
 
 /// `acc[i] += src[i]` over `n` elements: slot 0 is `src` (read), slot 1 `acc`
@@ -259,7 +359,14 @@ pub(crate) fn accumulate(name: &str, n: usize) -> Kernel {
         let i = it.global_linear_id();
         acc.set(it, i, acc.get(it, i).wrapping_add(src.get(it, i)))
     });
-    build(name, geometry(n), &[AccessMode::Read, AccessMode::ReadWrite], body, &ACCUMULATE, &[n as u32])
+    build(
+        name,
+        geometry(n),
+        &[AccessMode::Read, AccessMode::ReadWrite],
+        body,
+        (&ACCUMULATE, &ACCUMULATE_WGSL),
+        &[n as u32],
+    )
 }
 
 /// `x[i] = value` over `n` elements of slot 0 (write), counting its work-items in
@@ -271,7 +378,7 @@ pub(crate) fn counted_store(name: &str, n: usize, value: u32, ran: Arc<AtomicUsi
         ran.fetch_add(1, Ordering::Relaxed);
         x.set(it, it.global_linear_id(), value)
     });
-    build(name, geometry(n), &[AccessMode::Write], body, &STORE, &[n as u32, value])
+    build(name, geometry(n), &[AccessMode::Write], body, (&STORE, &STORE_WGSL), &[n as u32, value])
 }
 
 /// Writes `value` to each of the `n` elements of slot 0 (write), in order in one
@@ -288,7 +395,7 @@ pub(crate) fn write_then_panic(name: &str, n: usize, value: u32) -> Kernel {
         }
     });
     let one_group = NdRange::new(n, n).geometry().expect("a valid ND-range");
-    build(name, one_group, &[AccessMode::Write], body, &REFUSED, &[n as u32, value])
+    build(name, one_group, &[AccessMode::Write], body, (&REFUSED, &REFUSED_WGSL), &[n as u32, value])
 }
 
 /// The message [`write_then_panic`]'s kernels panic with.
@@ -298,7 +405,7 @@ pub(crate) fn kernel_panic_message() -> String {
 
 /// Whether `error` is how a driver with `caps` reports [`write_then_panic`]'s
 /// `kernel` failing: running its closure, [`ExecError::KernelPanicked`] naming it
-/// with the panic's message; running its CUDA C image, whose launch is refused, the
+/// with the panic's message; running its CUDA C or WGSL image, whose launch is refused, the
 /// driver's own error naming it (not a dependency's failure or a lost device: the
 /// driver goes on). `Err` says what was wrong.
 pub(crate) fn expected_failure(

@@ -24,8 +24,9 @@
 //! * [`checks`]: the checks, one module per area of the contract;
 //! * [`suite!`] and [`run_check`]: the macro and what its tests call;
 //! * the kernels the checks launch are built in one private module (`kernels`), each
-//!   with two images: a closure (host drivers) and CUDA C (GPU drivers), so the same
-//!   checks run on the CPU, the simulated device and CUDA.
+//!   with three images: a closure (host drivers), CUDA C (the CUDA driver) and WGSL
+//!   (the Vulkan driver), so the same checks run on the CPU, the simulated device,
+//!   CUDA and Vulkan.
 //!
 //! A factory may also be fallible (a `DriverFactory`, returning
 //! `Result<Arc<dyn Driver>, ExecError>`): where it fails, as a GPU backend's does on a

@@ -305,6 +305,21 @@ impl RuntimeBuilder {
     pub fn cuda(self, ordinal: usize) -> Self {
         self.driver(gantry_cuda::factory(ordinal))
     }
+    /// Registers Vulkan physical device `index` (feature `vulkan`): the same as
+    /// `.driver(gantry::vulkan::factory(index))`. Its queues run kernels with SPIR-V
+    /// or WGSL images; [`RuntimeBuilder::try_build`] returns a typed error where
+    /// Vulkan or the device is missing.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().vulkan(0).try_build();
+    /// if let Err(e) = &rt {
+    ///     println!("no Vulkan device here: {e}");
+    /// }
+    /// ```
+    #[cfg(feature = "vulkan")]
+    pub fn vulkan(self, index: usize) -> Self {
+        self.driver(gantry_vulkan::factory(index))
+    }
     /// The device [`Runtime::queue`] uses (default 0, the CPU).
     pub fn default_device(mut self, device: DeviceId) -> Self {
         self.default_device = device;

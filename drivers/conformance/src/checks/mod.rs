@@ -56,8 +56,9 @@ pub(crate) fn copy(src: MemSlice, dst: MemSlice) -> DeviceOp {
 /// The skip of a check that launches kernels, where the driver runs none of their
 /// images.
 pub(crate) fn needs_kernels(h: &Harness) -> Option<Outcome> {
-    (!crate::kernels::runnable(&h.caps()))
-        .then(|| Outcome::skipped("the driver runs none of the suite's kernel images (closure, CUDA C)"))
+    (!crate::kernels::runnable(&h.caps())).then(|| {
+        Outcome::skipped("the driver runs none of the suite's kernel images (closure, CUDA C, WGSL)")
+    })
 }
 
 /// Submits `op` with `preserve_on_failure` and returns its error: it must be refused
