@@ -9,18 +9,18 @@
 //!    remapped kernels and the identical-argument groups, exactly as for closure
 //!    kernels;
 //! 2. each listed kernel is loaded into a module of its own, its definitions renamed
-//!    after its place in the list and its calls inlined ([`load`]);
-//! 3. its accesses through internalized buffers are rewritten ([`internalize`]);
+//!    after its place in the list and its calls inlined (`load`);
+//! 3. its accesses through internalized buffers are rewritten (`internalize`);
 //!    a buffer some kernel reaches in a way that cannot be rewritten stays in
 //!    global memory, with [`PromotionMismatch::AccessNotRewritable`];
-//! 4. its built-ins are remapped where its geometry is not the grid's ([`remap`]);
+//! 4. its built-ins are remapped where its geometry is not the grid's (`remap`);
 //! 5. the barriers between kernels that cannot matter are left out: where two
 //!    adjacent kernels provably touch, in every work-item, only that work-item's
-//!    own elements of what they write ([`private_access`]);
+//!    own elements of what they write (`private_access`);
 //! 6. the modules are linked, the stub kernel calling each kernel in order is built
-//!    ([`stub`]), everything is inlined into it, and the post-fusion pipeline runs
-//!    ([`passes`]);
-//! 7. the module is kept in a bounded cache ([`cache`]).
+//!    (`stub`), everything is inlined into it, and the post-fusion pipeline runs
+//!    (`passes`);
+//! 7. the module is kept in a bounded cache (`cache`).
 //!
 //! A kernel with barriers that would run for only some work-items of a fused
 //! work-group is refused ([`FusionError::BarriersInPartialGroups`]): the others

@@ -1,5 +1,5 @@
 //! Native host code: an IR kernel compiled for the machine the process runs on,
-//! as a work-group function ([`wrapper`]) that runs a range of work-groups per call.
+//! as a work-group function (`wrapper`) that runs a range of work-groups per call.
 //!
 //! ```no_run
 //! use gantry_driver::{AccessMode, Signature};
