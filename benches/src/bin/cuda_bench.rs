@@ -43,6 +43,10 @@ struct Args {
     /// before they block, in microseconds (default: the runtime's default).
     #[arg(long)]
     spin_us: Option<u64>,
+    /// How long the CUDA completion threads poll between yields before they block,
+    /// in microseconds (default: the driver's default).
+    #[arg(long)]
+    poll_us: Option<u64>,
 }
 
 const PTX: &str = r#"
@@ -278,8 +282,11 @@ struct Gantry {
 }
 
 impl Gantry {
-    fn new(spin: Option<std::time::Duration>) -> Self {
+    fn new(spin: Option<std::time::Duration>, poll: Option<std::time::Duration>) -> Self {
         let mut config = gantry::cuda::CudaConfig::default();
+        if let Some(poll) = poll {
+            config.poll_before_blocking = poll;
+        }
         let mut builder = Runtime::builder();
         if let Some(spin) = spin {
             config.spin_before_blocking = spin;
@@ -382,11 +389,16 @@ fn main() {
         eprintln!("cuda_bench: libcuda is not present on this machine; nothing measured");
         std::process::exit(2);
     }
-    let g = Gantry::new(args.spin_us.map(std::time::Duration::from_micros));
+    let micros = std::time::Duration::from_micros;
+    let g = Gantry::new(args.spin_us.map(micros), args.poll_us.map(micros));
     let raw = Raw::new();
     let name = g.rt.devices().last().map(|d| d.name.clone()).unwrap_or_default();
     let spin = args.spin_us.map_or("the default".to_string(), |us| format!("{us} us"));
-    println!("device: {name}; median of {} repetitions each; Gantry spins {spin} before blocking", args.reps);
+    let poll = args.poll_us.map_or("the default".to_string(), |us| format!("{us} us"));
+    println!(
+        "device: {name}; median of {} repetitions each; Gantry spins {spin}, CUDA completions poll {poll} before blocking",
+        args.reps
+    );
     println!("{:<52} {:>14} {:>14} {:>8}  target", "measurement", "gantry", "raw CUDA", "ratio");
 
     // Eager: a chain of tiny launches on one small buffer.

@@ -122,10 +122,17 @@ impl Event {
         unsafe { sys::cuEventQuery(self.raw) != sys::CUresult::CUDA_ERROR_NOT_READY }
     }
 
-    /// Waits until the event has completed, polling it for up to `spin` before
-    /// blocking: the error is a fault of the context.
-    fn synchronize(&self, spin: Duration) -> Result<(), CallError> {
-        spin_until(spin, || self.query_done());
+    /// Waits until the event has completed: polls it for `wait.spin`, then polls it
+    /// between yields of the thread until `wait.poll` has passed, then blocks (a
+    /// blocking wait wakes tens of microseconds after the device finishes). The
+    /// error is a fault of the context.
+    fn synchronize(&self, wait: &Waiting) -> Result<(), CallError> {
+        if !spin_until(wait.spin, || self.query_done()) && !wait.poll.is_zero() {
+            let start = std::time::Instant::now();
+            while !self.query_done() && start.elapsed() < wait.poll {
+                std::thread::yield_now();
+            }
+        }
         // SAFETY: a live, recorded event.
         check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.raw) })
     }
@@ -217,8 +224,18 @@ pub(crate) struct Reporter {
     ctx: DriverContext,
     /// Set by the first sticky error.
     lost: OnceLock<()>,
-    /// How long a completion thread polls before it blocks.
-    spin: Duration,
+    /// How a completion thread waits.
+    wait: Waiting,
+}
+
+/// How a completion thread waits for the next operation and for an operation's
+/// event (see [`CudaConfig`](crate::CudaConfig)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waiting {
+    /// Polling without yielding.
+    pub(crate) spin: Duration,
+    /// Polling between yields of the thread, after the spin, before blocking.
+    pub(crate) poll: Duration,
 }
 
 impl Reporter {
@@ -284,11 +301,11 @@ impl Lanes {
     pub(crate) fn new(
         ctx: &Arc<Context>,
         count: usize,
-        spin: Duration,
+        wait: Waiting,
         device: Arc<str>,
         dctx: DriverContext,
     ) -> Result<Self, ExecError> {
-        let reporter = Arc::new(Reporter { device: device.clone(), ctx: dctx, lost: OnceLock::new(), spin });
+        let reporter = Arc::new(Reporter { device: device.clone(), ctx: dctx, lost: OnceLock::new(), wait });
         let mut lanes = Vec::with_capacity(count);
         let mut threads = Vec::with_capacity(count);
         for index in 0..count.max(1) {
@@ -384,7 +401,7 @@ fn complete_in_order(ctx: Arc<Context>, reporter: Arc<Reporter>, rx: Receiver<Ar
     let mut last_ended = 0;
     loop {
         let mut next = Err(TryRecvError::Empty);
-        spin_until(reporter.spin, || {
+        spin_until(reporter.wait.spin, || {
             next = rx.try_recv();
             next.is_ok()
         });
@@ -417,7 +434,7 @@ fn finish(reporter: &Reporter, op: &Op, last_ended: u64) -> u64 {
         }
     }
     drop(waits);
-    let synced = op.event.as_ref().map(|e| e.synchronize(reporter.spin));
+    let synced = op.event.as_ref().map(|e| e.synchronize(&reporter.wait));
     let (preset, keep) = {
         let mut s = lock(&op.state);
         (s.preset.take(), std::mem::take(&mut s.keep))

@@ -187,15 +187,26 @@ pub struct CudaConfig {
     /// different streams may run at once.
     pub streams: usize,
     /// How long a completion thread polls an operation's event (and its stream's
-    /// queue) before it sleeps: a wake-up from a blocking wait costs tens of
-    /// microseconds, which a short kernel's completion would pay on top of its run.
-    /// Polling burns the thread's core for that long; zero never polls.
+    /// queue) without yielding before it yields or sleeps: a wake-up from a blocking
+    /// wait costs tens of microseconds, which a short kernel's completion would pay
+    /// on top of its run. Zero never spins.
     pub spin_before_blocking: std::time::Duration,
+    /// How long it then goes on polling the event between yields of its thread
+    /// before it blocks in `cuEventSynchronize` (as CUDA's own spin-then-yield
+    /// scheduling does): an operation that ends within it is reported without a
+    /// blocking wake-up, and a yielding thread gives its core to any thread that
+    /// wants it. Zero blocks right after the spin.
+    pub poll_before_blocking: std::time::Duration,
 }
 
 impl Default for CudaConfig {
     fn default() -> Self {
-        Self { ordinal: 0, streams: 4, spin_before_blocking: gantry_driver::sync::SPIN_WINDOW }
+        Self {
+            ordinal: 0,
+            streams: 4,
+            spin_before_blocking: gantry_driver::sync::SPIN_WINDOW,
+            poll_before_blocking: std::time::Duration::from_millis(2),
+        }
     }
 }
 
@@ -240,8 +251,9 @@ impl CudaDriver {
         let props = probe::open(config.ordinal, &name)?;
         let fail = |e: CallError| e.into_exec(&name, "starting the driver");
         let ctx = Context::retain(props.dev).map_err(fail)?;
-        let lanes =
-            Lanes::new(&ctx, config.streams.max(1), config.spin_before_blocking, name.clone(), dctx.clone())?;
+        let wait =
+            execution::Waiting { spin: config.spin_before_blocking, poll: config.poll_before_blocking };
+        let lanes = Lanes::new(&ctx, config.streams.max(1), wait, name.clone(), dctx.clone())?;
         let zeroing = Stream::new(&ctx).map_err(fail)?;
         let images = Arc::new(Images::new(&ctx, name.clone(), props.cc));
         let caps = Capabilities {
