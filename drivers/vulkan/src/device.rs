@@ -29,6 +29,9 @@ pub struct Limits {
     pub storage_align: u64,
     /// `maxStorageBufferRange`: the longest range a kernel argument may have.
     pub max_storage_range: u64,
+    /// `shaderDenormPreserveFloat32`: shaders may keep `f32` denormals (WGSL
+    /// kernels then do, `crate::exact`).
+    pub denorm_preserve_f32: bool,
 }
 
 /// The logical device and what goes with it. Dropped last (after every object made
@@ -85,6 +88,11 @@ impl Device {
         let queue = unsafe { raw.get_device_queue(found.compute_family, 0) };
         let push = ash::khr::push_descriptor::Device::new(&found.instance, &raw);
         let l = &found.props.limits;
+        let mut v12_props = vk::PhysicalDeviceVulkan12Properties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut v12_props);
+        // SAFETY: a valid physical device of this instance (Vulkan 1.2, checked by the probe).
+        unsafe { found.instance.get_physical_device_properties2(found.physical, &mut props2) };
+        let denorm_preserve_f32 = v12_props.shader_denorm_preserve_float32 == vk::TRUE;
         let limits = Limits {
             max_shared: l.max_compute_shared_memory_size as usize,
             max_group: l.max_compute_work_group_size,
@@ -93,6 +101,7 @@ impl Device {
             max_push: l.max_push_constants_size,
             storage_align: l.min_storage_buffer_offset_alignment.max(1),
             max_storage_range: l.max_storage_buffer_range as u64,
+            denorm_preserve_f32,
         };
         // SAFETY: a NUL-terminated array from the driver.
         let device_name =

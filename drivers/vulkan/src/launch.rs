@@ -76,6 +76,7 @@ mod tests {
             max_push: 128,
             storage_align: 16,
             max_storage_range: 1 << 30,
+            denorm_preserve_f32: false,
         }
     }
 

@@ -133,6 +133,7 @@ mod barriers;
 mod command_buffer;
 mod device;
 mod error;
+mod exact;
 mod execution;
 mod launch;
 mod memory;

@@ -206,7 +206,7 @@ impl Pipelines {
         let (module, temporary) = match &self.source {
             Source::SpirV(m) => (*m, false),
             Source::Wgsl(w) => {
-                let words = w.spirv(size)?;
+                let words = w.spirv(size, self.dev.limits.denorm_preserve_f32)?;
                 let info = vk::ShaderModuleCreateInfo::default().code(&words);
                 // SAFETY: naga's validated SPIR-V on a live device.
                 (unsafe { dev.create_shader_module(&info, None) }.call("vkCreateShaderModule")?, true)

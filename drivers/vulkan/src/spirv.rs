@@ -128,7 +128,7 @@ mod tests {
     #[test]
     fn reads_a_fixed_local_size() {
         let w = crate::wgsl::Wgsl::parse("@compute @workgroup_size(8, 4) fn k() {}", "k").unwrap();
-        let words = w.spirv([8, 4, 1]).unwrap();
+        let words = w.spirv([8, 4, 1], false).unwrap();
         assert_eq!(workgroup_size(&words, "k").unwrap(), [Dim::Fixed(8), Dim::Fixed(4), Dim::Fixed(1)]);
         assert!(matches!(workgroup_size(&words, "nope"), Err(CompileError::NoEntry(_))));
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();

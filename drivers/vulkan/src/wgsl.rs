@@ -5,7 +5,9 @@
 //!
 //! Out-of-range indexes into storage buffers and arrays read zero and skip the
 //! write (naga's `ReadZeroSkipWrite` bounds checks): a WGSL kernel cannot fault the
-//! device, which on Vulkan would lose it.
+//! device, which on Vulkan would lose it. Floating-point arithmetic is exact as
+//! written: no driver contracts it into FMAs, and `f32` denormals are kept where
+//! the device can (`exact`).
 
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -120,8 +122,9 @@ impl Wgsl {
         [0, 1, 2].map(|d| self.overridable[d].is_some())
     }
 
-    /// The SPIR-V words for workgroup size `size` (its overridable dimensions set).
-    pub(crate) fn spirv(&self, size: [u32; 3]) -> Result<Vec<u32>, CompileError> {
+    /// The SPIR-V words for workgroup size `size` (its overridable dimensions set),
+    /// with `f32` denormals preserved where the device can (`preserve_denormals`).
+    pub(crate) fn spirv(&self, size: [u32; 3], preserve_denormals: bool) -> Result<Vec<u32>, CompileError> {
         let mut constants = naga::back::PipelineConstants::default();
         for (d, key) in self.overridable.iter().enumerate() {
             if let Some(key) = key {
@@ -149,8 +152,13 @@ impl Wgsl {
             shader_stage: naga::ShaderStage::Compute,
             entry_point: self.entry.clone(),
         };
-        spv::write_vec(&module, &info, &options, Some(&pipeline))
-            .map_err(|e| CompileError::Write(e.to_string()))
+        let mut words = spv::write_vec(&module, &info, &options, Some(&pipeline))
+            .map_err(|e| CompileError::Write(e.to_string()))?;
+        crate::exact::forbid_contraction(&mut words);
+        if preserve_denormals {
+            crate::exact::preserve_denormals(&mut words);
+        }
+        Ok(words)
     }
 }
 
@@ -174,7 +182,7 @@ mod tests {
     fn wgsl_compiles_per_workgroup_size_and_errors_name_the_problem() {
         let w = Wgsl::parse(SCALE, "main").unwrap();
         assert_eq!(w.overridable(), [true, false, false]);
-        let words = w.spirv([128, 1, 1]).unwrap();
+        let words = w.spirv([128, 1, 1], false).unwrap();
         assert_eq!(words[0], 0x0723_0203, "SPIR-V magic");
         let broken = Wgsl::parse("@compute @workgroup_size(1) fn main() { let x: u32 = ; }", "main");
         assert!(
@@ -188,5 +196,27 @@ mod tests {
             matches!(w.check_interface(0, 8), Err(CompileError::Interface(m)) if m.contains("binding(0)"))
         );
         assert!(matches!(w.check_interface(1, 4), Err(CompileError::Interface(m)) if m.contains("8 bytes")));
+    }
+
+    /// The module with no contraction and preserved denormals is valid SPIR-V for
+    /// Vulkan 1.2 (checked by `spirv-val` from SPIRV-Tools, which CI installs; the
+    /// test says it skipped where the tool is missing).
+    #[test]
+    fn exact_arithmetic_modules_validate() {
+        let source = "struct P { a: f32 }
+            var<immediate> p: P;
+            @group(0) @binding(0) var<storage, read_write> x: array<f32>;
+            @compute @workgroup_size(64)
+            fn main(@builtin(global_invocation_id) id: vec3<u32>) { x[id.x] = p.a * x[id.x] + 1.0; }";
+        let words = Wgsl::parse(source, "main").unwrap().spirv([64, 1, 1], true).unwrap();
+        let path = std::env::temp_dir().join(format!("gantry-exact-{}.spv", std::process::id()));
+        std::fs::write(&path, words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        let checked =
+            std::process::Command::new("spirv-val").args(["--target-env", "vulkan1.2"]).arg(&path).output();
+        let _ = std::fs::remove_file(&path);
+        match checked {
+            Ok(out) => assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr)),
+            Err(e) => eprintln!("`exact_arithmetic_modules_validate` skipped: no spirv-val ({e})"),
+        }
     }
 }

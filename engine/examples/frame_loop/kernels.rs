@@ -1,5 +1,5 @@
 //! The frame's two kernels given by code images instead of closures: CUDA C (for
-//! `--device cuda`) or OpenCL C (`--kernels opencl`, feature `jit`: compiled by clang at
+//! `--device cuda`), WGSL (for `--device vulkan`) or OpenCL C (`--kernels opencl`, feature `jit`: compiled by clang at
 //! start-up, then by the JIT into a native work-group function on the CPU or into PTX
 //! on a CUDA device). Both have one signature per kernel and compute the serial
 //! reference's arithmetic operation for operation, so their results are bit-identical
@@ -62,6 +62,42 @@ kernel void row_stats(global const float* grid, global float* rows, uint h, uint
 }
 "#;
 
+/// The same kernels in WGSL (Vulkan): one module per kernel, scalars in a
+/// push-constant block laid out as the signature's, `x` the fastest dimension.
+const WGSL_STENCIL: &str = "struct P { h: u32, w: u32, alpha: f32 }
+var<immediate> p: P;
+@group(0) @binding(0) var<storage, read> cur: array<f32>;
+@group(0) @binding(1) var<storage, read_write> next: array<f32>;
+@compute @workgroup_size(64)
+fn stencil(@builtin(global_invocation_id) g: vec3<u32>) {
+    let x = g.x;
+    let y = g.y;
+    if x >= p.w || y >= p.h { return; }
+    let i = y * p.w + x;
+    let c = cur[i];
+    if y == 0u || x == 0u || y == p.h - 1u || x == p.w - 1u { next[i] = c; return; }
+    next[i] = c + p.alpha * (cur[i - p.w] + cur[i + p.w] + cur[i - 1u] + cur[i + 1u] - 4.0 * c);
+}";
+
+const WGSL_ROW_STATS: &str = "struct P { h: u32, w: u32 }
+var<immediate> p: P;
+@group(0) @binding(0) var<storage, read> grid: array<f32>;
+@group(0) @binding(1) var<storage, read_write> rows: array<f32>;
+@compute @workgroup_size(64)
+fn row_stats(@builtin(global_invocation_id) g: vec3<u32>) {
+    let y = g.x;
+    if y >= p.h { return; }
+    var sum = 0.0;
+    var mx = -3.40282347e+38;
+    for (var x = 0u; x < p.w; x++) {
+        let v = grid[y * p.w + x];
+        sum = sum + v;
+        mx = select(mx, v, v > mx);
+    }
+    rows[2u * y] = sum;
+    rows[2u * y + 1u] = mx;
+}";
+
 /// The frame's kernels as code images.
 pub struct ImageKernels {
     stencil: KernelRef,
@@ -91,6 +127,18 @@ impl ImageKernels {
         Self {
             stencil: Kernel::new("stencil", stencil).with_image(image("stencil")).into_ref(),
             row_stats: Kernel::new("row_stats", row_stats).with_image(image("row_stats")).into_ref(),
+        }
+    }
+
+    /// WGSL, compiled to SPIR-V by naga on the first launch.
+    pub fn wgsl() -> Self {
+        let (stencil, row_stats) = Self::signatures();
+        let image = |entry: &str, source: &str| CodeImage::new(ImageKind::Wgsl, entry, source.as_bytes());
+        Self {
+            stencil: Kernel::new("stencil", stencil).with_image(image("stencil", WGSL_STENCIL)).into_ref(),
+            row_stats: Kernel::new("row_stats", row_stats)
+                .with_image(image("row_stats", WGSL_ROW_STATS))
+                .into_ref(),
         }
     }
 
