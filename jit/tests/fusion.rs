@@ -3,7 +3,6 @@
 //! and with Rust reference code.
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use gantry_driver::fusion::{
     FusionArg, FusionCompiler, FusionError, FusionKernel, FusionRequest, FusionWarning, Promotion,
@@ -769,98 +768,4 @@ fn two_dimensional_kernels_keep_the_barriers() {
     };
     assert_eq!(fused_equals_unfused(&grid2(&inc2, Range::d2(16, n / 16)), &bufs), (2, 0));
     assert_eq!(fused_equals_unfused(&grid2(&inc, Range::d2(1, n)), &bufs), (2, 0));
-}
-
-/// Fusion compile times per chain length (printed; `--nocapture`).
-#[test]
-fn fusion_compile_times() {
-    let k = axpb();
-    let host = HostCompiler::new();
-    for len in [2, 4, 8, 16] {
-        let fusion = IrFusion::new();
-        let fused = fusion.fuse(&chain(&k, 1 << 16, 1, len)).unwrap();
-        let t = fusion.last_timings().expect("built");
-        let start = Instant::now();
-        host.compile(fused.kernel.image(ImageKind::LlvmIr).unwrap(), &fused.kernel.signature).unwrap();
-        println!(
-            "chain of {len}: fusion build {:?} + optimize {:?}; host compile of the fused kernel {:?}",
-            t.build,
-            t.optimize,
-            start.elapsed()
-        );
-        assert!(t.build + t.optimize > std::time::Duration::ZERO);
-    }
-}
-
-/// The 8-kernel chain over 16M floats on one thread, fused (with barriers asked
-/// for, which are elided, and without) and unfused (figures printed; run with
-/// `--ignored --nocapture` in release mode).
-#[test]
-#[ignore]
-fn chain_of_eight_over_16m_on_one_thread() {
-    let n = 1 << 24;
-    let host = HostCompiler::new();
-    let k = axpb();
-    let request = chain(&k, n, 1, 8);
-    let fusion = IrFusion::new();
-    let fused = fusion.fuse(&request).unwrap();
-    let input = data(n, 1);
-    let mut a: Buffers = [(1, input.clone())].into();
-    let mut b = a.clone();
-    // Compile first (both are cached by the host compiler).
-    run_fused(&host, &fused, &mut a);
-    run_unfused(&host, &request, &mut b);
-    assert_eq!(a, b);
-    let time = |f: &mut dyn FnMut()| {
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let start = Instant::now();
-            f();
-            best = best.min(start.elapsed().as_secs_f64());
-        }
-        best
-    };
-    let fused_s = time(&mut || run_fused(&host, &fused, &mut a));
-    let elided = fusion.last_timings().unwrap().barriers_elided;
-    let unfused_s = time(&mut || run_unfused(&host, &request, &mut b));
-    assert_eq!(a, b);
-    // Without barriers between the kernels (the `no_barriers` property).
-    let free = IrFusion::new().fuse(&FusionRequest { barriers: false, ..request.clone() }).unwrap();
-    run_fused(&host, &free, &mut a);
-    run_unfused(&host, &request, &mut b);
-    assert_eq!(a, b);
-    let free_s = time(&mut || run_fused(&host, &free, &mut a));
-    println!(
-        "16M f32, 8 kernels, one thread: fused with barriers asked for ({elided} of 7 elided) {:.1} ms, \
-         fused without barriers {:.1} ms, unfused {:.1} ms",
-        fused_s * 1e3,
-        free_s * 1e3,
-        unfused_s * 1e3
-    );
-}
-
-/// What a cache hit of the 8-kernel chain costs (printed; run with `--ignored
-/// --nocapture` in release mode): the same request, and an equal request whose
-/// kernels' images are new (equal bytes, other identities).
-#[test]
-#[ignore]
-fn cache_hit_of_the_chain_of_eight() {
-    let fusion = IrFusion::new();
-    let k = axpb();
-    let request = chain(&k, 1 << 20, 1, 8);
-    assert!(!fusion.fuse(&request).unwrap().cached);
-    let rounds = 20_000;
-    let start = Instant::now();
-    for _ in 0..rounds {
-        assert!(fusion.fuse(&request).unwrap().cached);
-    }
-    let same = start.elapsed() / rounds;
-    // Equal bytes in new images: found by the bytes.
-    let fresh = chain(&axpb(), 1 << 20, 1, 8);
-    let start = Instant::now();
-    assert!(fusion.fuse(&fresh).unwrap().cached);
-    let by_bytes = start.elapsed();
-    println!(
-        "cache hit of the 8-kernel chain: {same:?} (same images), {by_bytes:?} (new images, first call)"
-    );
 }

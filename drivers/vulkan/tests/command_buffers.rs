@@ -6,7 +6,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use common::{bytes, gpu, kernel, scalars, u32s, whole};
 use gantry_driver::{
@@ -187,105 +186,6 @@ fn replays_over_several_bindings_compute_the_model() {
     assert_eq!(u32s(&g.download(t[2], 0, 4 * N)), z);
     let recorded = buffer.downcast_ref::<VulkanCommandBuffer>().unwrap();
     assert_eq!(recorded.instances(), 2, "one recording per binding, reused by the third replay");
-}
-
-const SIX: &str = "
-struct S { n: u32 }
-var<immediate> s: S;
-@group(0) @binding(0) var<storage, read> a: array<u32>;
-@group(0) @binding(1) var<storage, read> b: array<u32>;
-@group(0) @binding(2) var<storage, read> c: array<u32>;
-@group(0) @binding(3) var<storage, read> d: array<u32>;
-@group(0) @binding(4) var<storage, read> e: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<u32>;
-@compute @workgroup_size(64)
-fn six(@builtin(global_invocation_id) id: vec3<u32>) {
-    if id.x < s.n { out[id.x] = out[id.x] + a[id.x] + b[id.x] + c[id.x] + d[id.x] + e[id.x]; }
-}";
-
-/// Figures (release): recording a partition of 10,000 independent dispatches with
-/// 6 buffers each (finalize, then the first replay, which records the Vulkan
-/// commands), a replay of it, and the same dispatches submitted one by one.
-#[test]
-fn recording_and_replay_figures() {
-    let Some(mut g) = gpu("recording_and_replay_figures") else { return };
-    let sig =
-        (0..5).fold(gantry_driver::Signature::new(), |s, _| s.global(Read)).global(ReadWrite).scalar::<u32>();
-    let k = kernel("six", sig, ImageKind::Wgsl, "six", SIX);
-    let (count, n) = (10_000usize, 64usize);
-    let entries = 6 + count; // five shared inputs, one output per dispatch
-    let op = |i: usize| RecordedOp::Kernel {
-        kernel: k.clone(),
-        geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-        args: (0..5)
-            .map(|e| RecordedArg { entry: e, offset: 0, len: 4 * n, mode: Read })
-            .chain([RecordedArg { entry: (6 + i) as u32, offset: 0, len: 4 * n, mode: ReadWrite }])
-            .collect(),
-        scalars: scalars(&[n as u32]),
-    };
-    let start = Instant::now();
-    let desc = CommandBufferDesc { entries, in_order: false, ops: count };
-    let mut b = gantry_driver::Driver::create_command_buffer(&g.driver, desc).unwrap();
-    for i in 0..count {
-        b.append(op(i), &[]).unwrap();
-    }
-    let buffer = b.finalize().unwrap();
-    let finalize = start.elapsed();
-    assert_eq!(barriers(&buffer), []);
-    let table: Vec<_> = (0..entries).map(|_| g.alloc(4 * n)).collect();
-    let args: smallvec::SmallVec<[MemArg; 4]> =
-        table.iter().map(|&id| MemArg { mem: whole(id, 4 * n), mode: ReadWrite }).collect();
-    let launch =
-        || DeviceOp::CommandBuffer(CommandBufferLaunch { buffer: buffer.clone(), args: args.clone() });
-    let start = Instant::now();
-    let (_, first) = g.submit(launch(), &[]);
-    let first_submit = start.elapsed();
-    g.ok(first);
-    let first_total = start.elapsed();
-    let start = Instant::now();
-    let (_, again) = g.submit(launch(), &[]);
-    let replay_submit = start.elapsed();
-    g.ok(again);
-    let replay_total = start.elapsed();
-    // The same dispatches, one submission each (all handed over, then waited for).
-    let start = Instant::now();
-    let mut ids = Vec::new();
-    for i in 0..count {
-        let a: smallvec::SmallVec<[MemArg; 4]> = (0..5)
-            .map(|e| MemArg { mem: whole(table[e], 4 * n), mode: Read })
-            .chain([MemArg { mem: whole(table[6 + i], 4 * n), mode: ReadWrite }])
-            .collect();
-        let launch = DeviceOp::Kernel(gantry_driver::KernelLaunch {
-            kernel: k.clone(),
-            geometry: Geometry::for_range(Range::d1(n)).unwrap(),
-            args: a,
-            scalars: scalars(&[n as u32]),
-        });
-        ids.push(g.submit(launch, &[]).1);
-    }
-    let single_submit = start.elapsed();
-    for id in ids {
-        g.ok(id);
-    }
-    let single_total = start.elapsed();
-    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / count as f64;
-    eprintln!(
-        "{} dispatches x 6 buffers on {}: finalize (validate, barriers, pipelines) {:.3} µs/dispatch; first replay \
-         submit (records the commands) {:.3} µs/dispatch, to completion {:.2} µs/dispatch; replay submit {:.4} \
-         µs/dispatch ({:.0} µs), to completion {:.2} µs/dispatch; one submission per dispatch: submit {:.2} \
-         µs/dispatch, to completion {:.2} µs/dispatch",
-        count,
-        g.driver.device_name(),
-        per(finalize),
-        per(first_submit),
-        per(first_total),
-        per(replay_submit),
-        replay_submit.as_secs_f64() * 1e6,
-        per(replay_total),
-        per(single_submit),
-        per(single_total),
-    );
-    let _ = Arc::new(());
 }
 
 /// Memory buffer writes and reads in a recorded buffer: host bytes captured when

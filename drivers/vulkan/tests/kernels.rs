@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::time::Instant;
-
 use common::{bytes, gpu, kernel, scalars, u32s, whole};
 use gantry_driver::{
     AccessMode, DeviceOp, ExecError, Geometry, ImageKind, KernelLaunch, MemArg, MemRef, MemSlice, NdRange,
@@ -242,39 +240,4 @@ fn mismatched_local_sizes_and_unaligned_ranges_are_refused() {
         other => panic!("{other:?}"),
     }
     assert_eq!(g.download(y, 0, 1024), vec![0; 1024], "nothing ran");
-}
-
-/// Figures for the report (release builds): the time to make a pipeline from WGSL,
-/// and the submit-to-completion latency of a trivial dispatch, one at a time.
-#[test]
-fn dispatch_latency_and_pipeline_creation() {
-    let Some(mut g) = gpu("dispatch_latency_and_pipeline_creation") else { return };
-    let sig =
-        Signature::new().global(AccessMode::Read).global(AccessMode::Write).scalar::<u32>().scalar::<f32>();
-    let k = kernel("scale", sig, ImageKind::Wgsl, "scale", SCALE);
-    let (x, y) = (g.alloc(256), g.alloc(256));
-    let mut block: ScalarBlock = 64u32.to_ne_bytes().into_iter().collect();
-    block.extend_from_slice(&1.0f32.to_ne_bytes());
-    let geometry = Geometry::for_range(Range::d1(64)).unwrap();
-    let mut times = Vec::new();
-    for _ in 0..501 {
-        let start = Instant::now();
-        let (_, op) = g.submit(g.launch(&k, geometry, &[(x, 256), (y, 256)], block.clone()), &[]);
-        g.ok(op);
-        times.push(start.elapsed().as_secs_f64() * 1e6);
-    }
-    let first = times.remove(0);
-    times.sort_by(|a, b| a.total_cmp(b));
-    let stats = g.driver.pipeline_stats();
-    eprintln!(
-        "{}: first dispatch {first:.0} µs (WGSL compile + pipeline {:.2} ms); submit+wait of a trivial dispatch: \
-         median {:.1} µs, p10 {:.1} µs, p90 {:.1} µs over {} runs",
-        g.driver.device_name(),
-        stats.nanos as f64 / 1e6,
-        times[times.len() / 2],
-        times[times.len() / 10],
-        times[times.len() * 9 / 10],
-        times.len()
-    );
-    assert_eq!(stats.created, 1, "one pipeline, made once");
 }

@@ -1,0 +1,227 @@
+//! The Vulkan driver through the driver contract (feature `vulkan`), on Vulkan device
+//! 0 (lavapipe on a machine without a GPU): what a dispatch and a recorded partition
+//! cost the host.
+//!
+//! * `dispatch/submit_wait`: one trivial WGSL dispatch submitted and waited for, one
+//!   at a time (the first dispatch, which makes the pipeline, is outside the
+//!   measurement).
+//! * `partition_10k`: a partition of 10,000 independent dispatches with 6 buffers
+//!   each (the shape of gfx-rs/wgpu issue #5766), host time only (each iteration
+//!   then waits for the device, untimed): `record` is finalize (validation, barrier
+//!   planning) plus the submission of the first replay, which records the Vulkan
+//!   commands; `replay` the submission of a later replay; `one_by_one` the same
+//!   dispatches as 10,000 submissions. Throughput is in dispatches.
+//!
+//! `cargo bench -p gantry-benches --features vulkan --bench vulkan`. On a machine
+//! without any Vulkan device it says so and measures nothing.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use gantry::driver::sync::channel::{unbounded, Receiver};
+use gantry::driver::{
+    Accepted, AccessMode, AllocId, CodeImage, CommandBuffer, CommandBufferDesc, CommandBufferLaunch,
+    Completion, DeviceOp, Driver, DriverContext, Geometry, ImageKind, Kernel, KernelLaunch, KernelRef,
+    MemArg, MemRef, MemSlice, OpId, Range, RecordedArg, RecordedOp, ScalarBlock, Signature, Submission,
+};
+use gantry::vulkan::{VulkanConfig, VulkanDriver};
+
+const TRIVIAL: &str = "struct S { n: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+@compute @workgroup_size(64)
+fn trivial(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { x[id.x] = x[id.x] + 1u; }
+}";
+
+const SIX: &str = "struct S { n: u32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read> b: array<u32>;
+@group(0) @binding(2) var<storage, read> c: array<u32>;
+@group(0) @binding(3) var<storage, read> d: array<u32>;
+@group(0) @binding(4) var<storage, read> e: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn six(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { out[id.x] = out[id.x] + a[id.x] + b[id.x] + c[id.x] + d[id.x] + e[id.x]; }
+}";
+
+/// Work-items per dispatch.
+const N: usize = 64;
+/// Dispatches per partition.
+const COUNT: usize = 10_000;
+
+/// The driver and its completions.
+struct Gpu {
+    driver: VulkanDriver,
+    rx: Receiver<Completion>,
+}
+
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+impl Gpu {
+    fn open() -> Option<Self> {
+        let (tx, rx) = unbounded();
+        let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+        match VulkanDriver::new(VulkanConfig::default(), ctx) {
+            Ok(driver) => Some(Self { driver, rx }),
+            Err(e) => {
+                eprintln!("vulkan bench: no Vulkan device ({e}); nothing measured");
+                None
+            }
+        }
+    }
+
+    /// Submits `op`; its id.
+    fn submit(&self, op: DeviceOp) -> u64 {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let sub = Submission { id: OpId(id), op, waits: &[], preserve_on_failure: false, hint: None };
+        match self.driver.submit(sub).expect("the driver accepts the operation") {
+            Accepted::Pending(_) => id,
+            Accepted::Done(c) => {
+                c.result.expect("the operation ran");
+                0
+            }
+        }
+    }
+
+    /// Waits for `count` completions, all successful.
+    fn wait(&self, count: usize) {
+        for _ in 0..count {
+            let c = self.rx.recv_timeout(Duration::from_secs(60)).expect("a completion within a minute");
+            c.result.expect("the operation ran");
+        }
+    }
+
+    fn alloc(&self, bytes: usize) -> AllocId {
+        self.driver.alloc(bytes).expect("device memory")
+    }
+}
+
+fn wgsl_kernel(name: &str, source: &str, signature: Signature) -> KernelRef {
+    Kernel::new(name, signature)
+        .with_image(CodeImage::new(ImageKind::Wgsl, name, source.as_bytes()))
+        .into_ref()
+}
+
+fn scalars(n: usize) -> ScalarBlock {
+    (n as u32).to_ne_bytes().into_iter().collect()
+}
+
+fn whole(id: AllocId) -> MemSlice {
+    MemSlice { mem: MemRef::Device(id), offset: 0, len: 4 * N }
+}
+
+fn dispatch(c: &mut Criterion) {
+    let Some(gpu) = Gpu::open() else { return };
+    let kernel =
+        wgsl_kernel("trivial", TRIVIAL, Signature::new().global(AccessMode::ReadWrite).scalar::<u32>());
+    let x = gpu.alloc(4 * N);
+    let launch = || {
+        DeviceOp::Kernel(KernelLaunch {
+            kernel: kernel.clone(),
+            geometry: Geometry::for_range(Range::d1(N)).expect("a valid range"),
+            args: [MemArg { mem: whole(x), mode: AccessMode::ReadWrite }].into_iter().collect(),
+            scalars: scalars(N),
+        })
+    };
+    let id = gpu.submit(launch());
+    gpu.wait(usize::from(id != 0)); // makes the pipeline
+    let mut g = c.benchmark_group(format!("dispatch/{}", gpu.driver.device_name()));
+    g.bench_function("submit_wait", |b| {
+        b.iter(|| {
+            let id = gpu.submit(launch());
+            gpu.wait(usize::from(id != 0));
+        })
+    });
+    g.finish();
+}
+
+fn partition(c: &mut Criterion) {
+    let Some(gpu) = Gpu::open() else { return };
+    let sig = (0..5).fold(Signature::new(), |s, _| s.global(AccessMode::Read)).global(AccessMode::ReadWrite);
+    let kernel = wgsl_kernel("six", SIX, sig.scalar::<u32>());
+    let entries = 5 + COUNT; // five shared inputs, one output per dispatch
+    let op = |i: usize| RecordedOp::Kernel {
+        kernel: kernel.clone(),
+        geometry: Geometry::for_range(Range::d1(N)).expect("a valid range"),
+        args: (0..5)
+            .map(|e| RecordedArg { entry: e, offset: 0, len: 4 * N, mode: AccessMode::Read })
+            .chain([RecordedArg {
+                entry: (5 + i) as u32,
+                offset: 0,
+                len: 4 * N,
+                mode: AccessMode::ReadWrite,
+            }])
+            .collect(),
+        scalars: scalars(N),
+    };
+    let table: Vec<AllocId> = (0..entries).map(|_| gpu.alloc(4 * N)).collect();
+    let args: smallvec::SmallVec<[MemArg; 4]> =
+        table.iter().map(|&id| MemArg { mem: whole(id), mode: AccessMode::ReadWrite }).collect();
+    let record = || -> CommandBuffer {
+        let desc = CommandBufferDesc { entries, in_order: false, ops: COUNT };
+        let mut b = gpu.driver.create_command_buffer(desc).expect("command buffers");
+        for i in 0..COUNT {
+            b.append(op(i), &[]).expect("a valid operation");
+        }
+        b.finalize().expect("finalize")
+    };
+    // Submits a replay of `buffer`: its id, to wait for.
+    let replay = |buffer: &CommandBuffer| {
+        gpu.submit(DeviceOp::CommandBuffer(CommandBufferLaunch {
+            buffer: buffer.clone(),
+            args: args.clone(),
+        }))
+    };
+    // Host time of `submit` (which returns how many completions to wait for), the
+    // device's work waited for outside it.
+    let host_time = |iters: u64, submit: &mut dyn FnMut() -> usize| {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let start = Instant::now();
+            let pending = submit();
+            total += start.elapsed();
+            gpu.wait(pending);
+        }
+        total
+    };
+    let mut g = c.benchmark_group(format!("partition_10k/{}", gpu.driver.device_name()));
+    g.throughput(Throughput::Elements(COUNT as u64));
+    g.sample_size(10);
+    g.bench_function("record", |b| {
+        b.iter_custom(|iters| host_time(iters, &mut || usize::from(replay(&record()) != 0)))
+    });
+    let buffer = record();
+    let first = replay(&buffer);
+    gpu.wait(usize::from(first != 0));
+    g.bench_function("replay", |b| {
+        b.iter_custom(|iters| host_time(iters, &mut || usize::from(replay(&buffer) != 0)))
+    });
+    g.bench_function("one_by_one", |b| {
+        b.iter_custom(|iters| {
+            host_time(iters, &mut || {
+                let mut pending = 0;
+                for i in 0..COUNT {
+                    let launch = DeviceOp::Kernel(KernelLaunch {
+                        kernel: kernel.clone(),
+                        geometry: Geometry::for_range(Range::d1(N)).expect("a valid range"),
+                        args: (0..5)
+                            .map(|e| MemArg { mem: whole(table[e]), mode: AccessMode::Read })
+                            .chain([MemArg { mem: whole(table[5 + i]), mode: AccessMode::ReadWrite }])
+                            .collect(),
+                        scalars: scalars(N),
+                    });
+                    pending += usize::from(gpu.submit(launch) != 0);
+                }
+                pending
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, dispatch, partition);
+criterion_main!(benches);
