@@ -1,5 +1,7 @@
 //! The OpenCL built-ins the compilers translate, by the names clang-19 gives them
-//! for `spir64` (Itanium-mangled OpenCL C overloads).
+//! for `spir64` (Itanium-mangled OpenCL C overloads). The math built-ins that are
+//! exactly an LLVM intrinsic are translated before any call is classified
+//! ([`crate::math`]); the rest (`exp`, `sin`…) are [`Call::Unknown`].
 //!
 //! Dimension `0` is the fastest-varying one, as OpenCL defines it. For a dimension
 //! `>= 3` the id functions return 0 and the size functions 1, as OpenCL specifies

@@ -27,6 +27,7 @@ mod error;
 pub mod fusion;
 pub mod host;
 pub mod ir;
+mod math;
 mod prepare;
 pub mod ptx;
 mod raw;

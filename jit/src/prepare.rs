@@ -5,8 +5,10 @@
 //! conventions reset to C, since call sites and callees must agree and neither host
 //! nor NVPTX code has spir conventions), and every function the entry calls is
 //! inlined into it (clang marks OpenCL functions `noinline` at some levels: that is
-//! removed first). What is left calls only built-ins and intrinsics; anything else
-//! is reported, naming the function, rather than left to fail at link time.
+//! removed first). The math built-ins that are exactly an LLVM intrinsic (`fmax`,
+//! `sqrt`, `fma`…) then become that intrinsic ([`crate::math`]). What is left calls
+//! only work-item built-ins, barriers, fences and intrinsics; anything else (`exp`,
+//! `sin`…) is reported, naming the function, rather than left to fail at link time.
 //!
 //! A later fusion step builds its stub kernel (calling several kernels) in one
 //! module and hands it here like any other entry.
@@ -22,6 +24,7 @@ use inkwell::values::{FunctionValue, InstructionOpcode};
 use crate::builtins::{classify, Call};
 use crate::error::{codegen, JitError};
 use crate::ir;
+use crate::math;
 use crate::raw;
 use crate::signature::{bind, param_kinds, Binding};
 
@@ -69,6 +72,7 @@ pub(crate) fn prepare<'ctx>(
     module
         .run_passes("always-inline,globaldce", target, PassBuilderOptions::create())
         .map_err(|e| codegen(format!("inlining: {}", raw::text(&e))))?;
+    math::translate(context, &module, kernel)?;
 
     let name = raw::name(kernel);
     let mut barriers = 0;

@@ -278,10 +278,10 @@ fn bad_inputs_give_typed_errors() {
     assert_eq!(param(&three.clone().scalar::<f64>()), 3, "8 bytes for a float");
     assert_eq!(param(&three.clone().scalar::<f32>().scalar::<u32>()), 4, "a scalar the kernel lacks");
     assert_eq!(param(&Signature::new().global(AccessMode::Read)), 1);
-    let sqrt =
-        gantry_jit::from_opencl_c("kernel void k(global float* a) { a[0] = sqrt(a[1]); }", "k").unwrap();
-    match compiler.compile(&sqrt, &Signature::new().global(AccessMode::ReadWrite)) {
-        Err(JitError::Unsupported { function, .. }) => assert_eq!(function, "_Z4sqrtf"),
+    // `exp` is not one of the math built-ins translated to an intrinsic.
+    let exp = gantry_jit::from_opencl_c("kernel void k(global float* a) { a[0] = exp(a[1]); }", "k").unwrap();
+    match compiler.compile(&exp, &Signature::new().global(AccessMode::ReadWrite)) {
+        Err(JitError::Unsupported { function, .. }) => assert_eq!(function, "_Z3expf"),
         other => panic!("{other:?}"),
     }
     let kernel = compiler.compile(&image, &three.clone().scalar::<f32>()).unwrap();
@@ -323,4 +323,287 @@ fn build_time_bitcode_runs() {
     let launch = HostLaunch::new(&globals, &scalars, &[], [300, 1, 1], [128, 1, 1]);
     unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
     assert!(y.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32 + 1.0));
+}
+
+/// Every math built-in translated to an LLVM intrinsic, on `float` (four per
+/// work-item, one call at a time) and on `float4`, plus `fmin`/`fmax` of a vector
+/// and a scalar. Output `k` of element `j` is at `k * len + j`.
+const MATH: &str = "kernel void math(global const float* a, global const float* b, global const float* c,
+                                     global float* s, global float4* v) {
+    size_t i = get_global_id(0), len = 4 * get_global_size(0), n = get_global_size(0);
+    for (size_t j = 4 * i; j < 4 * i + 4; j++) {
+        float x = a[j], y = b[j], z = c[j];
+        s[0 * len + j] = fabs(x);
+        s[1 * len + j] = sqrt(x);
+        s[2 * len + j] = floor(x);
+        s[3 * len + j] = ceil(x);
+        s[4 * len + j] = trunc(x);
+        s[5 * len + j] = rint(x);
+        s[6 * len + j] = round(x);
+        s[7 * len + j] = fmin(x, y);
+        s[8 * len + j] = fmax(x, y);
+        s[9 * len + j] = copysign(x, y);
+        s[10 * len + j] = fma(x, y, z);
+        s[11 * len + j] = mad(x, y, z);
+    }
+    float4 x = ((global const float4*)a)[i], y = ((global const float4*)b)[i], z = ((global const float4*)c)[i];
+    v[0 * n + i] = fabs(x);
+    v[1 * n + i] = sqrt(x);
+    v[2 * n + i] = floor(x);
+    v[3 * n + i] = ceil(x);
+    v[4 * n + i] = trunc(x);
+    v[5 * n + i] = rint(x);
+    v[6 * n + i] = round(x);
+    v[7 * n + i] = fmin(x, y);
+    v[8 * n + i] = fmax(x, y);
+    v[9 * n + i] = copysign(x, y);
+    v[10 * n + i] = fma(x, y, z);
+    v[11 * n + i] = mad(x, y, z);
+    v[12 * n + i] = fmin(x, y.s2);
+    v[13 * n + i] = fmax(x, y.s2);
+}";
+
+/// The math kernel's inputs: the edge cases (NaN, infinities, signed zeros,
+/// subnormals, halfway cases for `rint`/`round`, values past 2^23 that are already
+/// integral, a product `fma` and `mad` round differently) crossed with each other,
+/// then pseudo-random values.
+fn math_inputs() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let edge = [
+        0.0,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        -0.4,
+        0.49999997,
+        8388607.5,
+        -8388609.0,
+        1e30,
+        -3.75,
+        f32::MIN_POSITIVE / 8.0,
+        -f32::MIN_POSITIVE / 8.0,
+        f32::MAX,
+        -1.0,
+        1.0 + 1.0 / 4096.0,
+    ];
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    for &x in &edge {
+        for &y in &edge {
+            a.push(x);
+            b.push(y);
+            c.push(if x == 1.0 + 1.0 / 4096.0 { -1.0 } else { edge[(a.len() * 7) % edge.len()] });
+        }
+    }
+    let mut seed = 0x2545_f491_u32;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed as f32 / u32::MAX as f32 - 0.5) * 200.0
+    };
+    while a.len() % 64 != 0 || a.len() < 1024 {
+        a.push(next());
+        b.push(next());
+        c.push(next());
+    }
+    (a, b, c)
+}
+
+/// Whether `got` is what OpenCL C requires for `op` where Rust computes `expected`:
+/// the same bits, except that a NaN produced by arithmetic may have any payload
+/// (neither OpenCL nor Rust fixes it; `fabs` and `copysign` only touch the sign bit,
+/// so theirs are compared bit for bit), `fmin`/`fmax` of two zeros may return either
+/// (both leave the sign of `fmin(-0.0, +0.0)` unspecified), and `mad` may be fused
+/// or not.
+fn math_matches(op: usize, x: f32, y: f32, z: f32, got: f32, expected: f32) -> bool {
+    const FABS: usize = 0;
+    const FMIN: usize = 7;
+    const FMAX: usize = 8;
+    const COPYSIGN: usize = 9;
+    const MAD: usize = 11;
+    if got.to_bits() == expected.to_bits() {
+        return true;
+    }
+    match op {
+        FABS | COPYSIGN => false,
+        FMIN | FMAX if x == 0.0 && y == 0.0 => got == 0.0,
+        MAD => got.to_bits() == (x * y + z).to_bits() || (got.is_nan() && expected.is_nan()),
+        _ => got.is_nan() && expected.is_nan(),
+    }
+}
+
+fn math_expected(op: usize, x: f32, y: f32, z: f32) -> f32 {
+    [
+        x.abs(),
+        x.sqrt(),
+        x.floor(),
+        x.ceil(),
+        x.trunc(),
+        x.round_ties_even(),
+        x.round(),
+        x.min(y),
+        x.max(y),
+        x.copysign(y),
+        x.mul_add(y, z),
+        x.mul_add(y, z),
+    ][op]
+}
+
+#[test]
+fn math_builtins_match_rust() {
+    let image = cl(MATH, "math");
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Write)
+        .global(AccessMode::Write);
+    let kernel = HostCompiler::new().compile(&image, &sig).unwrap();
+    let (mut a, mut b, mut c) = math_inputs();
+    let len = a.len();
+    let mut s = vec![0f32; 12 * len];
+    let mut v = vec![0f32; 14 * len];
+    let globals = ptrs(&mut [&mut a[..], &mut b[..], &mut c[..], &mut s[..], &mut v[..]]);
+    let launch = HostLaunch::new(&globals, &[], &[], [len / 4, 1, 1], [16, 1, 1]);
+    unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
+    let names =
+        ["fabs", "sqrt", "floor", "ceil", "trunc", "rint", "round", "fmin", "fmax", "copysign", "fma", "mad"];
+    for j in 0..len {
+        let (x, y, z) = (a[j], b[j], c[j]);
+        for (op, name) in names.iter().enumerate() {
+            let expected = math_expected(op, x, y, z);
+            for (kind, got) in [("float", s[op * len + j]), ("float4", v[op * len + j])] {
+                assert!(
+                    math_matches(op, x, y, z, got, expected),
+                    "{kind} {name}({x:e}, {y:e}, {z:e}) = {got:e} ({:#x}), Rust gives {expected:e} ({:#x})",
+                    got.to_bits(),
+                    expected.to_bits()
+                );
+            }
+        }
+        // fmin/fmax(float4, float): the scalar is element 2 of `b`'s vector.
+        let y2 = b[j / 4 * 4 + 2];
+        for (op, k) in [(7, 12), (8, 13)] {
+            let got = v[k * len + j];
+            assert!(
+                math_matches(op, x, y2, z, got, math_expected(op, x, y2, z)),
+                "{} {x:e} {y2:e}: {got:e}",
+                names[op]
+            );
+        }
+    }
+    // The `fma` case that rounds differently from a product then a sum is in the data.
+    let r = 1.0 + 1.0f32 / 4096.0;
+    assert_ne!(r.mul_add(r, -1.0), r * r - 1.0);
+    assert!(a.iter().zip(&c).any(|(&x, &z)| x == r && z == -1.0));
+}
+
+/// The same kernel as PTX: every built-in is an instruction (`sqrt` the correctly
+/// rounded one), none a call.
+#[test]
+fn math_builtins_are_ptx_instructions() {
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Write)
+        .global(AccessMode::Write);
+    let kernel = gantry_jit::PtxCompiler::new().compile(&cl(MATH, "math"), &sig).unwrap();
+    let ptx = &kernel.ptx;
+    for instruction in
+        ["max.f32", "min.f32", "sqrt.rn.f32", "abs.f32", "fma.rn.f32", "cvt.rmi.f32.f32", "cvt.rpi.f32.f32"]
+    {
+        assert!(ptx.contains(instruction), "no {instruction} in:\n{ptx}");
+    }
+    assert!(!ptx.contains("call") && !ptx.contains("sqrt.approx") && !ptx.contains(".extern"), "{ptx}");
+    if let Some(dir) = std::env::var_os("GANTRY_PTX_DIR") {
+        std::fs::write(std::path::Path::new(&dir).join("math.ptx"), ptx).unwrap();
+    }
+}
+
+/// A built-in that would need libm or libdevice is refused by both compilers, by
+/// its name, as are the math built-ins on types their names do not say.
+#[test]
+fn untranslated_math_builtins_are_refused_by_name() {
+    let image = cl("kernel void k(global float* a) { a[0] = exp(a[1]) + fmax(a[2], a[3]); }", "k");
+    let sig = Signature::new().global(AccessMode::ReadWrite);
+    for r in [
+        HostCompiler::new().compile(&image, &sig).map(|_| ()),
+        gantry_jit::PtxCompiler::new().compile(&image, &sig).map(|_| ()),
+    ] {
+        match r {
+            Err(JitError::Unsupported { function, what }) => {
+                assert_eq!(function, "_Z3expf", "{what}");
+                assert!(what.contains("neither defined in the module nor a built-in"), "{what}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // IR whose `fabs` declaration has the wrong type for its name stays a call.
+    let ir = b"define spir_kernel void @k(ptr addrspace(1) %a) {
+  %x = load i32, ptr addrspace(1) %a
+  %y = call spir_func i32 @_Z4fabsf(i32 %x)
+  store i32 %y, ptr addrspace(1) %a
+  ret void
+}
+declare spir_func i32 @_Z4fabsf(i32)
+";
+    let image = gantry_jit::from_llvm_ir(ir, "k").unwrap();
+    match HostCompiler::new().compile(&image, &sig) {
+        Err(JitError::Unsupported { function, .. }) => assert_eq!(function, "_Z4fabsf"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The same translation on `double` and `double2` (scalars and vectors of f64).
+#[test]
+fn math_builtins_on_doubles() {
+    let src =
+        "kernel void k(global const double* a, global const double* b, global double* s, global double2* v) {
+        size_t i = get_global_id(0), n = get_global_size(0);
+        for (size_t j = 2 * i; j < 2 * i + 2; j++) {
+            s[j] = fma(sqrt(fabs(a[j])), b[j], fmax(a[j], b[j]));
+            s[2 * n + j] = copysign(rint(a[j]) + round(b[j]) + floor(a[j]) - ceil(b[j]) + trunc(a[j]), b[j]);
+        }
+        double2 x = ((global const double2*)a)[i], y = ((global const double2*)b)[i];
+        v[i] = fma(sqrt(fabs(x)), y, fmax(x, y));
+        v[n + i] = copysign(rint(x) + round(y) + floor(x) - ceil(y) + trunc(x), y) + fmin(x, y.s1);
+    }";
+    let image = cl(src, "k");
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::Read)
+        .global(AccessMode::Write)
+        .global(AccessMode::Write);
+    let kernel = HostCompiler::new().compile(&image, &sig).unwrap();
+    let len = 256;
+    let mut a: Vec<f64> = (0..len).map(|i| (i as f64 - 128.0) * 0.75 + 0.25 * (i % 3) as f64).collect();
+    let mut b: Vec<f64> = (0..len).map(|i| (i as f64 * 1.37).sin() * 50.0).collect();
+    let mut s = vec![0f64; 2 * len];
+    let mut v = vec![0f64; 2 * len];
+    let globals = ptrs(&mut [&mut a[..], &mut b[..], &mut s[..], &mut v[..]]);
+    let launch = HostLaunch::new(&globals, &[], &[], [len / 2, 1, 1], [16, 1, 1]);
+    unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
+    for j in 0..len {
+        let (x, y) = (a[j], b[j]);
+        let first = x.abs().sqrt().mul_add(y, x.max(y));
+        let second = (x.round_ties_even() + y.round() + x.floor() - y.ceil() + x.trunc()).copysign(y);
+        assert_eq!(s[j].to_bits(), first.to_bits(), "double {x} {y}");
+        assert_eq!(s[len + j].to_bits(), second.to_bits(), "double {x} {y}");
+        assert_eq!(v[j].to_bits(), first.to_bits(), "double2 {x} {y}");
+        let y1 = b[j / 2 * 2 + 1];
+        assert_eq!(v[len + j].to_bits(), (second + x.min(y1)).to_bits(), "double2 {x} {y}");
+    }
+    let ptx = gantry_jit::PtxCompiler::new().compile(&image, &sig).unwrap().ptx.clone();
+    for instruction in ["sqrt.rn.f64", "fma.rn.f64", "max.f64", "min.f64", "abs.f64"] {
+        assert!(ptx.contains(instruction), "no {instruction} in:\n{ptx}");
+    }
+    assert!(!ptx.contains("call"), "{ptx}");
 }
