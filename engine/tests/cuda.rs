@@ -404,3 +404,26 @@ fn a_chain_of_ir_kernels_fuses_on_the_gpu() {
         assert!(written < n / 100, "an internalized intermediate holds {written} computed values");
     }
 }
+
+/// Math built-ins in an IR kernel on the GPU: `sqrt` (correctly rounded, `sqrt.rn`),
+/// `fmax` and `fabs` are exact, so the GPU computes the Rust reference's bits.
+#[cfg(feature = "jit")]
+#[test]
+fn math_built_ins_compute_exact_results_on_the_gpu() {
+    let Some((rt, q)) = cuda_runtime("math_built_ins_compute_exact_results_on_the_gpu") else { return };
+    let image = gantry::jit::from_llvm_ir(JIT_KERNELS.as_bytes(), "clamp_sqrt").unwrap();
+    let sig = Signature::new().global(AccessMode::ReadWrite).scalar::<u32>();
+    let kernel = Kernel::new("clamp_sqrt", sig).with_image(image).into_ref();
+    let n = 100_003usize;
+    let input: Vec<f32> = (0..n).map(|i| (i as f32 - 50_000.0) * 0.37).collect();
+    let x = rt.buffer(&input);
+    q.submit(|cg| {
+        cg.read_write(&x);
+        cg.launch(&kernel, n).scalar(0, n as u32);
+    })
+    .unwrap()
+    .wait()
+    .unwrap();
+    let want: Vec<f32> = input.iter().map(|v| v.abs().max(0.25).sqrt()).collect();
+    assert_eq!(x.to_vec().unwrap(), want);
+}

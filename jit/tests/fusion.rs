@@ -769,3 +769,34 @@ fn two_dimensional_kernels_keep_the_barriers() {
     assert_eq!(fused_equals_unfused(&grid2(&inc2, Range::d2(16, n / 16)), &bufs), (2, 0));
     assert_eq!(fused_equals_unfused(&grid2(&inc, Range::d2(1, n)), &bufs), (2, 0));
 }
+
+const CLAMP: &str = "kernel void clamp_sqrt(global float* x) {
+    size_t i = get_global_id(0);
+    x[i] = sqrt(fmax(fabs(x[i]), 0.25f));
+}";
+
+/// Kernels calling math built-ins fuse like any other: the built-ins are
+/// intrinsics by the time the barrier analysis runs, so the barrier between two
+/// elementwise kernels is elided, and the fused result is the unfused one.
+#[test]
+fn math_built_ins_do_not_keep_barriers() {
+    let k = kernel("clamp_sqrt", CLAMP, Signature::new().global(AccessMode::ReadWrite));
+    let n = 4096;
+    let request = FusionRequest {
+        kernels: (0..3).map(|_| step(&k, range(n), &[arg(1, n)], &[])).collect(),
+        barriers: true,
+    };
+    let fusion = IrFusion::new();
+    let fused = fusion.fuse(&request).unwrap();
+    assert_eq!(fusion.last_timings().unwrap().barriers_elided, 2, "both barriers elided");
+    let host = HostCompiler::new();
+    let input = data(n, 3);
+    let mut fused_bufs: Buffers = [(1, input.clone())].into();
+    let mut unfused_bufs = fused_bufs.clone();
+    run_fused(&host, &fused, &mut fused_bufs);
+    run_unfused(&host, &request, &mut unfused_bufs);
+    assert_eq!(fused_bufs[&1], unfused_bufs[&1]);
+    let once = |v: f32| v.abs().max(0.25).sqrt();
+    let want: Vec<f32> = input.iter().map(|&v| once(once(once(v)))).collect();
+    assert_eq!(fused_bufs[&1], want, "sqrt and fmax are exact: the Rust reference, bit for bit");
+}

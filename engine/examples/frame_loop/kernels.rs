@@ -55,7 +55,7 @@ kernel void row_stats(global const float* grid, global float* rows, uint h, uint
     for (uint x = 0; x < w; x++) {
         float v = grid[y * w + x];
         sum = sum + v;
-        mx = v > mx ? v : mx; // f32::max for these values (the JIT translates no math built-ins yet)
+        mx = fmax(mx, v);
     }
     rows[2 * y] = sum;
     rows[2 * y + 1] = mx;

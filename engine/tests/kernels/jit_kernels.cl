@@ -21,3 +21,7 @@ kernel void step(global const float* in, global float* out, uint n, float a, flo
     size_t i = get_global_id(0);
     if (i < n) out[i] = a * in[i] + b;
 }
+kernel void clamp_sqrt(global float* x, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) x[i] = sqrt(fmax(fabs(x[i]), 0.25f));
+}

@@ -129,6 +129,35 @@ define dso_local spir_kernel void @step(ptr addrspace(1) nocapture noundef reado
   ret void
 }
 
+; Function Attrs: convergent mustprogress nofree norecurse nounwind willreturn memory(argmem: readwrite)
+define dso_local spir_kernel void @clamp_sqrt(ptr addrspace(1) nocapture noundef align 4 %0, i32 noundef %1) local_unnamed_addr #0 !kernel_arg_addr_space !27 !kernel_arg_access_qual !28 !kernel_arg_type !29 !kernel_arg_base_type !29 !kernel_arg_type_qual !30 {
+  %3 = tail call spir_func i64 @_Z13get_global_idj(i32 noundef 0) #5
+  %4 = zext i32 %1 to i64
+  %5 = icmp ult i64 %3, %4
+  br i1 %5, label %6, label %12
+
+6:                                                ; preds = %2
+  %7 = getelementptr inbounds float, ptr addrspace(1) %0, i64 %3
+  %8 = load float, ptr addrspace(1) %7, align 4, !tbaa !8
+  %9 = tail call spir_func float @_Z4fabsf(float noundef %8) #5
+  %10 = tail call spir_func float @_Z4fmaxff(float noundef %9, float noundef 2.500000e-01) #5
+  %11 = tail call spir_func float @_Z4sqrtf(float noundef %10) #5, !fpmath !31
+  store float %11, ptr addrspace(1) %7, align 4, !tbaa !8
+  br label %12
+
+12:                                               ; preds = %6, %2
+  ret void
+}
+
+; Function Attrs: convergent mustprogress nofree nounwind willreturn memory(none)
+declare dso_local spir_func float @_Z4sqrtf(float noundef) local_unnamed_addr #1
+
+; Function Attrs: convergent mustprogress nofree nounwind willreturn memory(none)
+declare dso_local spir_func float @_Z4fmaxff(float noundef, float noundef) local_unnamed_addr #1
+
+; Function Attrs: convergent mustprogress nofree nounwind willreturn memory(none)
+declare dso_local spir_func float @_Z4fabsf(float noundef) local_unnamed_addr #1
+
 attributes #0 = { convergent mustprogress nofree norecurse nounwind willreturn memory(argmem: readwrite) "frame-pointer"="all" "no-trapping-math"="true" "stack-protector-buffer-size"="8" "uniform-work-group-size"="false" }
 attributes #1 = { convergent mustprogress nofree nounwind willreturn memory(none) "frame-pointer"="all" "no-trapping-math"="true" "stack-protector-buffer-size"="8" }
 attributes #2 = { mustprogress nocallback nofree nosync nounwind speculatable willreturn memory(none) }
@@ -169,3 +198,8 @@ attributes #6 = { convergent nounwind }
 !24 = !{!"none", !"none", !"none", !"none", !"none"}
 !25 = !{!"float*", !"float*", !"uint", !"float", !"float"}
 !26 = !{!"const", !"", !"", !"", !""}
+!27 = !{i32 1, i32 0}
+!28 = !{!"none", !"none"}
+!29 = !{!"float*", !"uint"}
+!30 = !{!"", !""}
+!31 = !{float 3.000000e+00}

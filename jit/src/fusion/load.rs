@@ -80,6 +80,9 @@ pub(super) fn load<'ctx>(
     // Flatten the entry, so that its built-in calls, barriers and buffer accesses
     // are all in one function for the passes that follow.
     run(&module, "always-inline")?;
+    // Math built-ins become intrinsics here already, so that the analyses of the
+    // fused kernel (barrier elision) see arithmetic, not unknown calls.
+    crate::math::translate(context, &module, entry)?;
     let name = raw::name(entry);
     let mut barriers = 0;
     for inst in raw::instructions(entry) {
