@@ -23,6 +23,7 @@
 //!   and checks that every pending operation completes exactly once;
 //! * [`checks`]: the checks, one module per area of the contract;
 //! * [`suite!`] and [`run_check`]: the macro and what its tests call;
+//! * [`device`]: a driver of a known type under test, for a backend's own tests;
 //! * the kernels the checks launch are built in one private module (`kernels`), each
 //!   with three images: a closure (host drivers), CUDA C (the CUDA driver) and WGSL
 //!   (the Vulkan driver), so the same checks run on the CPU, the simulated device,
@@ -51,6 +52,7 @@
 #![cfg(not(shuttle))]
 
 pub mod checks;
+pub mod device;
 pub mod harness;
 mod kernels;
 mod suite;
