@@ -8,7 +8,8 @@
 
 use inkwell::basic_block::BasicBlock;
 use inkwell::builder::Builder;
-use inkwell::values::{BasicValueEnum, FunctionValue, InstructionOpcode, InstructionValue};
+use inkwell::values::{BasicValueEnum, FunctionValue, InstructionOpcode, InstructionValue, IntValue};
+use inkwell::IntPredicate;
 
 use crate::builtins::{classify, Call, WorkItem};
 use crate::error::{codegen, JitError};
@@ -74,6 +75,29 @@ pub(crate) fn replace_work_items<'ctx>(
         }
     }
     Ok(())
+}
+
+/// The value of a per-dimension built-in `call` whose dimension argument is known
+/// only at run time: `per_dim(d)` where it is `d` < 3, `outside` otherwise, chosen
+/// by selects. Every compiler that lowers built-ins uses it for that case.
+pub(crate) fn select_dimension<'ctx>(
+    b: &Builder<'ctx>,
+    call: InstructionValue<'ctx>,
+    outside: IntValue<'ctx>,
+    mut per_dim: impl FnMut(usize) -> Result<IntValue<'ctx>, JitError>,
+) -> Result<IntValue<'ctx>, JitError> {
+    let Some(inkwell::values::Operand::Value(dim)) = call.get_operand(0) else {
+        return Err(codegen("a built-in call without its dimension"));
+    };
+    let dim = dim.into_int_value();
+    let mut v = outside;
+    for d in (0..3u64).rev() {
+        let is = b
+            .build_int_compare(IntPredicate::EQ, dim, dim.get_type().const_int(d, false), "")
+            .map_err(codegen)?;
+        v = b.build_select(is, per_dim(d as usize)?, v, "").map_err(codegen)?.into_int_value();
+    }
+    Ok(v)
 }
 
 /// Replaces every use of `call` with `v` and erases it.

@@ -607,3 +607,41 @@ fn math_builtins_on_doubles() {
     }
     assert!(!ptx.contains("call"), "{ptx}");
 }
+
+const BY_DIMENSION: &str = "kernel void by_dimension(global uint* out, uint d) {
+    size_t i = (get_global_id(2) * get_global_size(1) + get_global_id(1)) * get_global_size(0) + get_global_id(0);
+    out[4 * i] = get_global_id(d);
+    out[4 * i + 1] = get_global_size(d);
+    out[4 * i + 2] = get_local_id(d);
+    out[4 * i + 3] = get_num_groups(d);
+}";
+
+/// Built-ins whose dimension is known only at run time (a scalar here) select
+/// among the three dimensions on the host, and give the values OpenCL defines past
+/// dimension 2 (ids 0, sizes 1); the PTX selects among the special registers.
+#[test]
+fn a_dimension_known_at_run_time() {
+    let image = cl(BY_DIMENSION, "by_dimension");
+    let sig = Signature::new().global(AccessMode::Write).scalar::<u32>();
+    let kernel = HostCompiler::new().compile(&image, &sig).unwrap();
+    let (global, local) = ([4usize, 6, 2], [2usize, 3, 1]);
+    let items: usize = global.iter().product();
+    for d in 0..5u32 {
+        let mut out = vec![u32::MAX; 4 * items];
+        let globals = [out.as_mut_ptr().cast::<u8>()];
+        let scalars = d.to_ne_bytes();
+        let launch = HostLaunch::new(&globals, &scalars, &[], global, local);
+        // SAFETY: `out` holds 4 values per work-item, which the kernel writes.
+        unsafe { kernel.run_groups(&launch, 0, launch.group_count()).unwrap() };
+        for (i, v) in out.chunks(4).enumerate() {
+            let id = [i % global[0], i / global[0] % global[1], i / (global[0] * global[1])];
+            let expect = match d as usize {
+                d @ 0..=2 => [id[d], global[d], id[d] % local[d], global[d] / local[d]],
+                _ => [0, 1, 0, 1],
+            };
+            assert_eq!(v, expect.map(|x| x as u32), "dimension {d}, work-item {i}");
+        }
+    }
+    let ptx = gantry_jit::PtxCompiler::new().compile(&image, &sig).unwrap();
+    assert!(ptx.ptx.contains("selp"), "a run-time choice among dimensions: {}", ptx.ptx);
+}

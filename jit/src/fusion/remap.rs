@@ -22,11 +22,11 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::values::{FunctionValue, IntValue};
-use inkwell::IntPredicate;
 
 use crate::builtins::{classify, Call, WorkItem};
 use crate::error::{codegen, JitError};
 use crate::raw;
+use crate::transplant::select_dimension;
 
 /// A Gantry triple (dimension 0 slowest) in OpenCL order (dimension 0 fastest) for
 /// `dims` dimensions; dimensions past `dims` get `pad`.
@@ -162,24 +162,10 @@ pub(super) fn remap<'ctx>(
                     Some(d) => per_dim(d)?,
                     None => {
                         // A dimension known only at run time: select among the three.
-                        let Some(inkwell::values::Operand::Value(dim)) = call.get_operand(0) else {
-                            return Err(codegen("a built-in call without its dimension"));
-                        };
-                        let dim = dim.into_int_value();
-                        let Some(mut v) = per_dim(3)? else { continue };
-                        for d in (0..3u64).rev() {
-                            let value = per_dim(d)?.expect("remapped in every dimension or none");
-                            let is = b
-                                .build_int_compare(
-                                    IntPredicate::EQ,
-                                    dim,
-                                    dim.get_type().const_int(d, false),
-                                    "",
-                                )
-                                .map_err(codegen)?;
-                            v = b.build_select(is, value, v, "").map_err(codegen)?.into_int_value();
-                        }
-                        Some(v)
+                        let Some(outside) = per_dim(3)? else { continue };
+                        let each =
+                            |d: usize| Ok(per_dim(d as u64)?.expect("remapped in every dimension or none"));
+                        Some(select_dimension(b, call, outside, each)?)
                     }
                 }
             }

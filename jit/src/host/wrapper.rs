@@ -32,7 +32,7 @@ use crate::error::{codegen, JitError};
 use crate::prepare::Prepared;
 use crate::raw;
 use crate::signature::Binding;
-use crate::transplant::{replace_work_items, transplant, Site};
+use crate::transplant::{replace_work_items, select_dimension, transplant, Site};
 
 /// The generated function's name.
 pub(crate) const ENTRY: &str = "gantry.work_groups";
@@ -404,25 +404,7 @@ impl<'ctx> Values<'ctx> {
                 match site.dim {
                     Some(d) if d < 3 => per_dim(d as usize)?,
                     Some(_) => outside,
-                    None => {
-                        let Some(inkwell::values::Operand::Value(dim)) = site.call.get_operand(0) else {
-                            return Err(codegen("a built-in call without its dimension"));
-                        };
-                        let dim = dim.into_int_value();
-                        let mut v = outside;
-                        for d in (0..3).rev() {
-                            let is = b
-                                .build_int_compare(
-                                    IntPredicate::EQ,
-                                    dim,
-                                    dim.get_type().const_int(d, false),
-                                    "",
-                                )
-                                .map_err(e)?;
-                            v = b.build_select(is, per_dim(d as usize)?, v, "").map_err(e)?.into_int_value();
-                        }
-                        v
-                    }
+                    None => select_dimension(b, site.call, outside, per_dim)?,
                 }
             }
         };
