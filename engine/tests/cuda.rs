@@ -15,22 +15,7 @@ use gantry::{
 
 /// A runtime with CUDA device 0 and a queue on it, or `None` after saying why not.
 fn cuda_runtime(test: &str) -> Option<(Runtime, gantry::Queue)> {
-    match Runtime::builder().cuda(0).try_build() {
-        Ok(rt) => {
-            let device = rt.devices().len() as u32 - 1;
-            let q =
-                rt.queue_with(QueueOptions { device, in_order: true }).expect("a queue on the CUDA device");
-            Some((rt, q))
-        }
-        Err(e) => {
-            assert!(
-                matches!(e, Error::Exec(ExecError::Unsupported { .. })),
-                "CUDA is present but failed: {e}"
-            );
-            let _ = writeln!(std::io::stderr(), "`{test}` skipped: no CUDA device: {e}");
-            None
-        }
-    }
+    gpu_scenarios::gpu_runtime("CUDA", test, || Runtime::builder().cuda(0).try_build())
 }
 
 const SAXPY: &str = r#"

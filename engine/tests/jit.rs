@@ -218,8 +218,6 @@ fn a_chain_of_opencl_c_kernels_fuses_on_the_cpu() {
     submit_chain(&q, &kernel, &unfused, n);
     q.wait().unwrap();
     assert_eq!(unfused[8].to_vec().unwrap(), expected, "unfused");
-    let stats = rt.fusion_cache_stats();
-    eprintln!("closure fusion cache: {stats:?}");
 }
 
 /// A command graph of the same chain, finalized with graph fusion: the chain is

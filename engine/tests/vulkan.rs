@@ -7,31 +7,12 @@
 
 mod gpu_scenarios;
 
-use std::io::Write;
-
 use gantry::driver::ExecError;
-use gantry::{
-    AccessMode, CodeImage, DeviceKind, Error, ImageKind, Kernel, KernelRef, QueueOptions, Runtime, Signature,
-};
+use gantry::{AccessMode, CodeImage, DeviceKind, Error, ImageKind, Kernel, KernelRef, Runtime, Signature};
 
 /// A runtime with Vulkan device 0 and a queue on it, or `None` after saying why not.
 fn vulkan_runtime(test: &str) -> Option<(Runtime, gantry::Queue)> {
-    match Runtime::builder().vulkan(0).try_build() {
-        Ok(rt) => {
-            let device = rt.devices().len() as u32 - 1;
-            let q =
-                rt.queue_with(QueueOptions { device, in_order: true }).expect("a queue on the Vulkan device");
-            Some((rt, q))
-        }
-        Err(e) => {
-            assert!(
-                matches!(e, Error::Exec(ExecError::Unsupported { .. })),
-                "Vulkan is present but failed: {e}"
-            );
-            let _ = writeln!(std::io::stderr(), "`{test}` skipped: no Vulkan device: {e}");
-            None
-        }
-    }
+    gpu_scenarios::gpu_runtime("Vulkan", test, || Runtime::builder().vulkan(0).try_build())
 }
 
 const SAXPY: &str = "

@@ -49,94 +49,36 @@ struct Args {
     poll_us: Option<u64>,
 }
 
-const PTX: &str = r#"
-.version 8.0
-.target sm_90
-.address_size 64
+/// The PTX module both sides load: three elementwise entries over `x[0..n]`, each
+/// `x[i] = step(x[i])`. `tiny` adds 1; `axpb` is one `x = a·x + b`; `axpb8` applies it
+/// 8 times (the hand-fused chain).
+static PTX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let fma = "    fma.rn.f32 %f1, %f1, %f3, %f4;\n";
+    let mut module = String::from(".version 8.0\n.target sm_90\n.address_size 64\n");
+    module += &ptx_entry("tiny", false, "    add.f32 %f1, %f1, 0f3F800000;\n");
+    module += &ptx_entry("axpb", true, fma);
+    module += &ptx_entry("axpb8", true, &fma.repeat(8));
+    module
+});
 
-.visible .entry tiny(.param .u64 p_x, .param .u32 p_n)
-{
-    .reg .pred %p;
-    .reg .b32 %r<5>;
-    .reg .f32 %f<3>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [p_x];
-    ld.param.u32 %r1, [p_n];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r2, %r2, %r3, %r4;
-    setp.ge.u32 %p, %r2, %r1;
-    @%p bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r2, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.f32 %f1, [%rd4];
-    add.f32 %f2, %f1, 0f3F800000;
-    st.global.f32 [%rd4], %f2;
-DONE:
-    ret;
+/// An entry `name(x, n[, a, b])` applying `step` (PTX on `%f1`, with `a` in `%f3`
+/// and `b` in `%f4`) to `x[i]` for the work-item's `i < n`.
+fn ptx_entry(name: &str, scalars: bool, step: &str) -> String {
+    let (params, loads) = if scalars {
+        (", .param .f32 p_a, .param .f32 p_b", "    ld.param.f32 %f3, [p_a];\n    ld.param.f32 %f4, [p_b];\n")
+    } else {
+        ("", "")
+    };
+    format!(
+        "\n.visible .entry {name}(.param .u64 p_x, .param .u32 p_n{params})\n{{\n\
+         \x20   .reg .pred %p;\n    .reg .b32 %r<5>;\n    .reg .f32 %f<5>;\n    .reg .b64 %rd<5>;\n\
+         \x20   ld.param.u64 %rd1, [p_x];\n    ld.param.u32 %r1, [p_n];\n{loads}\
+         \x20   mov.u32 %r2, %ctaid.x;\n    mov.u32 %r3, %ntid.x;\n    mov.u32 %r4, %tid.x;\n\
+         \x20   mad.lo.s32 %r2, %r2, %r3, %r4;\n    setp.ge.u32 %p, %r2, %r1;\n    @%p bra DONE;\n\
+         \x20   cvta.to.global.u64 %rd2, %rd1;\n    mul.wide.u32 %rd3, %r2, 4;\n    add.s64 %rd4, %rd2, %rd3;\n\
+         \x20   ld.global.f32 %f1, [%rd4];\n{step}    st.global.f32 [%rd4], %f1;\nDONE:\n    ret;\n}}\n"
+    )
 }
-
-.visible .entry axpb(.param .u64 p_x, .param .u32 p_n, .param .f32 p_a, .param .f32 p_b)
-{
-    .reg .pred %p;
-    .reg .b32 %r<5>;
-    .reg .f32 %f<5>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [p_x];
-    ld.param.u32 %r1, [p_n];
-    ld.param.f32 %f3, [p_a];
-    ld.param.f32 %f4, [p_b];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r2, %r2, %r3, %r4;
-    setp.ge.u32 %p, %r2, %r1;
-    @%p bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r2, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.f32 %f1, [%rd4];
-    fma.rn.f32 %f2, %f1, %f3, %f4;
-    st.global.f32 [%rd4], %f2;
-DONE:
-    ret;
-}
-
-.visible .entry axpb8(.param .u64 p_x, .param .u32 p_n, .param .f32 p_a, .param .f32 p_b)
-{
-    .reg .pred %p;
-    .reg .b32 %r<5>;
-    .reg .f32 %f<5>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [p_x];
-    ld.param.u32 %r1, [p_n];
-    ld.param.f32 %f3, [p_a];
-    ld.param.f32 %f4, [p_b];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r2, %r2, %r3, %r4;
-    setp.ge.u32 %p, %r2, %r1;
-    @%p bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r2, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.f32 %f1, [%rd4];
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    fma.rn.f32 %f1, %f1, %f3, %f4;
-    st.global.f32 [%rd4], %f1;
-DONE:
-    ret;
-}
-"#;
 
 /// Work-items per block of every launch here (the CUDA driver's plain-range block).
 const BLOCK: u32 = gantry::cuda::PLAIN_BLOCK as u32;
@@ -168,7 +110,7 @@ impl Raw {
             let mut ctx = ptr::null_mut();
             ok("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev));
             ok("cuCtxSetCurrent", cu::cuCtxSetCurrent(ctx));
-            let image = CString::new(PTX).unwrap();
+            let image = CString::new(PTX.as_str()).unwrap();
             let mut module = ptr::null_mut();
             ok("cuModuleLoadData", cu::cuModuleLoadData(&mut module, image.as_ptr().cast()));
             let function = |name: &str| {

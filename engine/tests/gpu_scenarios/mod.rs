@@ -6,7 +6,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use gantry::driver::ExecError;
-use gantry::{Error, GraphProps, KernelRef, NdRange, Queue, Runtime};
+use gantry::{Error, GraphProps, KernelRef, NdRange, Queue, QueueOptions, Runtime};
+
+/// The runtime `build` makes and an in-order queue on its last device (the GPU), or
+/// `None` after saying that `test` was skipped because `backend` is unavailable; a
+/// runtime that fails otherwise fails the test.
+pub fn gpu_runtime(
+    backend: &str,
+    test: &str,
+    build: impl FnOnce() -> Result<Runtime, Error>,
+) -> Option<(Runtime, Queue)> {
+    match build() {
+        Ok(rt) => {
+            let device = rt.devices().len() as u32 - 1;
+            let q = rt.queue_with(QueueOptions { device, in_order: true }).expect("a queue on the GPU");
+            Some((rt, q))
+        }
+        Err(e) => {
+            assert!(
+                matches!(e, Error::Exec(ExecError::Unsupported { .. })),
+                "{backend} is present but failed: {e}"
+            );
+            eprintln!("`{test}` skipped: no {backend} device: {e}");
+            None
+        }
+    }
+}
 
 /// Kernels with scalars over a plain range (several work-groups and a guarded tail),
 /// a fill and a copy on the GPU queue `q`; a closure kernel on the CPU and a host task
