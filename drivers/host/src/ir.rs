@@ -16,16 +16,21 @@
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-use gantry_driver::{Binding, CodeImage, ExecError, Geometry, ScratchKind};
+use gantry_driver::{Binding, CodeImage, ExecError, Geometry, ImageCache, ScratchKind, Signature};
 use gantry_jit::{HostCompiler, HostKernel, HostLaunch};
 use smallvec::SmallVec;
 
 use crate::runner::{Groups, KernelCall};
 
-/// A runner's compiler of IR kernels, made on first use (most runtimes run none).
+/// A runner's compiler of IR kernels, made on first use (most runtimes run none),
+/// and the kernels it compiled by image identity: a launch looks its image up as
+/// drivers look up any image (`ImageCache`) instead of hashing the IR's bytes for
+/// the compiler's own cache, which stays for a clone-less image of equal bytes.
 #[derive(Debug, Default)]
 pub(crate) struct IrKernels {
     compiler: OnceLock<HostCompiler>,
+    /// Each image's compiled kernel and the signature it was compiled for.
+    loaded: ImageCache<(Signature, Arc<HostKernel>)>,
 }
 
 /// Pointers a launch hands every thread that runs its groups.
@@ -75,9 +80,18 @@ impl IrKernels {
         let KernelCall { kernel, geometry, scalars } = call;
         let fail = |message: String| ExecError::Driver { device: device.clone(), message };
         let compiler = self.compiler.get_or_init(HostCompiler::new);
-        let compiled = compiler
-            .compile(image, &kernel.signature)
-            .map_err(|e| fail(format!("compiling the LLVM IR image of kernel `{}`: {e}", kernel.name)))?;
+        let compile = |signature: &Signature| {
+            compiler
+                .compile(image, signature)
+                .map_err(|e| fail(format!("compiling the LLVM IR image of kernel `{}`: {e}", kernel.name)))
+        };
+        let loaded = self
+            .loaded
+            .get_or_load(image, |_| Ok((kernel.signature.clone(), compile(&kernel.signature)?)))?;
+        // One image launched with another signature (other local sizes) is another
+        // compilation: the compiler's cache keys it by both.
+        let compiled =
+            if loaded.0 == kernel.signature { loaded.1.clone() } else { compile(&kernel.signature)? };
         let shared = Shared {
             globals: bindings.iter().map(|b| b.ptr).collect(),
             scalars,
