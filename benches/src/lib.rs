@@ -1,0 +1,3 @@
+//! Pieces shared by Gantry's benchmark binaries.
+
+pub mod eager;
