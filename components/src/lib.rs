@@ -23,6 +23,7 @@ pub mod event;
 pub mod fusion;
 pub mod graph;
 pub mod handle;
+pub mod mailbox;
 pub mod memory;
 pub mod queue;
 pub mod resources;
@@ -45,6 +46,7 @@ pub use graph::{
     KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionPlan,
 };
 pub use handle::{BufferCore, EntitySlot, QueueCore};
+pub use mailbox::Mailbox;
 pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord};
 pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{

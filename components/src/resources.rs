@@ -17,9 +17,14 @@ use crate::handle::{BufferCore, QueueCore};
 pub type DeviceId = u32;
 
 /// A message from user threads to the scheduler.
+// Command groups are by far the most frequent message, and the mailbox keeps its
+// storage: every slot having their size costs nothing, while boxing them would cost
+// an allocation per command.
+#[allow(clippy::large_enum_variant)]
 pub enum Message {
-    /// A command group.
-    Submit(Box<CommandDesc>),
+    /// A command group. Not boxed: the mailbox keeps its storage, so a message costs
+    /// a move into it rather than an allocation.
+    Submit(CommandDesc),
     /// The user dropped the last handle to a buffer.
     DropBuffer(Arc<BufferCore>),
     /// The user dropped a queue.
@@ -39,12 +44,6 @@ pub enum Message {
     /// [`FailureSync`](crate::FailureSync)).
     Synced(u64),
 }
-
-// Every channel slot has the size of the largest message: a graph submission, the
-// most frequent message of a frame loop, would otherwise carry a command group's
-// worth of zeroed and copied bytes (and cache lines between the submitting core and
-// the scheduler's). So a command group is boxed.
-const _: () = assert!(std::mem::size_of::<Message>() <= 32);
 
 /// Fails what `msg` asked for with `error`, without a scheduler: for messages still
 /// queued when the scheduler stops on a failure. Each event it carries reaches a
@@ -69,11 +68,11 @@ pub fn fail_message(msg: Message, error: &ExecError) {
     }
 }
 
-/// Channels the scheduler drains each flush.
+/// What the scheduler drains each flush.
 #[derive(Resource)]
 pub struct Inbox {
     /// Submissions and other user messages, in order.
-    pub messages: Receiver<Message>,
+    pub messages: Arc<crate::mailbox::Mailbox>,
     /// Driver completions.
     pub completions: Receiver<Completion>,
 }

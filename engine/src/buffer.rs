@@ -137,7 +137,7 @@ impl<T: Pod> Buffer<T> {
         let name: Arc<str> = format!("host access to buffer {}", core.id).into();
         let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.now_ns()));
         let req = Requirement::new(core.clone(), mode, ByteRange::new(0, core.bytes));
-        rt.send(Message::Submit(Box::new(CommandDesc {
+        rt.send(Message::Submit(CommandDesc {
             kind: CommandKind::HostAccess,
             name,
             queue: self.handle.host_queue.clone(),
@@ -147,7 +147,7 @@ impl<T: Pod> Buffer<T> {
             waits: SmallVec::new(),
             event: event.clone(),
             fusion: None,
-        })))?;
+        }))?;
         rt.wait_for(&event, EventStatus::Running)?;
         if let Some(e) = event.error() {
             return Err(Error::Exec(e.clone()));

@@ -442,7 +442,7 @@ impl Queue {
     ) -> Result<()> {
         let rt = &self.handle.rt;
         let device = if on_host { rt.host_task_device(self.device()) } else { self.device() };
-        rt.send(Message::Submit(Box::new(CommandDesc {
+        rt.send(Message::Submit(CommandDesc {
             kind,
             name,
             queue: self.handle.core.clone(),
@@ -452,6 +452,6 @@ impl Queue {
             waits,
             event,
             fusion,
-        })))
+        }))
     }
 }

@@ -3,6 +3,7 @@
 use bevy_ecs::prelude::Local;
 use bevy_ecs::world::World;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bevy_ecs::entity::Entity;
@@ -90,25 +91,26 @@ impl NewCommands {
 }
 
 /// The ingest stage system.
-pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
+pub fn ingest(world: &mut World, mut queries: Local<Queries>, mut taken: Local<VecDeque<Message>>) {
     let q = &mut *queries;
     q.refresh(world);
-    let rx = world.resource::<Inbox>().messages.clone();
-    let limit = world.resource::<SchedulerConfig>().ingest_limit as u64;
+    let mailbox = world.resource::<Inbox>().messages.clone();
+    let limit = world.resource::<SchedulerConfig>().ingest_limit;
     let mut commands = NewCommands::new(world);
     let mut messages = 0u64;
     if let Some(n) = world.resource_mut::<QueueFailures>().pending.take() {
         apply_sync(world, q, n);
     }
-    while messages < limit {
-        let Ok(msg) = rx.try_recv() else { break };
+    // One lock for everything posted since the last pass (up to the limit).
+    mailbox.take(limit, &mut taken);
+    while let Some(msg) = taken.pop_front() {
         messages += 1;
         match msg {
             Message::Submit(desc) => {
                 if let Some(shared) = &desc.fusion {
                     start_fusion(world, q, shared, commands.next_seq());
                 }
-                commands.spawn(world, q, *desc)
+                commands.spawn(world, q, desc)
             }
             Message::SubmitGraph(submission) => submission.commands(|desc| commands.spawn(world, q, desc)),
             Message::CancelFusion(shared) => {
@@ -175,6 +177,8 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>) {
                     apply_sync(world, q, n);
                 } else {
                     world.resource_mut::<QueueFailures>().pending = Some(n);
+                    // The rest stays first in line for the next pass.
+                    mailbox.put_back(&mut taken);
                     break;
                 }
             }

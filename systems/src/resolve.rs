@@ -651,7 +651,7 @@ mod tests {
         let kept = h.world.resource::<QueueFailures>().sync.unsynced();
         assert_eq!(kept, Some(2), "both failures are kept");
         let before = fill(&h, &a, 24);
-        h.tx.send(Message::Synced(2)).unwrap();
+        h.tx.post(Message::Synced(2));
         let after = fill(&h, &b, 32);
         h.flush();
         assert!(matches!(before.error(), Some(gantry_driver::ExecError::DependencyFailed { .. })));

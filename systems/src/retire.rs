@@ -482,7 +482,7 @@ mod tests {
         let cmd = h.submit(&[(&a, ReadWrite, 0..8)]);
         h.flush();
         a.dropped.store(true, std::sync::atomic::Ordering::Release);
-        h.tx.send(gantry_components::Message::DropBuffer(a.clone())).unwrap();
+        h.tx.post(gantry_components::Message::DropBuffer(a.clone()));
         h.flush();
         assert!(a.record.get().is_some(), "still in use");
         h.host.complete(entity(&cmd), Ok(()));

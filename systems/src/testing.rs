@@ -7,8 +7,8 @@ use bevy_ecs::entity::Entity;
 use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use gantry_components::{
-    BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Message,
-    QueueCore, Requirement, SchedulerConfig, Work,
+    BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Mailbox,
+    Message, QueueCore, Requirement, SchedulerConfig, Work,
 };
 use gantry_driver::sync::channel::{unbounded, Sender};
 use gantry_driver::sync::Mutex;
@@ -63,7 +63,7 @@ impl Scripted {
 pub struct Harness {
     pub world: World,
     pub schedule: Schedule,
-    pub tx: Sender<Message>,
+    pub tx: Arc<Mailbox>,
     pub host: Arc<Scripted>,
     pub dev: Arc<Scripted>,
     pub queue: Arc<QueueCore>,
@@ -98,7 +98,7 @@ fn scripted(
 
 impl Harness {
     pub fn new(in_driver_waits: bool) -> Self {
-        let (tx, rx) = unbounded();
+        let tx = Arc::new(Mailbox::new());
         let (done_tx, done_rx) = unbounded();
         let host = scripted("host", true, in_driver_waits, done_tx.clone());
         let dev = scripted("dev", false, in_driver_waits, done_tx);
@@ -111,7 +111,8 @@ impl Harness {
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config =
             SchedulerConfig { preserve_on_failure: false, epoch: Instant::now(), ingest_limit: usize::MAX };
-        let world = crate::scheduler_world(devices, Inbox { messages: rx, completions: done_rx }, config);
+        let world =
+            crate::scheduler_world(devices, Inbox { messages: tx.clone(), completions: done_rx }, config);
         let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
         Self { world, schedule: crate::flush_schedule(), tx, host, dev, queue }
     }
@@ -160,7 +161,7 @@ impl Harness {
             event: event.clone(),
             fusion: None,
         };
-        self.tx.send(Message::Submit(Box::new(desc))).unwrap();
+        self.tx.post(Message::Submit(desc));
         event
     }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gantry_components::{
-    Device, Devices, Fusions, GraphPolicy, Inbox, Linearizer, Message, QueueCore, QueueFailures,
-    SchedulerConfig, Timeline,
+    Device, Devices, Fusions, GraphPolicy, Inbox, Linearizer, QueueCore, QueueFailures, SchedulerConfig,
+    Timeline,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::FusionCompiler;
@@ -339,7 +339,7 @@ impl RuntimeBuilder {
     /// error of a registered backend that could not start.
     pub fn try_build(self) -> Result<Runtime> {
         let epoch = Instant::now();
-        let (msg_tx, msg_rx) = unbounded::<Message>();
+        let mailbox = Arc::new(gantry_components::Mailbox::new());
         let (done_tx, done_rx) = unbounded::<Completion>();
         let ctx = DriverContext { completions: done_tx, epoch };
         let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
@@ -369,7 +369,7 @@ impl RuntimeBuilder {
             .collect();
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let lost = devices.iter().map(|d| d.lost.clone()).collect();
-        let inbox = Inbox { messages: msg_rx.clone(), completions: done_rx.clone() };
+        let inbox = Inbox { messages: mailbox.clone(), completions: done_rx.clone() };
         let config = SchedulerConfig {
             preserve_on_failure: self.preserve_on_failure,
             epoch,
@@ -409,7 +409,7 @@ impl RuntimeBuilder {
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             mode: self.mode,
-            tx: msg_tx,
+            mailbox,
             core: Mutex::new(Some(Core {
                 world,
                 schedule: gantry_systems::flush_schedule(),
@@ -423,7 +423,6 @@ impl RuntimeBuilder {
             lost,
             idle: Mutex::new(IdleState { ingested: 0, idle: true }),
             idle_cv: Condvar::new(),
-            msg_rx,
             done_rx,
             wake_tx,
             fusion_warnings,

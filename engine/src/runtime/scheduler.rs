@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
-use gantry_components::{EventShared, EventStatus, FailureSync, Message, Stats, WorkLists};
+use gantry_components::{EventShared, EventStatus, FailureSync, Mailbox, Message, Stats, WorkLists};
 use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{Receiver, Select, Sender};
 use gantry_driver::sync::thread;
@@ -32,7 +32,8 @@ pub(crate) struct Core {
 pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) mode: Mode,
-    pub(crate) tx: Sender<Message>,
+    /// User messages on their way to the ingest stage.
+    pub(crate) mailbox: Arc<Mailbox>,
     /// `None` once the runtime has shut down.
     pub(crate) core: Mutex<Option<Core>>,
     /// Admits messages until the runtime drops, and counts them.
@@ -49,7 +50,6 @@ pub(crate) struct Shared {
     /// What the scheduler thread last saw (threaded mode).
     pub(super) idle: Mutex<IdleState>,
     pub(super) idle_cv: Condvar,
-    pub(super) msg_rx: Receiver<Message>,
     pub(super) done_rx: Receiver<Completion>,
     pub(super) wake_tx: Sender<()>,
     /// Fusion warnings still to print (shared with the scheduler).
@@ -167,12 +167,10 @@ impl Shared {
         if !self.senders.gate.enter() {
             return Err(self.stopped());
         }
-        let sent = self.tx.send(msg).map_err(|_| self.stopped());
-        if sent.is_ok() {
-            self.senders.sent.fetch_add(1, Ordering::AcqRel);
-        }
+        self.mailbox.post(msg);
+        self.senders.sent.fetch_add(1, Ordering::AcqRel);
         self.senders.gate.leave();
-        sent
+        Ok(())
     }
 
     /// The error for work the runtime no longer takes: why the scheduler failed, or
@@ -195,7 +193,7 @@ impl Shared {
         if !self.senders.sent.load(Ordering::Relaxed).is_multiple_of(64) {
             return;
         }
-        let over = || self.msg_rx.len() as u64 >= self.max_pending;
+        let over = || self.mailbox.len() as u64 >= self.max_pending;
         if !over() {
             return;
         }
@@ -246,7 +244,7 @@ impl Shared {
             self.fail(&mut core.world, message);
             return None;
         }
-        let has_work = core.world.resource::<WorkLists>().has_work() || !self.msg_rx.is_empty();
+        let has_work = core.world.resource::<WorkLists>().has_work() || !self.mailbox.is_empty();
         let stats = core.world.resource::<Stats>();
         let idle = !has_work && stats.in_driver == 0 && self.done_rx.is_empty();
         Some(Progress { has_work, idle, ingested: stats.messages })
@@ -270,7 +268,9 @@ impl Shared {
                 "failing the scheduler's commands failed too; waits end on the scheduler's failure"
             );
         }
-        while let Ok(msg) = self.msg_rx.try_recv() {
+        let mut queued = std::collections::VecDeque::new();
+        self.mailbox.take(usize::MAX, &mut queued);
+        for msg in queued {
             gantry_components::fail_message(msg, &error);
         }
         let mut state = self.idle.lock();
@@ -283,7 +283,7 @@ impl Shared {
     /// passes; `None` waits for input without a timeout.
     pub(super) fn block_for_input(&self, wake: Option<&Receiver<()>>, timeout: Option<Duration>) {
         let mut sel = Select::new();
-        sel.recv(&self.msg_rx);
+        sel.recv(self.mailbox.bell());
         sel.recv(&self.done_rx);
         if let Some(w) = wake {
             sel.recv(w);
@@ -426,7 +426,7 @@ impl Shared {
                 // The flush that found it idle may have run before the last messages
                 // admitted before the close: stop only once they are in and taken.
                 self.senders.gate.wait_for_senders();
-                if self.msg_rx.is_empty() && self.done_rx.is_empty() {
+                if self.mailbox.is_empty() && self.done_rx.is_empty() {
                     return;
                 }
                 continue;
@@ -437,7 +437,7 @@ impl Shared {
             // timeout is only a safety net. Input that comes within a short spin
             // (the completion of the work just enqueued, the next submission of a
             // frame) is taken without a sleep and a wake-up.
-            let input = || !(self.msg_rx.is_empty() && self.done_rx.is_empty() && wake.is_empty());
+            let input = || !(self.mailbox.is_empty() && self.done_rx.is_empty() && wake.is_empty());
             if !spin_until(self.spin, input) {
                 self.block_for_input(Some(wake), safety_net(Duration::from_millis(100)));
             }
