@@ -174,4 +174,3 @@ impl Fixture {
         assert_eq!(stats.failed, 0, "{label}: commands failed: {stats:?}");
     }
 }
-

@@ -6,10 +6,11 @@
 //! * Messages leave in the order they were posted, from every thread together (one
 //!   lock orders them), so a command group is never overtaken by a later message.
 //! * A post costs one uncontended lock and a move of the message into a ring buffer
-//!   whose storage is kept: no allocation per message, no box, no per-message
-//!   hand-over. The ingest stage takes everything posted since its last pass in one
-//!   lock ([`Mailbox::take`]), so a busy scheduler picks up submissions in batches as
-//!   large as the submitter got ahead, and an idle one still sees each at once.
+//!   whose storage is kept (up to [`RETAINED`] messages): no allocation per message,
+//!   no box, no per-message hand-over. The ingest stage takes everything posted since
+//!   its last pass in one lock ([`Mailbox::take`]), so a busy scheduler picks up
+//!   submissions in batches as large as the submitter got ahead, and an idle one still
+//!   sees each at once.
 //! * A post into an empty mailbox rings the bell (one token on a channel), so a
 //!   scheduler blocked on its inputs wakes. Only the ingest stage empties the mailbox,
 //!   and it drains the bell as it takes, so at most a token or two wait between passes:
@@ -22,6 +23,10 @@ use gantry_driver::sync::channel::{unbounded, Receiver, Sender};
 use gantry_driver::sync::Mutex;
 
 use crate::resources::Message;
+
+/// Messages' worth of storage a mailbox keeps once drained; a backlog beyond it is
+/// returned to the allocator, so a burst does not pin its peak for the runtime's life.
+pub const RETAINED: usize = 4096;
 
 /// User messages in posting order, shared by every user handle and the scheduler.
 pub struct Mailbox {
@@ -73,6 +78,9 @@ impl Mailbox {
             std::mem::swap(&mut *queue, out);
         } else {
             out.extend(queue.drain(..n));
+        }
+        if queue.is_empty() {
+            queue.shrink_to(RETAINED);
         }
         self.len.store(queue.len(), Ordering::Release);
         n

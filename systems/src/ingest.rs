@@ -197,6 +197,8 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>, mut taken: Local<V
             }
         }
     }
+    // Kept for the next pass, but not a burst's worth.
+    taken.shrink_to(gantry_components::mailbox::RETAINED);
     let spawned = commands.spawned.len() as u64;
     if spawned > 0 {
         world.resource_mut::<WorkLists>().resolve.extend(commands.spawned);

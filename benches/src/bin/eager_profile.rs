@@ -31,5 +31,9 @@ fn main() {
     let elapsed = start.elapsed();
     fixture.check_flat(shape.name());
     let commands = shape.commands(n);
-    println!("{} {commands} commands: {:.0} ns/command", shape.name(), elapsed.as_nanos() as f64 / commands as f64);
+    println!(
+        "{} {commands} commands: {:.0} ns/command",
+        shape.name(),
+        elapsed.as_nanos() as f64 / commands as f64
+    );
 }
