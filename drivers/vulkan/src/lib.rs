@@ -110,20 +110,27 @@
 //! Vulkan command buffer (module `command_buffer`) with a pipeline barrier exactly
 //! where a dependency edge between two of its operations' buffer ranges needs one
 //! ([`Barrier`], module `barriers`: masks from the read/write relation, none
-//! between independent operations); finalize loads every kernel image and makes its
-//! pipelines. The commands are recorded at the first submission with a binding of
-//! the argument table and kept per binding ([`INSTANCES`] of them): a replay over a
-//! binding seen before is one `vkQueueSubmit`, another binding records anew, and a
-//! patch ([`Driver::patch_command_buffer`]) changes the plan and records at the next
-//! replay. [`VulkanCommandBuffer::barriers`] lists the barriers a buffer records.
+//! between independent operations); finalize loads every kernel image, makes its
+//! pipelines and plans one descriptor set per distinct (set layout, buffer slots)
+//! pair (module `descriptors`). The commands are recorded at the first submission
+//! with a binding of the argument table and kept per binding ([`INSTANCES`] of
+//! them): the sets allocated from one pool and written with one call, then per
+//! dispatch a pipeline bind where the pipeline changes, a set bind where the set
+//! changes, push constants where they change. A replay over a binding seen before
+//! is one `vkQueueSubmit`; another binding records anew while fewer than
+//! [`INSTANCES`] are kept, and past that, for a buffer of kernels only, rewrites the
+//! descriptor sets of an idle instance without recording
+//! ([`VulkanCommandBuffer::rebinds`]); a patch ([`Driver::patch_command_buffer`])
+//! changes the plan and records at the next replay (its scalars are push constants
+//! in the commands). [`VulkanCommandBuffer::barriers`] lists the barriers a buffer
+//! records.
 //!
 //! ## Not yet
 //!
 //! Host tasks ([`Capabilities::host_tasks`] is false: the scheduler runs them on
 //! the CPU), the transfer queue, fusion, device timestamps (completions carry
 //! host-observed times), a memory sub-allocator and a staging pool (each host copy
-//! makes staging memory as long as itself), rebinding a recorded command buffer's
-//! descriptors without recording again, and host → device copies whose wait-list
+//! makes staging memory as long as itself), and host → device copies whose wait-list
 //! is unfinished block `submit` until it finishes (their host bytes must be final
 //! when they are staged).
 
@@ -131,6 +138,7 @@
 
 mod barriers;
 mod command_buffer;
+mod descriptors;
 mod device;
 mod error;
 mod exact;
@@ -373,7 +381,7 @@ impl VulkanDriver {
                 launch.scalars.len()
             )));
         }
-        let ready = self.images.ready(kernel, &launch.geometry)?;
+        let ready = self.images.ready(kernel, &launch.geometry, pipeline::Bind::Push)?;
         Ok(Prepared::Kernel { ready, args, scalars: launch.scalars.clone() })
     }
 
