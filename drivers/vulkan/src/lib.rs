@@ -143,6 +143,7 @@ mod device;
 mod error;
 mod exact;
 mod execution;
+mod fusion;
 mod launch;
 mod memory;
 mod pipeline;
@@ -165,6 +166,7 @@ pub use barriers::{Barrier, Hazard};
 pub use command_buffer::{VulkanCommandBuffer, INSTANCES};
 pub use device::Limits;
 pub use error::CallError;
+pub use fusion::{WgslFusion, WgslFusionStats};
 pub use launch::PLAIN_GROUP;
 pub use pipeline::PipelineStats;
 pub use probe::{device_count, Select};
@@ -234,6 +236,8 @@ pub struct VulkanDriver {
     images: Arc<Images>,
     recorder: Recorder,
     dev: Arc<device::Device>,
+    /// The fusion compiler of its WGSL kernels, shared so its cache lasts.
+    fusion: Arc<WgslFusion>,
     /// Serializes submissions (lane choice, recording, hand-over).
     submitting: Mutex<()>,
 }
@@ -267,6 +271,7 @@ impl VulkanDriver {
             recorder: Recorder { images: images.clone(), dev: dev.clone() },
             images,
             dev,
+            fusion: Arc::new(WgslFusion::new()),
             submitting: Mutex::new(()),
         })
     }
@@ -294,6 +299,11 @@ impl VulkanDriver {
     /// How many pipelines the driver made, and the time that took.
     pub fn pipeline_stats(&self) -> PipelineStats {
         self.images.counters.get()
+    }
+
+    /// The driver's fusion compiler for WGSL kernels (its cache's counters).
+    pub fn wgsl_fusion(&self) -> &Arc<WgslFusion> {
+        &self.fusion
     }
 
     /// How many kernel images the driver holds loaded.
@@ -575,6 +585,12 @@ impl Driver for VulkanDriver {
             }
         };
         Ok(Accepted::Pending(self.lanes.submit(planned, submitted_ns)))
+    }
+
+    /// The fusion compiler of WGSL kernels ([`WgslFusion`]), whose fused kernels
+    /// are WGSL images like any other.
+    fn fusion_compilers(&self) -> Vec<Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+        vec![self.fusion.clone()]
     }
 
     /// Records a command buffer: see the module docs of `command_buffer`.
