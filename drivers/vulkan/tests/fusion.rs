@@ -240,7 +240,7 @@ fn refusals_name_their_typed_reason() {
     };
     let plain = |n: usize| Geometry::for_range(Range::d1(n)).unwrap();
     // 96 work-items of a grid of groups of 64: its second group would be partial.
-    let first = chain(&[step.clone()], n, nd(256, 64), false, true).kernels.remove(0);
+    let first = chain(std::slice::from_ref(&step), n, nd(256, 64), false, true).kernels.remove(0);
     let partial =
         WgslFusion::new().fuse(&FusionRequest { kernels: vec![first, with(plain(96))], barriers: true });
     assert!(
@@ -248,7 +248,7 @@ fn refusals_name_their_typed_reason() {
         "{partial:?}"
     );
     // Over a plain range of the grid's size, its groups are the driver's choice.
-    let first = chain(&[step.clone()], n, plain(n), false, true).kernels.remove(0);
+    let first = chain(std::slice::from_ref(&step), n, plain(n), false, true).kernels.remove(0);
     let groups =
         WgslFusion::new().fuse(&FusionRequest { kernels: vec![first, with(plain(n))], barriers: true });
     assert!(
