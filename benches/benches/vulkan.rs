@@ -11,6 +11,13 @@
 //!   planning) plus the submission of the first replay, which records the Vulkan
 //!   commands; `replay` the submission of a later replay; `one_by_one` the same
 //!   dispatches as 10,000 submissions. Throughput is in dispatches.
+//! * `fused_chain`: eight chained elementwise WGSL kernels (`y = a x + b`) over
+//!   `GANTRY_VULKAN_FUSION_N` `f32`s (default 64M; a CPU device such as lavapipe
+//!   wants a few million at most), submitted one after another (`unfused`, each
+//!   waiting on the previous in the driver) or fused by the driver's
+//!   [`WgslFusion`](gantry::vulkan::WgslFusion) into one kernel with the seven
+//!   intermediates in private memory (`fused`); submission to the last
+//!   completion, throughput in elements. The target: fused ≥ 6× unfused at 64M.
 //!
 //! `cargo bench -p gantry-benches --features vulkan --bench vulkan`. On a machine
 //! without any Vulkan device it says so and measures nothing.
@@ -19,11 +26,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use gantry::driver::fusion::{FusionArg, FusionCompiler, FusionKernel, FusionRequest, Promotion};
 use gantry::driver::sync::channel::{unbounded, Receiver};
 use gantry::driver::{
     Accepted, AccessMode, AllocId, CodeImage, CommandBuffer, CommandBufferDesc, CommandBufferLaunch,
     Completion, DeviceOp, Driver, DriverContext, Geometry, ImageKind, Kernel, KernelLaunch, KernelRef,
-    MemArg, MemRef, MemSlice, OpId, Range, RecordedArg, RecordedOp, ScalarBlock, Signature, Submission,
+    MemArg, MemRef, MemSlice, OpHandle, OpId, Range, RecordedArg, RecordedOp, ScalarBlock, Signature,
+    Submission,
 };
 use gantry::vulkan::{VulkanConfig, VulkanDriver};
 
@@ -92,6 +101,20 @@ impl Gpu {
         for _ in 0..count {
             let c = self.rx.recv_timeout(Duration::from_secs(60)).expect("a completion within a minute");
             c.result.expect("the operation ran");
+        }
+    }
+
+    /// Submits `op` waiting on `waits`; its handle (`None` where it ran inside
+    /// `submit`).
+    fn submit_after(&self, op: DeviceOp, waits: &[OpHandle]) -> Option<OpHandle> {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let sub = Submission { id: OpId(id), op, waits, preserve_on_failure: false, hint: None };
+        match self.driver.submit(sub).expect("the driver accepts the operation") {
+            Accepted::Pending(h) => Some(h),
+            Accepted::Done(c) => {
+                c.result.expect("the operation ran");
+                None
+            }
         }
     }
 
@@ -223,5 +246,90 @@ fn partition(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, dispatch, partition);
+const STEP: &str = "struct S { n: u32, a: f32, b: f32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn step(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
+}";
+
+fn fused_chain(c: &mut Criterion) {
+    let Some(gpu) = Gpu::open() else { return };
+    let n: usize =
+        std::env::var("GANTRY_VULKAN_FUSION_N").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20);
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::DiscardWrite)
+        .scalar::<u32>()
+        .scalar::<f32>()
+        .scalar::<f32>();
+    let step = wgsl_kernel("step", STEP, sig);
+    let geometry = Geometry::for_range(Range::d1(n)).expect("a valid range");
+    let table: Vec<AllocId> = (0..9).map(|_| gpu.alloc(4 * n)).collect();
+    let coefficients = |k: usize| -> ScalarBlock {
+        let (a, b) = (1.0f32 + k as f32 / 8.0, k as f32 - 3.5);
+        [(n as u32).to_ne_bytes(), a.to_ne_bytes(), b.to_ne_bytes()].concat().into_iter().collect()
+    };
+    let slot = |buffer: usize, internal: bool| {
+        let a = FusionArg::new(buffer as u64, 0..4 * n, 4);
+        if internal {
+            a.promoted(Promotion::Private)
+        } else {
+            a
+        }
+    };
+    let request = FusionRequest {
+        kernels: (0..8)
+            .map(|k| FusionKernel {
+                kernel: step.clone(),
+                geometry,
+                args: [slot(k, k > 0), slot(k + 1, k < 7)].into_iter().collect(),
+                scalars: coefficients(k),
+                deps: Default::default(),
+            })
+            .collect(),
+        barriers: true,
+    };
+    let fused = gpu.driver.wgsl_fusion().fuse(&request).expect("the chain fuses");
+    let mem = |id: AllocId| MemArg {
+        mem: MemSlice { mem: MemRef::Device(id), offset: 0, len: 4 * n },
+        mode: AccessMode::ReadWrite,
+    };
+    let unfused = || {
+        let mut last: Option<OpHandle> = None;
+        for k in 0..8 {
+            let op = DeviceOp::Kernel(KernelLaunch {
+                kernel: step.clone(),
+                geometry,
+                args: [mem(table[k]), mem(table[k + 1])].into_iter().collect(),
+                scalars: coefficients(k),
+            });
+            let waits: Vec<OpHandle> = last.iter().cloned().collect();
+            last = gpu.submit_after(op, &waits);
+        }
+        gpu.wait(8);
+    };
+    let run_fused = || {
+        let op = DeviceOp::Kernel(KernelLaunch {
+            kernel: fused.kernel.clone(),
+            geometry: fused.geometry,
+            args: fused.args.iter().map(|a| mem(table[a.buffer as usize])).collect(),
+            scalars: fused.scalars.clone(),
+        });
+        let id = gpu.submit(op);
+        gpu.wait(usize::from(id != 0));
+    };
+    unfused(); // makes the pipelines
+    run_fused();
+    let mut g = c.benchmark_group(format!("fused_chain/{n}/{}", gpu.driver.device_name()));
+    g.throughput(Throughput::Elements(n as u64));
+    g.sample_size(10);
+    g.bench_function("unfused", |b| b.iter(unfused));
+    g.bench_function("fused", |b| b.iter(run_fused));
+    g.finish();
+}
+
+criterion_group!(benches, dispatch, partition, fused_chain);
 criterion_main!(benches);

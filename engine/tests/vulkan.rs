@@ -2,7 +2,8 @@
 //! on the builder, it runs WGSL kernels with scalars, fills and copies the scheduler
 //! hands it, moves buffers between its memory and the host's, fails a refused launch's
 //! dependents, replays command graphs as recorded Vulkan command buffers, and host
-//! tasks submitted to its queues run on the CPU. On a machine without Vulkan, building
+//! tasks submitted to its queues run on the CPU; chains of WGSL kernels fuse on the
+//! queue, and a refused fusion runs them unfused. On a machine without Vulkan, building
 //! the runtime is a typed error and the tests say they were skipped.
 
 mod gpu_scenarios;
@@ -94,4 +95,136 @@ fn a_command_graph_replays_as_a_vulkan_command_buffer_and_updates() {
         return;
     };
     gpu_scenarios::a_command_graph_replays_and_updates(&rt, &q, &saxpy());
+}
+
+const STEP: &str = "
+struct S { n: u32, a: f32, b: f32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn step(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
+}";
+
+fn step_kernel() -> KernelRef {
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::DiscardWrite)
+        .scalar::<u32>()
+        .scalar::<f32>()
+        .scalar::<f32>();
+    Kernel::new("step", sig).with_image(CodeImage::new(ImageKind::Wgsl, "step", STEP.as_bytes())).into_ref()
+}
+
+fn coefficients(k: usize) -> (f32, f32) {
+    (1.0 + k as f32 / 8.0, k as f32 - 3.5)
+}
+
+fn chain_reference(x: &[f32], steps: usize) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            (0..steps).fold(v, |v, k| {
+                let (a, b) = coefficients(k);
+                a * v + b
+            })
+        })
+        .collect()
+}
+
+/// Submits `buffers.len() - 1` chained steps, promoting the intermediates to
+/// private memory where `promote`.
+fn submit_chain(
+    q: &gantry::Queue,
+    step: &KernelRef,
+    buffers: &[gantry::Buffer<f32>],
+    n: usize,
+    promote: bool,
+) {
+    let steps = buffers.len() - 1;
+    for k in 0..steps {
+        let (a, b) = coefficients(k);
+        q.submit(|cg| {
+            let input = cg.read(&buffers[k]);
+            let output = cg.discard_write(&buffers[k + 1]);
+            if promote && k > 0 {
+                cg.promote(&input, gantry::Promotion::Private);
+            }
+            if promote && k + 1 < steps {
+                cg.promote(&output, gantry::Promotion::Private);
+            }
+            cg.launch(step, n).scalar(0, n as u32).scalar(1, a).scalar(2, b);
+        })
+        .unwrap();
+    }
+}
+
+/// Eight WGSL kernels fused by the queue on the Vulkan device (the driver's
+/// `WgslFusion`), with and without barriers: one fused kernel, the intermediates
+/// internalized (never written back), the output bit-identical to the host
+/// reference and to the unfused chain.
+#[test]
+fn a_chain_of_wgsl_kernels_fuses_on_vulkan() {
+    let Some((rt, q)) = vulkan_runtime("a_chain_of_wgsl_kernels_fuses_on_vulkan") else { return };
+    let n = 100_003usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
+    let expected = chain_reference(&x, 8);
+    let step = step_kernel();
+    for barriers in [true, false] {
+        let mut buffers = vec![rt.buffer(&x)];
+        buffers.extend((0..8).map(|_| rt.buffer(&vec![-1f32; n])));
+        q.start_fusion().unwrap();
+        submit_chain(&q, &step, &buffers, n, true);
+        q.complete_fusion(gantry::FusionProps { barriers }).unwrap().wait().unwrap();
+        match q.fusion_outcome() {
+            Some(gantry::FusionOutcome::Fused { kernels: 8, .. }) => {}
+            other => panic!("barriers {barriers}: {other:?}"),
+        }
+        let got = buffers[8].to_vec().unwrap();
+        let wrong = (0..n).filter(|&i| got[i].to_bits() != expected[i].to_bits()).count();
+        assert_eq!(wrong, 0, "barriers {barriers}: {wrong} elements differ from the reference");
+        // Internalized, the intermediate is not written back: it holds no step-4
+        // values (a device copy of a discarded buffer starts zeroed).
+        let middle = buffers[4].to_vec().unwrap();
+        let step4 = chain_reference(&x, 4);
+        let written = (0..n).filter(|&i| middle[i] == step4[i]).count();
+        assert!(written < n / 100, "an internalized intermediate holds {written} computed values");
+    }
+    let unfused: Vec<gantry::Buffer<f32>> =
+        std::iter::once(rt.buffer(&x)).chain((0..8).map(|_| rt.buffer_zeroed(n))).collect();
+    submit_chain(&q, &step, &unfused, n, false);
+    q.wait().unwrap();
+    assert_eq!(unfused[8].to_vec().unwrap(), expected, "unfused");
+}
+
+/// A fusion list the WGSL compiler refuses (different local sizes) is cancelled
+/// with the shared rules' typed reason, and the kernels run unfused, correctly.
+#[test]
+fn a_refused_wgsl_fusion_runs_the_kernels_unfused() {
+    let Some((rt, q)) = vulkan_runtime("a_refused_wgsl_fusion_runs_the_kernels_unfused") else { return };
+    const SCALE: &str = "
+        override wx: u32 = 64;
+        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
+        @compute @workgroup_size(wx)
+        fn scale(@builtin(global_invocation_id) id: vec3<u32>) { y[id.x] = 2.0 * y[id.x] + 1.0; }";
+    let scale = Kernel::new("scale", Signature::new().global(AccessMode::ReadWrite))
+        .with_image(CodeImage::new(ImageKind::Wgsl, "scale", SCALE.as_bytes()))
+        .into_ref();
+    let y = rt.buffer(&[1f32; 256]);
+    q.start_fusion().unwrap();
+    for local in [64, 32] {
+        q.submit(|cg| {
+            cg.read_write(&y);
+            cg.launch_nd(&scale, gantry::NdRange::new(256, local));
+        })
+        .unwrap();
+    }
+    q.complete_fusion(gantry::FusionProps::default()).unwrap().wait().unwrap();
+    match q.fusion_outcome() {
+        Some(gantry::FusionOutcome::Cancelled(reason)) => {
+            assert!(reason.to_string().contains("different local sizes"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(y.to_vec().unwrap(), vec![7f32; 256], "2(2·1+1)+1, unfused");
 }

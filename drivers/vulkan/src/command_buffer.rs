@@ -2,23 +2,35 @@
 //! command buffer and replayed as one `vkQueueSubmit`.
 //!
 //! Finalize validates the plan (`gantry_driver::PlanBuilder`), loads every kernel
-//! image and makes its pipeline, and places the pipeline barriers (module
-//! `barriers`: exactly where a dependency edge between two operations' buffer
-//! ranges needs one). The Vulkan command buffer itself is recorded at the first
-//! submission with an argument table bound to memory, because copies and fills name
-//! their buffers in the commands: an *instance* per binding (up to
+//! image and makes its pipeline, places the pipeline barriers (module `barriers`:
+//! exactly where a dependency edge between two operations' buffer ranges needs
+//! one) and plans the descriptor sets (module `descriptors`: one per distinct
+//! layout and slot tuple). The Vulkan command buffer itself is recorded at the
+//! first submission with an argument table bound to memory, because copies and
+//! fills name their buffers in the commands: an *instance* per binding (up to
 //! [`INSTANCES`] kept, each in a pool of its own so it can be freed from any
-//! thread), recorded with `SIMULTANEOUS_USE` so replays may overlap. A replay over a
-//! binding seen before is one submit with nothing recorded; another binding records
-//! a new instance (about 0.2 µs per dispatch on lavapipe) rather than rewriting
-//! descriptors of an instance that may be in flight, which would need
-//! update-after-bind descriptor sets. An instance with memory buffer reads is not
-//! replayed while a replay of it is in flight (its staging memory is its own), so
-//! overlapping replays of such a buffer record another instance. Patching
+//! thread), recorded with `SIMULTANEOUS_USE` so replays may overlap. Recording
+//! allocates the instance's descriptor sets in bulk and writes them with one call,
+//! then records each dispatch as a pipeline bind where the pipeline changes, a set
+//! bind where the set changes, push constants where they change, and the dispatch.
+//!
+//! A replay over a binding seen before is one submit with nothing recorded. Another
+//! binding records a new instance while fewer than [`INSTANCES`] are kept; at that
+//! count, a plan of kernels only (whose commands name no buffer: copies and fills
+//! do) *rebinds* the least recently made idle instance instead: its descriptor sets
+//! are rewritten for the new binding and its commands kept
+//! ([`VulkanCommandBuffer::rebinds`]). An instance in flight is never rewritten
+//! (that would need update-after-bind descriptor sets); if every one is, another is
+//! recorded. An instance with memory buffer reads is not replayed while a replay of
+//! it is in flight (its staging memory is its own), so overlapping replays of such
+//! a buffer record another instance. Patching
 //! ([`Driver::patch_command_buffer`](gantry_driver::Driver::patch_command_buffer))
-//! changes the plan and drops the instances.
+//! changes the plan and drops the instances: a patch changes kernels, geometries,
+//! scalars (push constants, recorded in the commands), fill patterns or host memory,
+//! never which entries a dispatch binds, so there is nothing to rebind.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
@@ -28,11 +40,12 @@ use gantry_driver::{
 };
 
 use crate::barriers::{plan_barriers, Barrier};
+use crate::descriptors::{SetPlan, Sets, NO_SET};
 use crate::device::Device;
 use crate::error::{invalid, CallError, Check};
 use crate::execution::{lock, Finish};
 use crate::memory::{Buffer, MakeError, Place};
-use crate::pipeline::{record_dispatch, Images, Ready};
+use crate::pipeline::{Bind, Images, Ready};
 use crate::transfer::{self, TransferError};
 
 /// Instances (recordings for one argument binding) a command buffer keeps.
@@ -63,6 +76,8 @@ impl Recorder {
         plan.apply_patches(patch)
             .map_err(|e| invalid(&self.dev.name, format!("patching a command buffer: {e}")))?;
         let kernels = ready_all(&self.images, &plan)?;
+        buffer.sets = SetPlan::new(&plan, &kernels);
+        buffer.rebindable = rebindable(&plan);
         buffer.plan = plan;
         buffer.kernels = kernels;
         lock(&buffer.instances).clear();
@@ -89,11 +104,15 @@ impl CommandBufferBuilder for Builder {
         };
         let kernels = ready_all(&self.images, &plan)?;
         let barriers = plan_barriers(&plan);
+        let sets = SetPlan::new(&plan, &kernels);
         Ok(Arc::new(VulkanCommandBuffer {
+            rebindable: rebindable(&plan),
             plan,
             barriers,
             kernels,
+            sets,
             instances: Mutex::new(Vec::new()),
+            counts: Counts::default(),
             dev: self.dev.clone(),
         }))
     }
@@ -111,12 +130,25 @@ fn ready_all(images: &Images, plan: &Plan) -> Result<Vec<Option<Ready>>, ExecErr
         };
         let ready = match &last {
             Some((k, g, r)) if Arc::ptr_eq(k, kernel) && *g == geometry => r.clone(),
-            _ => images.ready(kernel, geometry)?,
+            _ => images.ready(kernel, geometry, Bind::Sets)?,
         };
         last = Some((kernel, geometry, ready.clone()));
         out.push(Some(ready));
     }
     Ok(out)
+}
+
+/// Whether a recording of `plan` can be pointed at another binding by rewriting its
+/// descriptor sets: its commands name no buffer (only kernels and markers).
+fn rebindable(plan: &Plan) -> bool {
+    plan.ops.iter().all(|p| matches!(p.op, RecordedOp::Kernel { .. } | RecordedOp::Marker))
+}
+
+/// How often a command buffer was recorded and rebound.
+#[derive(Default)]
+struct Counts {
+    recordings: AtomicUsize,
+    rebinds: AtomicUsize,
 }
 
 /// A bound argument-table entry: the buffer, the offset of the entry's memory in
@@ -131,7 +163,10 @@ pub struct VulkanCommandBuffer {
     plan: Plan,
     barriers: Vec<Barrier>,
     kernels: Vec<Option<Ready>>,
+    sets: SetPlan,
+    rebindable: bool,
     instances: Mutex<Vec<(Key, Arc<Instance>)>>,
+    counts: Counts,
     dev: Arc<Device>,
 }
 
@@ -142,7 +177,10 @@ impl Clone for VulkanCommandBuffer {
             plan: self.plan.clone(),
             barriers: self.barriers.clone(),
             kernels: self.kernels.clone(),
+            sets: self.sets.clone(),
+            rebindable: self.rebindable,
             instances: Mutex::new(Vec::new()),
+            counts: Counts::default(),
             dev: self.dev.clone(),
         }
     }
@@ -157,6 +195,22 @@ impl VulkanCommandBuffer {
     /// How many instances (recordings for one binding) it holds.
     pub fn instances(&self) -> usize {
         lock(&self.instances).len()
+    }
+
+    /// How many times its commands were recorded (an instance made).
+    pub fn recordings(&self) -> usize {
+        self.counts.recordings.load(Ordering::Relaxed)
+    }
+
+    /// How many times an instance was pointed at another binding by rewriting its
+    /// descriptor sets, without recording (see the module docs).
+    pub fn rebinds(&self) -> usize {
+        self.counts.rebinds.load(Ordering::Relaxed)
+    }
+
+    /// How many distinct descriptor sets a recording of it holds.
+    pub fn descriptor_sets(&self) -> usize {
+        self.sets.len()
     }
 
     /// The instance for `bound`, recorded if there is none; the error says what is
@@ -183,7 +237,21 @@ impl VulkanCommandBuffer {
             return Ok(i.clone());
         }
         self.check(bound)?;
+        if self.rebindable && instances.len() >= INSTANCES {
+            // The oldest idle instance: only the list holds it (every other holder
+            // clones it under this lock), so nothing pending uses its sets.
+            if let Some(at) = instances.iter().position(|(_, i)| Arc::strong_count(i) == 1) {
+                let (_, mut instance) = instances.remove(at);
+                let idle = Arc::get_mut(&mut instance).expect("only the list holds an idle instance");
+                idle.sets.write(&self.sets, bound);
+                idle.bound = bound.iter().map(|(b, _, _)| b.clone()).collect();
+                self.counts.rebinds.fetch_add(1, Ordering::Relaxed);
+                instances.push((key, instance.clone()));
+                return Ok(instance);
+            }
+        }
         let instance = Arc::new(self.record(bound)?);
+        self.counts.recordings.fetch_add(1, Ordering::Relaxed);
         // The oldest not in flight make room (in flight ones are held by their
         // operations, and go at a later recording).
         while instances.len() >= INSTANCES {
@@ -235,7 +303,8 @@ impl VulkanCommandBuffer {
     fn record(&self, bound: &[Bound]) -> Result<Instance, ExecError> {
         let name = &self.dev.name;
         let fail = |e: CallError| e.into_exec(name, "recording a command buffer");
-        let mut instance = Instance::new(&self.dev).map_err(fail)?;
+        let mut instance = Instance::new(&self.dev, &self.sets).map_err(fail)?;
+        instance.sets.write(&self.sets, bound);
         let cmd = instance.cmd;
         let dev = &self.dev;
         let place = |a: &RecordedArg| {
@@ -247,7 +316,12 @@ impl VulkanCommandBuffer {
             TransferError::Call(e) => fail(e),
         };
         let mut barriers = self.barriers.iter().peekable();
+        // What the command buffer has bound: pipeline, descriptor set (with the
+        // layout it was bound through), push constants (likewise).
         let mut pipeline = vk::Pipeline::null();
+        let mut set = (vk::PipelineLayout::null(), NO_SET);
+        let mut pushed: (vk::PipelineLayout, smallvec::SmallVec<[u8; 64]>) =
+            (vk::PipelineLayout::null(), smallvec::SmallVec::new());
         // The images its dispatches use, each kept once.
         let mut images: Vec<&Arc<crate::pipeline::Pipelines>> = Vec::new();
         for ready in self.kernels.iter().flatten() {
@@ -278,16 +352,57 @@ impl VulkanCommandBuffer {
                     };
                 }
                 match &planned.op {
-                    RecordedOp::Kernel { args, scalars, .. } => {
+                    RecordedOp::Kernel { scalars, .. } => {
                         let ready = self.kernels[i].as_ref().expect("made ready at finalize");
-                        let resolved: smallvec::SmallVec<[(vk::Buffer, usize, usize); 8]> = args
-                            .iter()
-                            .map(|a| {
-                                let (b, base, _) = &bound[a.entry as usize];
-                                (b.raw, base + a.offset, a.len)
-                            })
-                            .collect();
-                        record_dispatch(dev, cmd, ready, &resolved, scalars, &mut pipeline);
+                        let layout = ready.layout;
+                        let groups = ready.shape.groups;
+                        let want = self.sets.op_set[i];
+                        let push_bytes = ready.pipelines.push_bytes as usize;
+                        let push_changed = push_bytes > 0
+                            && (pushed.0 != layout
+                                || pushed.1.len() != push_bytes
+                                || pushed.1[..scalars.len()] != scalars[..]);
+                        if push_changed {
+                            pushed.0 = layout;
+                            pushed.1.clear();
+                            pushed.1.extend_from_slice(scalars);
+                            pushed.1.resize(push_bytes, 0);
+                        }
+                        // SAFETY: a recording command buffer; the pipeline and layout
+                        // are the image's (the instance keeps the image); the set is
+                        // the instance's, written over checked, aligned ranges; the
+                        // push constants fill the layout's range.
+                        unsafe {
+                            if pipeline != ready.pipeline {
+                                dev.raw.cmd_bind_pipeline(
+                                    cmd,
+                                    vk::PipelineBindPoint::COMPUTE,
+                                    ready.pipeline,
+                                );
+                                pipeline = ready.pipeline;
+                            }
+                            if want != NO_SET && set != (layout, want) {
+                                dev.raw.cmd_bind_descriptor_sets(
+                                    cmd,
+                                    vk::PipelineBindPoint::COMPUTE,
+                                    layout,
+                                    0,
+                                    &instance.sets.sets[want as usize..=want as usize],
+                                    &[],
+                                );
+                                set = (layout, want);
+                            }
+                            if push_changed {
+                                dev.raw.cmd_push_constants(
+                                    cmd,
+                                    layout,
+                                    vk::ShaderStageFlags::COMPUTE,
+                                    0,
+                                    &pushed.1,
+                                );
+                            }
+                            dev.raw.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
+                        }
                     }
                     RecordedOp::Copy { src, dst } => {
                         let r = transfer::copy(dev, cmd, place(src), place(dst), src.len)
@@ -342,7 +457,7 @@ impl VulkanCommandBuffer {
         let ended = unsafe { dev.raw.end_command_buffer(cmd) }.call("vkEndCommandBuffer");
         recorded?;
         ended.map_err(fail)?;
-        instance.keep.extend(bound.iter().map(|(b, _, _)| Box::new(b.clone()) as Box<dyn Any + Send + Sync>));
+        instance.bound = bound.iter().map(|(b, _, _)| b.clone()).collect();
         Ok(instance)
     }
 }
@@ -360,6 +475,10 @@ fn staging(dev: &Arc<Device>, len: usize) -> Result<Buffer, TransferError> {
 pub(crate) struct Instance {
     pool: vk::CommandPool,
     pub cmd: vk::CommandBuffer,
+    /// Its descriptor sets (see module `descriptors`).
+    sets: Sets,
+    /// The buffers of the binding it was recorded or last rebound for.
+    bound: Vec<Arc<Buffer>>,
     keep: Vec<Box<dyn Any + Send + Sync>>,
     /// Memory buffer reads: staging memory, the host memory it is copied to after
     /// each replay, and the length.
@@ -368,13 +487,16 @@ pub(crate) struct Instance {
 }
 
 impl Instance {
-    fn new(dev: &Arc<Device>) -> Result<Self, CallError> {
+    fn new(dev: &Arc<Device>, sets: &SetPlan) -> Result<Self, CallError> {
+        let sets = Sets::new(dev, sets)?;
         let info = vk::CommandPoolCreateInfo::default().queue_family_index(dev.compute_family);
         // SAFETY: a live device and one of its families.
         let pool = unsafe { dev.raw.create_command_pool(&info, None) }.call("vkCreateCommandPool")?;
         let mut this = Self {
             pool,
             cmd: vk::CommandBuffer::null(),
+            sets,
+            bound: Vec::new(),
             keep: Vec::new(),
             reads: Vec::new(),
             dev: dev.clone(),

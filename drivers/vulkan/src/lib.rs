@@ -110,20 +110,27 @@
 //! Vulkan command buffer (module `command_buffer`) with a pipeline barrier exactly
 //! where a dependency edge between two of its operations' buffer ranges needs one
 //! ([`Barrier`], module `barriers`: masks from the read/write relation, none
-//! between independent operations); finalize loads every kernel image and makes its
-//! pipelines. The commands are recorded at the first submission with a binding of
-//! the argument table and kept per binding ([`INSTANCES`] of them): a replay over a
-//! binding seen before is one `vkQueueSubmit`, another binding records anew, and a
-//! patch ([`Driver::patch_command_buffer`]) changes the plan and records at the next
-//! replay. [`VulkanCommandBuffer::barriers`] lists the barriers a buffer records.
+//! between independent operations); finalize loads every kernel image, makes its
+//! pipelines and plans one descriptor set per distinct (set layout, buffer slots)
+//! pair (module `descriptors`). The commands are recorded at the first submission
+//! with a binding of the argument table and kept per binding ([`INSTANCES`] of
+//! them): the sets allocated from one pool and written with one call, then per
+//! dispatch a pipeline bind where the pipeline changes, a set bind where the set
+//! changes, push constants where they change. A replay over a binding seen before
+//! is one `vkQueueSubmit`; another binding records anew while fewer than
+//! [`INSTANCES`] are kept, and past that, for a buffer of kernels only, rewrites the
+//! descriptor sets of an idle instance without recording
+//! ([`VulkanCommandBuffer::rebinds`]); a patch ([`Driver::patch_command_buffer`])
+//! changes the plan and records at the next replay (its scalars are push constants
+//! in the commands). [`VulkanCommandBuffer::barriers`] lists the barriers a buffer
+//! records.
 //!
 //! ## Not yet
 //!
 //! Host tasks ([`Capabilities::host_tasks`] is false: the scheduler runs them on
 //! the CPU), the transfer queue, fusion, device timestamps (completions carry
 //! host-observed times), a memory sub-allocator and a staging pool (each host copy
-//! makes staging memory as long as itself), rebinding a recorded command buffer's
-//! descriptors without recording again, and host → device copies whose wait-list
+//! makes staging memory as long as itself), and host → device copies whose wait-list
 //! is unfinished block `submit` until it finishes (their host bytes must be final
 //! when they are staged).
 
@@ -131,10 +138,12 @@
 
 mod barriers;
 mod command_buffer;
+mod descriptors;
 mod device;
 mod error;
 mod exact;
 mod execution;
+mod fusion;
 mod launch;
 mod memory;
 mod pipeline;
@@ -157,6 +166,7 @@ pub use barriers::{Barrier, Hazard};
 pub use command_buffer::{VulkanCommandBuffer, INSTANCES};
 pub use device::Limits;
 pub use error::CallError;
+pub use fusion::{WgslFusion, WgslFusionStats};
 pub use launch::PLAIN_GROUP;
 pub use pipeline::PipelineStats;
 pub use probe::{device_count, Select};
@@ -226,6 +236,8 @@ pub struct VulkanDriver {
     images: Arc<Images>,
     recorder: Recorder,
     dev: Arc<device::Device>,
+    /// The fusion compiler of its WGSL kernels, shared so its cache lasts.
+    fusion: Arc<WgslFusion>,
     /// Serializes submissions (lane choice, recording, hand-over).
     submitting: Mutex<()>,
 }
@@ -259,6 +271,7 @@ impl VulkanDriver {
             recorder: Recorder { images: images.clone(), dev: dev.clone() },
             images,
             dev,
+            fusion: Arc::new(WgslFusion::new()),
             submitting: Mutex::new(()),
         })
     }
@@ -286,6 +299,11 @@ impl VulkanDriver {
     /// How many pipelines the driver made, and the time that took.
     pub fn pipeline_stats(&self) -> PipelineStats {
         self.images.counters.get()
+    }
+
+    /// The driver's fusion compiler for WGSL kernels (its cache's counters).
+    pub fn wgsl_fusion(&self) -> &Arc<WgslFusion> {
+        &self.fusion
     }
 
     /// How many kernel images the driver holds loaded.
@@ -373,7 +391,7 @@ impl VulkanDriver {
                 launch.scalars.len()
             )));
         }
-        let ready = self.images.ready(kernel, &launch.geometry)?;
+        let ready = self.images.ready(kernel, &launch.geometry, pipeline::Bind::Push)?;
         Ok(Prepared::Kernel { ready, args, scalars: launch.scalars.clone() })
     }
 
@@ -567,6 +585,12 @@ impl Driver for VulkanDriver {
             }
         };
         Ok(Accepted::Pending(self.lanes.submit(planned, submitted_ns)))
+    }
+
+    /// The fusion compiler of WGSL kernels ([`WgslFusion`]), whose fused kernels
+    /// are WGSL images like any other.
+    fn fusion_compilers(&self) -> Vec<Arc<dyn gantry_driver::fusion::FusionCompiler>> {
+        vec![self.fusion.clone()]
     }
 
     /// Records a command buffer: see the module docs of `command_buffer`.

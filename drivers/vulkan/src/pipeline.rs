@@ -1,9 +1,12 @@
 //! Compute pipelines: each kernel image is loaded once per driver (through
-//! [`ImageCache`](gantry_driver::ImageCache)) into its descriptor set layout (one
-//! storage buffer per global argument, pushed with `VK_KHR_push_descriptor`), its
-//! pipeline layout (plus a push-constant block for the scalars) and its shader;
-//! pipelines are made on first use per workgroup size (one, unless the shader's
-//! size is set per launch) and kept with the image.
+//! [`ImageCache`](gantry_driver::ImageCache)) into its descriptor set layouts (one
+//! storage buffer per global argument: one layout pushed with
+//! `VK_KHR_push_descriptor`, for launches one by one, and one of allocated sets, for
+//! recorded command buffers), a pipeline layout for each (plus a push-constant block
+//! for the scalars) and its shader; pipelines are made on first use per workgroup
+//! size (one, unless the shader's size is set per launch) and binding model
+//! ([`Bind`]: a pipeline is tied to its layout, and the two layouts are not
+//! compatible), and kept with the image.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -76,6 +79,17 @@ enum Source {
     SpirV(vk::ShaderModule),
 }
 
+/// How a pipeline's buffers are bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Bind {
+    /// Pushed descriptors (`vkCmdPushDescriptorSetKHR`): launches one by one, whose
+    /// command buffers hold no descriptor sets of their own.
+    Push,
+    /// Allocated descriptor sets (`vkCmdBindDescriptorSets`): recorded command
+    /// buffers, which write each set once and can rewrite it without recording.
+    Sets,
+}
+
 /// A loaded image: its layouts, its shader, and its pipelines by workgroup size.
 pub(crate) struct Pipelines {
     source: Source,
@@ -83,13 +97,14 @@ pub(crate) struct Pipelines {
     /// Each workgroup dimension (Vulkan order): fixed, or set by the launch (a
     /// WGSL override, or a SPIR-V specialization constant of this id).
     pub dims: [Dim; 3],
-    pub set_layout: vk::DescriptorSetLayout,
-    pub layout: vk::PipelineLayout,
+    /// The set layouts and pipeline layouts, by [`Bind`] (`Push`, `Sets`).
+    set_layouts: [vk::DescriptorSetLayout; 2],
+    layouts: [vk::PipelineLayout; 2],
     /// Global arguments the layout binds.
     pub globals: usize,
     /// Bytes of the push-constant block (the scalars, rounded up to 4).
     pub push_bytes: u32,
-    variants: Mutex<HashMap<[u32; 3], vk::Pipeline>>,
+    variants: Mutex<HashMap<([u32; 3], Bind), vk::Pipeline>>,
     counters: Arc<Counters>,
     dev: Arc<Device>,
 }
@@ -142,52 +157,27 @@ impl Pipelines {
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
             .collect();
-        let info = vk::DescriptorSetLayoutCreateInfo::default()
-            .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
-            .bindings(&bindings);
         let destroy_source = |source: &Source| {
             if let Source::SpirV(m) = source {
                 // SAFETY: made above, unused.
                 unsafe { dev.raw.destroy_shader_module(*m, None) };
             }
         };
-        // SAFETY: a valid create info.
-        let set_layout = match unsafe { dev.raw.create_descriptor_set_layout(&info, None) }
-            .call("vkCreateDescriptorSetLayout")
-        {
+        let push_bytes = (signature.scalar_bytes() as u32).next_multiple_of(4);
+        let made = Self::layouts(dev, &bindings, push_bytes);
+        let (set_layouts, layouts) = match made {
             Ok(l) => l,
             Err(e) => {
                 destroy_source(&source);
                 return Err(e.into());
             }
         };
-        let push_bytes = (signature.scalar_bytes() as u32).next_multiple_of(4);
-        let ranges = [vk::PushConstantRange {
-            stage_flags: vk::ShaderStageFlags::COMPUTE,
-            offset: 0,
-            size: push_bytes,
-        }];
-        let layouts = [set_layout];
-        let info = vk::PipelineLayoutCreateInfo::default()
-            .set_layouts(&layouts)
-            .push_constant_ranges(if push_bytes > 0 { &ranges } else { &[] });
-        // SAFETY: a valid create info.
-        let layout =
-            match unsafe { dev.raw.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout") {
-                Ok(l) => l,
-                Err(e) => {
-                    // SAFETY: made above, unused.
-                    unsafe { dev.raw.destroy_descriptor_set_layout(set_layout, None) };
-                    destroy_source(&source);
-                    return Err(e.into());
-                }
-            };
         Ok(Self {
             source,
             entry,
             dims,
-            set_layout,
-            layout,
+            set_layouts,
+            layouts,
             globals,
             push_bytes,
             variants: Mutex::new(HashMap::new()),
@@ -196,9 +186,69 @@ impl Pipelines {
         })
     }
 
-    /// The pipeline for workgroup size `size` (Vulkan order), made on first use.
-    pub(crate) fn pipeline(&self, size: [u32; 3]) -> Result<vk::Pipeline, LoadError> {
-        if let Some(&p) = lock(&self.variants).get(&size) {
+    /// The set layouts and pipeline layouts for `bindings`, in [`Bind`] order, each
+    /// with a push-constant range of `push_bytes` (none where zero); nothing is left
+    /// made on failure.
+    fn layouts(
+        dev: &Arc<Device>,
+        bindings: &[vk::DescriptorSetLayoutBinding],
+        push_bytes: u32,
+    ) -> Result<([vk::DescriptorSetLayout; 2], [vk::PipelineLayout; 2]), CallError> {
+        let mut set_layouts = Vec::with_capacity(2);
+        let mut layouts = Vec::with_capacity(2);
+        let ranges = [vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: 0,
+            size: push_bytes,
+        }];
+        let made = (|| {
+            for flags in [
+                vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR,
+                vk::DescriptorSetLayoutCreateFlags::empty(),
+            ] {
+                let info = vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(bindings);
+                // SAFETY: a valid create info.
+                let set_layout = unsafe { dev.raw.create_descriptor_set_layout(&info, None) }
+                    .call("vkCreateDescriptorSetLayout")?;
+                set_layouts.push(set_layout);
+                let sets = [set_layout];
+                let info = vk::PipelineLayoutCreateInfo::default()
+                    .set_layouts(&sets)
+                    .push_constant_ranges(if push_bytes > 0 { &ranges } else { &[] });
+                // SAFETY: a valid create info.
+                layouts.push(
+                    unsafe { dev.raw.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout")?,
+                );
+            }
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(([set_layouts[0], set_layouts[1]], [layouts[0], layouts[1]])),
+            Err(e) => {
+                // SAFETY: made above, unused.
+                unsafe {
+                    layouts.iter().for_each(|&l| dev.raw.destroy_pipeline_layout(l, None));
+                    set_layouts.iter().for_each(|&l| dev.raw.destroy_descriptor_set_layout(l, None));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The pipeline layout of binding model `bind`.
+    pub(crate) fn layout(&self, bind: Bind) -> vk::PipelineLayout {
+        self.layouts[bind as usize]
+    }
+
+    /// The descriptor set layout of binding model `bind`.
+    pub(crate) fn set_layout(&self, bind: Bind) -> vk::DescriptorSetLayout {
+        self.set_layouts[bind as usize]
+    }
+
+    /// The pipeline for workgroup size `size` (Vulkan order) and binding model
+    /// `bind`, made on first use.
+    pub(crate) fn pipeline(&self, size: [u32; 3], bind: Bind) -> Result<vk::Pipeline, LoadError> {
+        if let Some(&p) = lock(&self.variants).get(&(size, bind)) {
             return Ok(p);
         }
         let start = Instant::now();
@@ -235,7 +285,7 @@ impl Pipelines {
         if !entries.is_empty() {
             stage = stage.specialization_info(&spec);
         }
-        let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.layout)];
+        let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.layout(bind))];
         // SAFETY: a valid create info on a live device.
         let made = unsafe { dev.create_compute_pipelines(vk::PipelineCache::null(), &info, None) };
         if temporary {
@@ -246,13 +296,13 @@ impl Pipelines {
         self.counters.created.fetch_add(1, Ordering::Relaxed);
         self.counters.nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut variants = lock(&self.variants);
-        if let Some(&p) = variants.get(&size) {
+        if let Some(&p) = variants.get(&(size, bind)) {
             // Another thread made it first.
             // SAFETY: made above, never used.
             unsafe { dev.destroy_pipeline(pipeline, None) };
             return Ok(p);
         }
-        variants.insert(size, pipeline);
+        variants.insert((size, bind), pipeline);
         Ok(pipeline)
     }
 }
@@ -265,8 +315,10 @@ impl Drop for Pipelines {
             for (_, p) in self.variants.get_mut().unwrap_or_else(|p| p.into_inner()).drain() {
                 self.dev.raw.destroy_pipeline(p, None);
             }
-            self.dev.raw.destroy_pipeline_layout(self.layout, None);
-            self.dev.raw.destroy_descriptor_set_layout(self.set_layout, None);
+            for (&l, &s) in self.layouts.iter().zip(&self.set_layouts) {
+                self.dev.raw.destroy_pipeline_layout(l, None);
+                self.dev.raw.destroy_descriptor_set_layout(s, None);
+            }
             if let Source::SpirV(m) = self.source {
                 self.dev.raw.destroy_shader_module(m, None);
             }
@@ -282,11 +334,12 @@ pub(crate) struct Images {
 }
 
 /// A kernel ready to dispatch: its loaded image, the pipeline for its workgroup
-/// size, and its shape.
+/// size and binding model, its pipeline layout, and its shape.
 #[derive(Clone)]
 pub(crate) struct Ready {
     pub pipelines: Arc<Pipelines>,
     pub pipeline: vk::Pipeline,
+    pub layout: vk::PipelineLayout,
     pub shape: Shape,
 }
 
@@ -304,8 +357,14 @@ impl Images {
     }
 
     /// `kernel` loaded (its SPIR-V image preferred over its WGSL one) and made
-    /// ready for a launch over `geometry`; the error names the kernel.
-    pub(crate) fn ready(&self, kernel: &KernelRef, geometry: &Geometry) -> Result<Ready, ExecError> {
+    /// ready for a launch over `geometry` binding its buffers by `bind`; the error
+    /// names the kernel.
+    pub(crate) fn ready(
+        &self,
+        kernel: &KernelRef,
+        geometry: &Geometry,
+        bind: Bind,
+    ) -> Result<Ready, ExecError> {
         let name = &kernel.name;
         let signature = &kernel.signature;
         let limits = &self.dev.limits;
@@ -361,8 +420,9 @@ impl Images {
         }
         let shape = launch::shape(geometry, &pipelines.dims, limits)
             .map_err(|e| self.invalid(format!("kernel `{name}`: {e}")))?;
-        let pipeline = pipelines.pipeline(shape.size).map_err(load_error)?;
-        Ok(Ready { pipelines, pipeline, shape })
+        let pipeline = pipelines.pipeline(shape.size, bind).map_err(load_error)?;
+        let layout = pipelines.layout(bind);
+        Ok(Ready { pipelines, pipeline, layout, shape })
     }
 }
 
@@ -396,7 +456,7 @@ pub(crate) fn record_dispatch(
         .collect();
     let mut push: SmallVec<[u8; 64]> = SmallVec::from_slice(scalars);
     push.resize(ready.pipelines.push_bytes as usize, 0);
-    let layout = ready.pipelines.layout;
+    let layout = ready.layout;
     let groups = ready.shape.groups;
     // SAFETY: a recording command buffer; the pipeline and layout are the image's
     // (the caller keeps them with the work); the descriptors name live buffers over

@@ -224,3 +224,83 @@ fn memory_buffer_writes_and_reads_replay() {
     assert_eq!(u32s(unsafe { host_out.bytes() }), twice);
     assert_eq!(u32s(&g.download(t[1], 0, 4 * N)), twice);
 }
+
+/// A plan of kernels only, replayed over more bindings than a command buffer keeps
+/// instances: the first [`gantry_vulkan::INSTANCES`] bindings record, each later
+/// one rewrites the descriptor sets of the oldest idle instance without recording
+/// (a binding seen before included, once its instance was rebound), and every
+/// replay computes the model over its own buffers. Dispatches over the same slots
+/// share one descriptor set. A plan with a fill (whose command names its buffer)
+/// records for every new binding instead.
+#[test]
+fn new_bindings_past_the_kept_instances_rebind_without_recording() {
+    let Some(mut g) = gpu("new_bindings_past_the_kept_instances_rebind_without_recording") else { return };
+    let k = add_kernel();
+    // out(1) = 2 out(1) + in(0) + 5, twice over the same slots, then out(2) from 1.
+    let buffer = record(
+        &g,
+        3,
+        vec![(dispatch(&k, 0, 1, 5), &[]), (dispatch(&k, 0, 1, 5), &[0]), (dispatch(&k, 1, 2, 7), &[1])],
+    );
+    let recorded = buffer.downcast_ref::<VulkanCommandBuffer>().unwrap();
+    assert_eq!(recorded.descriptor_sets(), 2, "the two dispatches over the same slots share a set");
+    let model = |input: &[u32]| -> (Vec<u32>, Vec<u32>) {
+        let y: Vec<u32> = input.iter().map(|&x| (x + 5).wrapping_mul(2).wrapping_add(x + 5)).collect();
+        let z: Vec<u32> = y.iter().map(|&y| y + 7).collect();
+        (y, z)
+    };
+    let bindings = gantry_vulkan::INSTANCES + 2;
+    let mut tables = Vec::new();
+    for b in 0..bindings {
+        let input: Vec<u32> = (0..N as u32).map(|i| i.wrapping_mul(31 + b as u32)).collect();
+        let t = [g.alloc(4 * N), g.alloc(4 * N), g.alloc(4 * N)];
+        g.upload(t[0], 0, &bytes(&input));
+        tables.push((t, input));
+    }
+    let check = |g: &mut common::Gpu, t: &[gantry_driver::AllocId; 3], input: &[u32], what: &str| {
+        let (y, z) = model(input);
+        for (entry, want) in [(1, y), (2, z)] {
+            let got = u32s(&g.download(t[entry], 0, 4 * N));
+            let wrong = (0..N).filter(|&i| got[i] != want[i]).count();
+            assert_eq!(wrong, 0, "{what}: {wrong} elements of entry {entry} differ from the model");
+        }
+    };
+    for (b, (t, input)) in tables.iter().enumerate() {
+        let op = replay(&mut g, &buffer, t);
+        g.ok(op);
+        check(&mut g, t, input, &format!("binding {b}"));
+        assert_eq!(recorded.recordings(), (b + 1).min(gantry_vulkan::INSTANCES), "binding {b}");
+        assert_eq!(recorded.rebinds(), (b + 1).saturating_sub(gantry_vulkan::INSTANCES), "binding {b}");
+    }
+    assert_eq!(recorded.instances(), gantry_vulkan::INSTANCES);
+    // Binding 0's instance was rebound away: binding 0 again rebinds, over fresh
+    // contents of its buffers.
+    let (t, _) = &tables[0];
+    let input: Vec<u32> = (0..N as u32).map(|i| i ^ 0x5a5a).collect();
+    g.upload(t[0], 0, &bytes(&input));
+    g.upload(t[1], 0, &[0; 4 * N]);
+    g.upload(t[2], 0, &[0; 4 * N]);
+    let op = replay(&mut g, &buffer, t);
+    g.ok(op);
+    check(&mut g, t, &input, "binding 0 again");
+    assert_eq!((recorded.recordings(), recorded.rebinds()), (gantry_vulkan::INSTANCES, 3));
+
+    let with_fill = record(
+        &g,
+        3,
+        vec![
+            (RecordedOp::Fill { dst: arg(1, Write), pattern: 0u32.to_ne_bytes().into_iter().collect() }, &[]),
+            (dispatch(&k, 0, 1, 5), &[0]),
+        ],
+    );
+    for (t, _) in &tables {
+        let op = replay(&mut g, &with_fill, t);
+        g.ok(op);
+    }
+    let recorded = with_fill.downcast_ref::<VulkanCommandBuffer>().unwrap();
+    assert_eq!(
+        (recorded.recordings(), recorded.rebinds()),
+        (bindings, 0),
+        "a fill's command names its buffer"
+    );
+}
