@@ -77,7 +77,7 @@ impl Recorder {
             .map_err(|e| invalid(&self.dev.name, format!("patching a command buffer: {e}")))?;
         let kernels = ready_all(&self.images, &plan)?;
         buffer.sets = SetPlan::new(&plan, &kernels);
-        buffer.rebindable = rebindable(&plan);
+        buffer.rebindable = rebindable(&self.dev, &plan);
         buffer.plan = plan;
         buffer.kernels = kernels;
         lock(&buffer.instances).clear();
@@ -106,7 +106,7 @@ impl CommandBufferBuilder for Builder {
         let barriers = plan_barriers(&plan);
         let sets = SetPlan::new(&plan, &kernels);
         Ok(Arc::new(VulkanCommandBuffer {
-            rebindable: rebindable(&plan),
+            rebindable: rebindable(&self.dev, &plan),
             plan,
             barriers,
             kernels,
@@ -139,9 +139,12 @@ fn ready_all(images: &Images, plan: &Plan) -> Result<Vec<Option<Ready>>, ExecErr
 }
 
 /// Whether a recording of `plan` can be pointed at another binding by rewriting its
-/// descriptor sets: its commands name no buffer (only kernels and markers).
-fn rebindable(plan: &Plan) -> bool {
-    plan.ops.iter().all(|p| matches!(p.op, RecordedOp::Kernel { .. } | RecordedOp::Marker))
+/// descriptor sets: the device lets sets be updated after they were bound
+/// ([`Device::update_after_bind`]), and its commands name no buffer (only kernels and
+/// markers).
+fn rebindable(dev: &Device, plan: &Plan) -> bool {
+    dev.update_after_bind
+        && plan.ops.iter().all(|p| matches!(p.op, RecordedOp::Kernel { .. } | RecordedOp::Marker))
 }
 
 /// How often a command buffer was recorded and rebound.
@@ -206,6 +209,13 @@ impl VulkanCommandBuffer {
     /// descriptor sets, without recording (see the module docs).
     pub fn rebinds(&self) -> usize {
         self.counts.rebinds.load(Ordering::Relaxed)
+    }
+
+    /// Whether a new binding past [`INSTANCES`] rewrites an idle recording's
+    /// descriptor sets instead of recording again: the device supports updating
+    /// storage-buffer descriptors after bind, and the plan's commands name no buffer.
+    pub fn rebindable(&self) -> bool {
+        self.rebindable
     }
 
     /// How many distinct descriptor sets a recording of it holds.

@@ -100,8 +100,15 @@ impl Sets {
             ty: vk::DescriptorType::STORAGE_BUFFER,
             descriptor_count: plan.slots.len() as u32,
         }];
-        let info =
-            vk::DescriptorPoolCreateInfo::default().max_sets(plan.sets.len() as u32).pool_sizes(&sizes);
+        let flags = if dev.update_after_bind {
+            vk::DescriptorPoolCreateFlags::UPDATE_AFTER_BIND
+        } else {
+            vk::DescriptorPoolCreateFlags::empty()
+        };
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .flags(flags)
+            .max_sets(plan.sets.len() as u32)
+            .pool_sizes(&sizes);
         // SAFETY: a live device and a valid create info.
         this.pool = unsafe { dev.raw.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")?;
         let layouts: Vec<vk::DescriptorSetLayout> = plan.sets.iter().map(|s| s.layout).collect();

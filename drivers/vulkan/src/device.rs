@@ -46,6 +46,12 @@ pub(crate) struct Device {
     pub queue: Mutex<vk::Queue>,
     pub compute_family: u32,
     pub transfer_family: Option<u32>,
+    /// Storage-buffer descriptors may be updated after their set is bound
+    /// (`descriptorBindingStorageBufferUpdateAfterBind`, enabled where supported):
+    /// only then may a recorded command buffer be pointed at other buffers by
+    /// rewriting its sets, since otherwise an update invalidates every command buffer
+    /// that bound the set (drivers may copy descriptors into the commands).
+    pub update_after_bind: bool,
     memory: vk::PhysicalDeviceMemoryProperties,
     one_shot: Mutex<OneShot>,
     instance: ash::Instance,
@@ -68,7 +74,14 @@ impl Device {
             .queue_family_index(found.compute_family)
             .queue_priorities(&priorities)];
         let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
-        let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        let mut supported = vk::PhysicalDeviceVulkan12Features::default();
+        let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
+        // SAFETY: a valid physical device of this instance (Vulkan 1.2, checked by the probe).
+        unsafe { found.instance.get_physical_device_features2(found.physical, &mut features2) };
+        let update_after_bind = supported.descriptor_binding_storage_buffer_update_after_bind == vk::TRUE;
+        let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
+            .timeline_semaphore(true)
+            .descriptor_binding_storage_buffer_update_after_bind(update_after_bind);
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
@@ -126,6 +139,7 @@ impl Device {
             queue: Mutex::new(queue),
             compute_family: found.compute_family,
             transfer_family: found.transfer_family,
+            update_after_bind,
             memory: found.memory,
             one_shot: Mutex::new(one_shot),
             instance: found.instance,

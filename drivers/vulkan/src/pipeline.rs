@@ -201,12 +201,22 @@ impl Pipelines {
             offset: 0,
             size: push_bytes,
         }];
+        // Sets of recorded command buffers are rewritten to rebind them (see
+        // `Device::update_after_bind`); pushed descriptors never are.
+        let after_bind = vec![vk::DescriptorBindingFlags::UPDATE_AFTER_BIND; bindings.len()];
+        let sets_flags = if dev.update_after_bind {
+            vk::DescriptorSetLayoutCreateFlags::UPDATE_AFTER_BIND_POOL
+        } else {
+            vk::DescriptorSetLayoutCreateFlags::empty()
+        };
         let made = (|| {
-            for flags in [
-                vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR,
-                vk::DescriptorSetLayoutCreateFlags::empty(),
-            ] {
-                let info = vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(bindings);
+            for flags in [vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR, sets_flags] {
+                let mut binding_flags =
+                    vk::DescriptorSetLayoutBindingFlagsCreateInfo::default().binding_flags(&after_bind);
+                let mut info = vk::DescriptorSetLayoutCreateInfo::default().flags(flags).bindings(bindings);
+                if flags.contains(vk::DescriptorSetLayoutCreateFlags::UPDATE_AFTER_BIND_POOL) {
+                    info = info.push_next(&mut binding_flags);
+                }
                 // SAFETY: a valid create info.
                 let set_layout = unsafe { dev.raw.create_descriptor_set_layout(&info, None) }
                     .call("vkCreateDescriptorSetLayout")?;

@@ -231,7 +231,8 @@ fn memory_buffer_writes_and_reads_replay() {
 /// (a binding seen before included, once its instance was rebound), and every
 /// replay computes the model over its own buffers. Dispatches over the same slots
 /// share one descriptor set. A plan with a fill (whose command names its buffer)
-/// records for every new binding instead.
+/// records for every new binding instead, as does any plan on a device without
+/// storage-buffer update-after-bind (lavapipe and NVIDIA's driver have it).
 #[test]
 fn new_bindings_past_the_kept_instances_rebind_without_recording() {
     let Some(mut g) = gpu("new_bindings_past_the_kept_instances_rebind_without_recording") else { return };
@@ -243,6 +244,7 @@ fn new_bindings_past_the_kept_instances_rebind_without_recording() {
         vec![(dispatch(&k, 0, 1, 5), &[]), (dispatch(&k, 0, 1, 5), &[0]), (dispatch(&k, 1, 2, 7), &[1])],
     );
     let recorded = buffer.downcast_ref::<VulkanCommandBuffer>().unwrap();
+    eprintln!("rebinding by rewriting descriptor sets: {}", recorded.rebindable());
     assert_eq!(recorded.descriptor_sets(), 2, "the two dispatches over the same slots share a set");
     let model = |input: &[u32]| -> (Vec<u32>, Vec<u32>) {
         let y: Vec<u32> = input.iter().map(|&x| (x + 5).wrapping_mul(2).wrapping_add(x + 5)).collect();
@@ -269,8 +271,15 @@ fn new_bindings_past_the_kept_instances_rebind_without_recording() {
         let op = replay(&mut g, &buffer, t);
         g.ok(op);
         check(&mut g, t, input, &format!("binding {b}"));
-        assert_eq!(recorded.recordings(), (b + 1).min(gantry_vulkan::INSTANCES), "binding {b}");
-        assert_eq!(recorded.rebinds(), (b + 1).saturating_sub(gantry_vulkan::INSTANCES), "binding {b}");
+        // Without update-after-bind a rewrite would invalidate the recording: the
+        // driver records instead (and still gives the model's results).
+        let (recordings, rebinds) = if recorded.rebindable() {
+            ((b + 1).min(gantry_vulkan::INSTANCES), (b + 1).saturating_sub(gantry_vulkan::INSTANCES))
+        } else {
+            (b + 1, 0)
+        };
+        assert_eq!(recorded.recordings(), recordings, "binding {b}");
+        assert_eq!(recorded.rebinds(), rebinds, "binding {b}");
     }
     assert_eq!(recorded.instances(), gantry_vulkan::INSTANCES);
     // Binding 0's instance was rebound away: binding 0 again rebinds, over fresh
@@ -283,7 +292,9 @@ fn new_bindings_past_the_kept_instances_rebind_without_recording() {
     let op = replay(&mut g, &buffer, t);
     g.ok(op);
     check(&mut g, t, &input, "binding 0 again");
-    assert_eq!((recorded.recordings(), recorded.rebinds()), (gantry_vulkan::INSTANCES, 3));
+    let again =
+        if recorded.rebindable() { (gantry_vulkan::INSTANCES, 3) } else { (gantry_vulkan::INSTANCES + 3, 0) };
+    assert_eq!((recorded.recordings(), recorded.rebinds()), again);
 
     let with_fill = record(
         &g,
