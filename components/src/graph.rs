@@ -130,10 +130,12 @@ pub struct GraphNode {
 
 impl GraphNode {
     /// Whether partitioning isolates it (the SYCL graph extension's implementation
-    /// design: host tasks get a partition of their own, and so do nodes of another
-    /// device than the graph's).
-    pub fn is_isolated(&self, graph_device: DeviceId) -> bool {
-        self.kind == CommandKind::HostTask || self.device != graph_device
+    /// design: host tasks get a partition of their own). Nodes of other devices are
+    /// not isolated: partitions split where the device changes instead, so a chain
+    /// recorded from one device's queue stays one command buffer (and one chain for
+    /// graph fusion) whichever device the graph was made for.
+    pub fn is_isolated(&self) -> bool {
+        self.kind == CommandKind::HostTask
     }
 }
 
@@ -608,7 +610,7 @@ pub struct ExecPlan {
     /// The kernel chains graph fusion fused.
     pub fused: Vec<FusedChain>,
     /// Why chains that graph fusion considered were not fused.
-    pub not_fused: Vec<String>,
+    pub not_fused: Vec<crate::NotFused>,
     /// Partitions no other partition depends on: a submission completes after them.
     pub tails: Vec<u32>,
 }

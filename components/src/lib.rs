@@ -25,6 +25,7 @@ pub mod graph;
 pub mod handle;
 pub mod mailbox;
 pub mod memory;
+pub mod not_fused;
 pub mod queue;
 pub mod resources;
 pub mod rules;
@@ -48,6 +49,7 @@ pub use graph::{
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use mailbox::Mailbox;
 pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord};
+pub use not_fused::NotFused;
 pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{
     fail_message, Device, DeviceId, Devices, Finished, Inbox, Message, SchedulerConfig, Stats, WorkLists,

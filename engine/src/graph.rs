@@ -835,7 +835,7 @@ impl ExecutableGraph {
     }
 
     /// Why chains graph fusion considered were not fused.
-    pub fn not_fused(&self) -> Vec<String> {
+    pub fn not_fused(&self) -> Vec<gantry_components::NotFused> {
         self.plan().not_fused.clone()
     }
 

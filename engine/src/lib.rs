@@ -63,7 +63,7 @@ pub use runtime::{DeviceId, Mode, Runtime, RuntimeBuilder};
 
 pub use gantry_components::{
     CancelReason, EventStatus, FinalizeError, FusionOutcome, FusionProps, GraphProps, Linearizer, NodeList,
-    Slice, Stage, Stats, Timeline, Timestamps,
+    NotFused, Slice, Stage, Stats, Timeline, Timestamps,
 };
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{

@@ -524,7 +524,10 @@ fn an_update_with_nodes_on_other_devices_partitions_anew() {
     };
     let (on_sim, on_cpu) = (record(1), record(0));
     let exec = on_sim.finalize(GraphProps::default().updatable()).unwrap();
-    assert_eq!(exec.partitions().len(), 3, "nodes of another device are isolated");
+    // Nodes of another device than the graph's share a partition on their device
+    // (partitions split only where the device changes).
+    let parts = exec.partitions();
+    assert_eq!((parts.len(), parts[0].device, parts[0].nodes.len()), (1, 1, 3), "{parts:?}");
     exec.update(&on_cpu).unwrap();
     let fresh = on_cpu.finalize(GraphProps::default()).unwrap();
     assert_eq!(exec.partitions(), fresh.partitions());
@@ -736,7 +739,11 @@ fn graph_fusion_does_not_fuse_across_a_copy_between_kernels() {
     affine(&graph, &c, 3, 0, &[k2]);
     let exec = graph.finalize(GraphProps::default().fused()).unwrap();
     assert_eq!(exec.not_fused().len(), 1, "{:?}", exec.not_fused());
-    assert!(exec.not_fused()[0].contains("copy"), "{:?}", exec.not_fused());
+    assert!(
+        matches!(&exec.not_fused()[0], gantry::NotFused::OrderedBetween { between, .. } if between.contains("copy")),
+        "{:?}",
+        exec.not_fused()
+    );
     assert_eq!(exec.fused_chains().len(), 1, "the two kernels after the copy still fuse");
     rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
     assert_eq!(b.to_vec().unwrap(), vec![2; 64]);

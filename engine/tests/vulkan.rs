@@ -3,7 +3,8 @@
 //! hands it, moves buffers between its memory and the host's, fails a refused launch's
 //! dependents, replays command graphs as recorded Vulkan command buffers, and host
 //! tasks submitted to its queues run on the CPU; chains of WGSL kernels fuse on the
-//! queue, and a refused fusion runs them unfused. On a machine without Vulkan, building
+//! queue and, recorded into a command graph, at finalize (graph fusion), and a refused
+//! fusion runs them unfused. On a machine without Vulkan, building
 //! the runtime is a typed error and the tests say they were skipped.
 
 mod gpu_scenarios;
@@ -227,4 +228,96 @@ fn a_refused_wgsl_fusion_runs_the_kernels_unfused() {
         other => panic!("{other:?}"),
     }
     assert_eq!(y.to_vec().unwrap(), vec![7f32; 256], "2(2·1+1)+1, unfused");
+}
+
+/// The WGSL chain recorded from the Vulkan queue into a graph made for the default
+/// device (the CPU) and finalized with graph fusion: the eight kernels form one
+/// partition on the Vulkan device and one fused chain (before partitions split only
+/// where the device changes, each node of another device than the graph's was a
+/// partition of its own, so there was no chain to fuse and no reason given). Two
+/// replays (the outputs scrambled in between, so the second one must write them)
+/// give every step's output bit for bit as the unfused chain run on the queue.
+#[test]
+fn graph_fusion_fuses_a_wgsl_chain_recorded_on_the_vulkan_queue() {
+    let Some((rt, q)) = vulkan_runtime("graph_fusion_fuses_a_wgsl_chain_recorded_on_the_vulkan_queue") else {
+        return;
+    };
+    let n = 100_003usize;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
+    let step = step_kernel();
+    let unfused: Vec<gantry::Buffer<f32>> =
+        std::iter::once(rt.buffer(&x)).chain((0..8).map(|_| rt.buffer_zeroed(n))).collect();
+    submit_chain(&q, &step, &unfused, n, false);
+    q.wait().unwrap();
+    let reference: Vec<Vec<u32>> =
+        unfused[1..].iter().map(|b| b.to_vec().unwrap().iter().map(|v| v.to_bits()).collect()).collect();
+    assert_eq!(unfused[8].to_vec().unwrap(), chain_reference(&x, 8), "the unfused chain");
+
+    let buffers: Vec<gantry::Buffer<f32>> =
+        std::iter::once(rt.buffer(&x)).chain((0..8).map(|_| rt.buffer(&vec![-1f32; n]))).collect();
+    let graph = rt.graph();
+    graph.begin_recording(&q).unwrap();
+    submit_chain(&q, &step, &buffers, n, false);
+    graph.end_recording(&q).unwrap();
+    let exec = graph.finalize(gantry::GraphProps::default().fused()).unwrap();
+    assert_eq!(exec.fused_chains().len(), 1, "{:?} / not fused: {:?}", exec.fused_chains(), exec.not_fused());
+    assert_eq!(exec.fused_chains()[0].0, (0..8).collect::<Vec<u32>>());
+    assert!(exec.not_fused().is_empty(), "{:?}", exec.not_fused());
+    assert_eq!(exec.partitions().len(), 1, "one Vulkan command buffer");
+    for replay in 0..2 {
+        q.submit_graph(&exec).unwrap().wait().unwrap();
+        for (k, (b, want)) in buffers[1..].iter().zip(&reference).enumerate() {
+            let got: Vec<u32> = b.to_vec().unwrap().iter().map(|v| v.to_bits()).collect();
+            let wrong = got.iter().zip(want).filter(|(g, w)| g != w).count();
+            assert_eq!(wrong, 0, "replay {replay}, step {k}: {wrong} elements differ from the unfused chain");
+        }
+        for b in &buffers[1..] {
+            b.write().unwrap().iter_mut().for_each(|v| *v = f32::NAN);
+        }
+    }
+}
+
+/// A graph chain the WGSL compiler refuses (different local sizes) keeps the typed
+/// reason in the executable graph, naming the chain's nodes, and its kernels run
+/// unfused, correctly, at each replay.
+#[test]
+fn a_refused_graph_chain_on_vulkan_keeps_the_typed_reason_and_runs_unfused() {
+    let Some((rt, q)) =
+        vulkan_runtime("a_refused_graph_chain_on_vulkan_keeps_the_typed_reason_and_runs_unfused")
+    else {
+        return;
+    };
+    const SCALE: &str = "
+        override wx: u32 = 64;
+        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
+        @compute @workgroup_size(wx)
+        fn scale(@builtin(global_invocation_id) id: vec3<u32>) { y[id.x] = 2.0 * y[id.x] + 1.0; }";
+    let scale = Kernel::new("scale", Signature::new().global(AccessMode::ReadWrite))
+        .with_image(CodeImage::new(ImageKind::Wgsl, "scale", SCALE.as_bytes()))
+        .into_ref();
+    let y = rt.buffer(&[1f32; 256]);
+    let graph = rt.graph();
+    graph.begin_recording(&q).unwrap();
+    for local in [64, 32] {
+        q.submit(|cg| {
+            cg.read_write(&y);
+            cg.launch_nd(&scale, gantry::NdRange::new(256, local));
+        })
+        .unwrap();
+    }
+    graph.end_recording(&q).unwrap();
+    let exec = graph.finalize(gantry::GraphProps::default().fused()).unwrap();
+    assert!(exec.fused_chains().is_empty(), "{:?}", exec.fused_chains());
+    match &exec.not_fused()[..] {
+        [gantry::NotFused::Refused {
+            nodes, reason: gantry::FusionError::DifferentLocalSizes { .. }, ..
+        }] => {
+            assert_eq!(nodes, &[0, 1])
+        }
+        other => panic!("{other:?}"),
+    }
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![7f32; 256], "2(2·1+1)+1, unfused");
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(y.to_vec().unwrap(), vec![31f32; 256], "2(2·7+1)+1, replayed");
 }

@@ -499,7 +499,7 @@ pub(crate) struct Instance {
 impl Instance {
     fn new(dev: &Arc<Device>, sets: &SetPlan) -> Result<Self, CallError> {
         let sets = Sets::new(dev, sets)?;
-        let info = vk::CommandPoolCreateInfo::default().queue_family_index(dev.compute_family);
+        let info = vk::CommandPoolCreateInfo::default().queue_family_index(dev.families.compute);
         // SAFETY: a live device and one of its families.
         let pool = unsafe { dev.raw.create_command_pool(&info, None) }.call("vkCreateCommandPool")?;
         let mut this = Self {

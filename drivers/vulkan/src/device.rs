@@ -1,5 +1,7 @@
 //! An open Vulkan device: the logical device on the chosen physical device, its
-//! compute queue (shared by every submission, behind a lock, as Vulkan requires),
+//! compute queue and, where the device has a transfer-only family and the driver
+//! uses it, a transfer queue (each shared by every submission, behind a lock, as
+//! Vulkan requires),
 //! the limits the driver checks work against, and a one-shot path for the few
 //! commands that must finish before a call returns (zeroing a new allocation).
 
@@ -10,6 +12,7 @@ use ash::vk;
 use gantry_driver::ExecError;
 
 use crate::error::{CallError, Check};
+use crate::families::{QueueFamilies, TransferQueue};
 use crate::probe::{self, Select};
 
 /// What the driver reads from the device once, when it opens it.
@@ -43,15 +46,19 @@ pub(crate) struct Device {
     pub limits: Limits,
     pub raw: ash::Device,
     pub push: ash::khr::push_descriptor::Device,
+    /// Queue 0 of the compute family.
     pub queue: Mutex<vk::Queue>,
-    pub compute_family: u32,
-    pub transfer_family: Option<u32>,
     /// Storage-buffer descriptors may be updated after their set is bound
     /// (`descriptorBindingStorageBufferUpdateAfterBind`, enabled where supported):
     /// only then may a recorded command buffer be pointed at other buffers by
     /// rewriting its sets, since otherwise an update invalidates every command buffer
     /// that bound the set (drivers may copy descriptors into the commands).
     pub update_after_bind: bool,
+    /// Queue 0 of the transfer family, where one is used.
+    pub transfer_queue: Option<Mutex<vk::Queue>>,
+    /// The families of the two queues; buffers are shared between them
+    /// ([`QueueFamilies::sharing`]).
+    pub families: QueueFamilies,
     memory: vk::PhysicalDeviceMemoryProperties,
     one_shot: Mutex<OneShot>,
     instance: ash::Instance,
@@ -66,13 +73,20 @@ struct OneShot {
 
 impl Device {
     /// Opens the device `select` names.
-    pub(crate) fn open(select: Select, name: Arc<str>) -> Result<Arc<Self>, ExecError> {
-        let found = probe::open(select, &name)?;
+    pub(crate) fn open(
+        select: Select,
+        transfer: TransferQueue,
+        name: Arc<str>,
+    ) -> Result<Arc<Self>, ExecError> {
+        let found = probe::open(select, transfer, &name)?;
+        let families = found.families;
         let fail = |e: CallError| e.into_exec(&name, "opening the device");
         let priorities = [1.0f32];
-        let queues = [vk::DeviceQueueCreateInfo::default()
-            .queue_family_index(found.compute_family)
-            .queue_priorities(&priorities)];
+        let queues: Vec<vk::DeviceQueueCreateInfo> = families
+            .sharing()
+            .into_iter()
+            .map(|f| vk::DeviceQueueCreateInfo::default().queue_family_index(f).queue_priorities(&priorities))
+            .collect();
         let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
         let mut supported = vk::PhysicalDeviceVulkan12Features::default();
         let mut features2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut supported);
@@ -97,8 +111,9 @@ impl Device {
                 return Err(fail(e));
             }
         };
-        // SAFETY: family and index exist (created above).
-        let queue = unsafe { raw.get_device_queue(found.compute_family, 0) };
+        // SAFETY (both): family and index exist (created above).
+        let queue = unsafe { raw.get_device_queue(families.compute, 0) };
+        let transfer_queue = families.transfer.map(|f| Mutex::new(unsafe { raw.get_device_queue(f, 0) }));
         let push = ash::khr::push_descriptor::Device::new(&found.instance, &raw);
         let l = &found.props.limits;
         let mut v12_props = vk::PhysicalDeviceVulkan12Properties::default();
@@ -119,7 +134,7 @@ impl Device {
         // SAFETY: a NUL-terminated array from the driver.
         let device_name =
             unsafe { CStr::from_ptr(found.props.device_name.as_ptr()) }.to_string_lossy().into_owned();
-        let one_shot = match OneShot::new(&raw, found.compute_family) {
+        let one_shot = match OneShot::new(&raw, families.compute) {
             Ok(o) => o,
             Err(e) => {
                 // SAFETY: no other child objects.
@@ -137,9 +152,9 @@ impl Device {
             raw,
             push,
             queue: Mutex::new(queue),
-            compute_family: found.compute_family,
-            transfer_family: found.transfer_family,
             update_after_bind,
+            transfer_queue,
+            families,
             memory: found.memory,
             one_shot: Mutex::new(one_shot),
             instance: found.instance,

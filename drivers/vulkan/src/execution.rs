@@ -2,8 +2,12 @@
 //! per lane that waits for its lane's operations in order and reports each exactly
 //! once.
 //!
-//! Every accepted operation is one `vkQueueSubmit` batch on the compute queue that
-//! signals the next value of its lane's timeline semaphore. The batch waits on the
+//! Every accepted operation is one `vkQueueSubmit` batch that signals the next value
+//! of its lane's timeline semaphore: on the transfer queue for a one-by-one copy or
+//! fill where the driver uses one ([`QueueKind`]), else on the compute queue. The
+//! lanes span both queues: a timeline semaphore is the device's, so a batch on one
+//! queue waits on values signalled on the other, and the waits below order the two
+//! queues' work (with their memory dependencies) exactly as on one queue. The batch waits on the
 //! lane's previous value (a lane runs in order, as a CUDA stream does, so its
 //! timeline's values are signalled in increasing order, as Vulkan requires) and on
 //! the `(lane, value)` of each operation in its wait-list that has not finished
@@ -45,6 +49,25 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A host-side step an operation runs after its device work (a read-back).
 pub(crate) type Finish = Box<dyn FnOnce() + Send>;
 
+/// The queue a batch goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QueueKind {
+    /// The compute queue: kernels, command buffers, batches that run nothing, and
+    /// transfers where there is no transfer queue.
+    Compute = 0,
+    /// The transfer-only family's queue: one-by-one copies and fills.
+    Transfer = 1,
+}
+
+/// How many batches went to each queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Batches submitted to the compute queue.
+    pub compute_batches: u64,
+    /// Batches submitted to the transfer queue (zero where none is used).
+    pub transfer_batches: u64,
+}
+
 /// One submitted operation: what the scheduler's handle points to.
 pub(crate) struct Op {
     id: OpId,
@@ -73,8 +96,9 @@ struct OpState {
     keep: Vec<Box<dyn Any + Send + Sync>>,
     /// Its host-side finish, run after its device work succeeded.
     finish: Option<Finish>,
-    /// Its command buffer, returned to the pool once it ran.
-    cmd: Option<vk::CommandBuffer>,
+    /// Its command buffer and the queue (pool) it belongs to, returned to the pool
+    /// once it ran.
+    cmd: Option<(QueueKind, vk::CommandBuffer)>,
     /// Its result and end time, once reported.
     result: Option<(Result<(), ExecError>, u64)>,
 }
@@ -112,7 +136,10 @@ pub(crate) struct Planned {
     pub(crate) preset: Option<ExecError>,
     pub(crate) keep: Vec<Box<dyn Any + Send + Sync>>,
     pub(crate) finish: Option<Finish>,
-    /// A command buffer of the lanes' pool, returned to it once the batch ran.
+    /// The queue its batch goes to (that of `cmd`'s pool where it has one).
+    pub(crate) queue: QueueKind,
+    /// A command buffer of the lanes' pool for `queue`, returned to it once the
+    /// batch ran.
     pub(crate) cmd: Option<vk::CommandBuffer>,
     /// A recorded command buffer the batch replays (kept by its owner, not returned).
     pub(crate) replay: Option<vk::CommandBuffer>,
@@ -161,11 +188,12 @@ struct Lane {
     tx: Option<Sender<Arc<Op>>>,
 }
 
-/// Command buffers for operations, reused once they ran: the pool is touched only
-/// on the submitting path (under its lock), which Vulkan requires of recording.
+/// Command buffers for operations, reused once they ran: a pool per queue used
+/// (indexed by [`QueueKind`]; a command buffer runs only on a queue of its pool's
+/// family), touched only on the submitting path (under its lock), which Vulkan
+/// requires of recording.
 pub(crate) struct Commands {
-    pool: vk::CommandPool,
-    free: Vec<vk::CommandBuffer>,
+    pools: Vec<(vk::CommandPool, Vec<vk::CommandBuffer>)>,
 }
 
 /// The lanes, their completion threads, and the command buffers operations record.
@@ -176,6 +204,8 @@ pub(crate) struct Lanes {
     seq: AtomicU64,
     reporter: Arc<Reporter>,
     pub(crate) commands: Arc<Mutex<Commands>>,
+    /// Batches submitted per queue ([`QueueKind`] order).
+    batches: [AtomicU64; 2],
     dev: Arc<Device>,
 }
 
@@ -189,14 +219,24 @@ impl Lanes {
     ) -> Result<Self, ExecError> {
         let device = dev.name.clone();
         let reporter = Arc::new(Reporter { device: device.clone(), ctx: dctx, lost: OnceLock::new(), spin });
-        let info = vk::CommandPoolCreateInfo::default()
-            .queue_family_index(dev.compute_family)
-            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
-        // SAFETY: a live device and one of its families.
-        let pool = unsafe { dev.raw.create_command_pool(&info, None) }
-            .call("vkCreateCommandPool")
-            .map_err(|e| e.into_exec(&device, "creating a command pool"))?;
-        let commands = Arc::new(Mutex::new(Commands { pool, free: Vec::new() }));
+        let mut pools = Vec::new();
+        for family in dev.families.sharing() {
+            let info = vk::CommandPoolCreateInfo::default()
+                .queue_family_index(family)
+                .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+            // SAFETY: a live device and one of its families.
+            match unsafe { dev.raw.create_command_pool(&info, None) }.call("vkCreateCommandPool") {
+                Ok(pool) => pools.push((pool, Vec::new())),
+                Err(e) => {
+                    for (pool, _) in pools {
+                        // SAFETY: created above, unused.
+                        unsafe { dev.raw.destroy_command_pool(pool, None) };
+                    }
+                    return Err(e.into_exec(&device, "creating a command pool"));
+                }
+            }
+        }
+        let commands = Arc::new(Mutex::new(Commands { pools }));
         let mut this = Self {
             lanes: Vec::new(),
             threads: Vec::new(),
@@ -204,6 +244,7 @@ impl Lanes {
             seq: AtomicU64::new(0),
             reporter: reporter.clone(),
             commands: commands.clone(),
+            batches: [AtomicU64::new(0), AtomicU64::new(0)],
             dev: dev.clone(),
         };
         for index in 0..count.max(1) {
@@ -245,13 +286,36 @@ impl Lanes {
         }
     }
 
-    /// A command buffer, begun, from the (locked) pool.
-    pub(crate) fn begin(&self, commands: &mut Commands) -> Result<vk::CommandBuffer, CallError> {
-        let cmd = match commands.free.pop() {
+    /// The queue transfers (one-by-one copies and fills) go to.
+    pub(crate) fn transfer_queue(&self) -> QueueKind {
+        if self.dev.transfer_queue.is_some() {
+            QueueKind::Transfer
+        } else {
+            QueueKind::Compute
+        }
+    }
+
+    /// How many batches went to each queue so far.
+    pub(crate) fn stats(&self) -> QueueStats {
+        QueueStats {
+            compute_batches: self.batches[QueueKind::Compute as usize].load(Ordering::Relaxed),
+            transfer_batches: self.batches[QueueKind::Transfer as usize].load(Ordering::Relaxed),
+        }
+    }
+
+    /// A command buffer, begun, from the (locked) pool of `queue` (which must be
+    /// [`QueueKind::Compute`] or [`Lanes::transfer_queue`]).
+    pub(crate) fn begin(
+        &self,
+        commands: &mut Commands,
+        queue: QueueKind,
+    ) -> Result<vk::CommandBuffer, CallError> {
+        let (pool, free) = &mut commands.pools[queue as usize];
+        let cmd = match free.pop() {
             Some(c) => c,
             None => {
                 let info = vk::CommandBufferAllocateInfo::default()
-                    .command_pool(commands.pool)
+                    .command_pool(*pool)
                     .level(vk::CommandBufferLevel::PRIMARY)
                     .command_buffer_count(1);
                 // SAFETY: the pool is locked by the caller.
@@ -264,7 +328,7 @@ impl Lanes {
         match unsafe { self.dev.raw.begin_command_buffer(cmd, &begin) }.call("vkBeginCommandBuffer") {
             Ok(()) => Ok(cmd),
             Err(e) => {
-                commands.free.push(cmd);
+                free.push(cmd);
                 Err(e)
             }
         }
@@ -307,14 +371,21 @@ impl Lanes {
                 .command_buffers(&cmds)
                 .signal_semaphores(&signal)
                 .push_next(&mut timeline)];
-            let queue = lock(&self.dev.queue);
+            // A batch running nothing may go to either queue: the compute queue.
+            let kind = if cmds.is_empty() { QueueKind::Compute } else { planned.queue };
+            let queue = match (kind, &self.dev.transfer_queue) {
+                (QueueKind::Transfer, Some(transfer)) => lock(transfer),
+                _ => lock(&self.dev.queue),
+            };
             // SAFETY: the queue is locked; the command buffer (if any) is recorded
-            // and ended; every semaphore is a timeline of this device.
+            // and ended, from the pool of this queue's family; every semaphore is a
+            // timeline of this device.
             match unsafe { self.dev.raw.queue_submit(*queue, &batch, vk::Fence::null()) }
                 .call("vkQueueSubmit")
             {
                 Ok(()) => {
                     submitted = true;
+                    self.batches[kind as usize].fetch_add(1, Ordering::Relaxed);
                     lane.last.store(value, Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -338,7 +409,7 @@ impl Lanes {
                 preset: planned.preset,
                 keep: planned.keep,
                 finish: planned.finish,
-                cmd: planned.cmd,
+                cmd: planned.cmd.map(|c| (planned.queue, c)),
                 result: None,
             }),
             done: Condvar::new(),
@@ -370,7 +441,9 @@ impl Drop for Lanes {
             for lane in &self.lanes {
                 self.dev.raw.destroy_semaphore(lane.sem, None);
             }
-            self.dev.raw.destroy_command_pool(commands.pool, None);
+            for (pool, _) in &commands.pools {
+                self.dev.raw.destroy_command_pool(*pool, None);
+            }
         }
     }
 }
@@ -456,9 +529,9 @@ fn finish(
             Ok(())
         }
     };
-    if let Some(cmd) = cmd {
+    if let Some((queue, cmd)) = cmd {
         // It ran (or was never submitted): the submitting path may reuse it.
-        lock(commands).free.push(cmd);
+        lock(commands).pools[queue as usize].1.push(cmd);
     }
     drop(keep);
     let ended = reporter.ctx.now_ns().max(started);

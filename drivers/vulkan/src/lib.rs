@@ -28,10 +28,19 @@
 //!   call and the `VkResult`'s code and name ([`CallError`]). [`device_count`] asks
 //!   without making a driver.
 //! * **Device**: the physical device by index ([`Select::Index`]) or the first with
-//!   a compute queue ([`Select::FirstWithCompute`]); one compute queue. A
-//!   transfer-only queue family is found where one exists
-//!   ([`VulkanDriver::transfer_family`]) but not used yet: every batch goes to the
-//!   compute queue.
+//!   a compute queue ([`Select::FirstWithCompute`]); one compute queue and, where
+//!   the device has a family with transfer but neither compute nor graphics (a copy
+//!   engine; [`choose_families`]) and [`VulkanConfig::transfer_queue`] is
+//!   [`TransferQueue::Dedicated`] (the default), one transfer queue
+//!   ([`VulkanDriver::transfer_family`]). One-by-one copies, fills, uploads and
+//!   downloads run on the transfer queue, kernels and command buffers on the compute
+//!   queue ([`VulkanDriver::queue_stats`] counts the batches); the timeline
+//!   semaphores order the two queues' work as they order the lanes'. Buffers are
+//!   then `VK_SHARING_MODE_CONCURRENT` over both families, so no queue-family
+//!   ownership transfer is needed (the simplest correct choice; exclusive buffers
+//!   with release/acquire barriers may be faster on some devices). Without such a
+//!   family (lavapipe), or with [`TransferQueue::ComputeQueue`], everything runs on
+//!   the compute queue over exclusive buffers.
 //! * **Memory** (module `memory`): a device-local storage buffer per allocation
 //!   (one `vkAllocateMemory` each, zeroed with `vkCmdFillBuffer` before `alloc`
 //!   returns; the device's refusal is [`ExecError::OutOfMemory`]);
@@ -128,7 +137,8 @@
 //! ## Not yet
 //!
 //! Host tasks ([`Capabilities::host_tasks`] is false: the scheduler runs them on
-//! the CPU), the transfer queue, fusion, device timestamps (completions carry
+//! the CPU), command buffers of only copies and fills on the transfer queue (every
+//! recorded command buffer replays on the compute queue), device timestamps (completions carry
 //! host-observed times), a memory sub-allocator and a staging pool (each host copy
 //! makes staging memory as long as itself), and host → device copies whose wait-list
 //! is unfinished block `submit` until it finishes (their host bytes must be final
@@ -143,6 +153,7 @@ mod device;
 mod error;
 mod exact;
 mod execution;
+mod families;
 mod fusion;
 mod launch;
 mod memory;
@@ -166,6 +177,8 @@ pub use barriers::{Barrier, Hazard};
 pub use command_buffer::{VulkanCommandBuffer, INSTANCES};
 pub use device::Limits;
 pub use error::CallError;
+pub use execution::QueueStats;
+pub use families::{choose_families, QueueFamilies, TransferQueue};
 pub use fusion::{WgslFusion, WgslFusionStats};
 pub use launch::PLAIN_GROUP;
 pub use pipeline::PipelineStats;
@@ -174,7 +187,7 @@ pub use wgsl::CompileError;
 
 use command_buffer::{Instance, Recorder};
 use error::invalid;
-use execution::{lock, Lanes, Op, Planned};
+use execution::{lock, Lanes, Op, Planned, QueueKind};
 use memory::{Buffer, Memory, Place};
 use pipeline::{Images, Ready};
 use transfer::{Recorded, TransferError};
@@ -203,11 +216,20 @@ pub struct VulkanConfig {
     /// (a wake-up from a blocking wait costs tens of microseconds); zero never
     /// polls.
     pub spin_before_blocking: std::time::Duration,
+    /// Where one-by-one copies, fills, uploads and downloads run: a transfer-only
+    /// queue where the device has one ([`TransferQueue::Dedicated`], the default),
+    /// or always the compute queue.
+    pub transfer_queue: TransferQueue,
 }
 
 impl Default for VulkanConfig {
     fn default() -> Self {
-        Self { select: Select::Index(0), lanes: 4, spin_before_blocking: gantry_driver::sync::SPIN_WINDOW }
+        Self {
+            select: Select::Index(0),
+            lanes: 4,
+            spin_before_blocking: gantry_driver::sync::SPIN_WINDOW,
+            transfer_queue: TransferQueue::Dedicated,
+        }
     }
 }
 
@@ -250,7 +272,7 @@ impl VulkanDriver {
             Select::Index(i) => format!("vulkan:{i}").into(),
             Select::FirstWithCompute => "vulkan".into(),
         };
-        let dev = device::Device::open(config.select, name.clone())?;
+        let dev = device::Device::open(config.select, config.transfer_queue, name.clone())?;
         let lanes = Lanes::new(&dev, config.lanes, config.spin_before_blocking, dctx.clone())?;
         let images = Arc::new(Images::new(&dev));
         let caps = Capabilities {
@@ -286,14 +308,20 @@ impl VulkanDriver {
         &self.dev.limits
     }
 
-    /// The queue family the driver submits to.
+    /// The queue family kernels and command buffers are submitted to.
     pub fn compute_family(&self) -> u32 {
-        self.dev.compute_family
+        self.dev.families.compute
     }
 
-    /// A transfer-only queue family of the device, where it has one (not used yet).
+    /// The transfer-only queue family one-by-one copies and fills are submitted to,
+    /// where the device has one and the configuration uses it.
     pub fn transfer_family(&self) -> Option<u32> {
-        self.dev.transfer_family
+        self.dev.families.transfer
+    }
+
+    /// How many batches went to the compute and the transfer queue so far.
+    pub fn queue_stats(&self) -> QueueStats {
+        self.lanes.stats()
     }
 
     /// How many pipelines the driver made, and the time that took.
@@ -428,12 +456,18 @@ impl VulkanDriver {
             }
             work => work,
         };
+        // Copies and fills use only transfer commands (and barriers of the transfer
+        // and host stages), which a transfer-only queue runs.
+        planned.queue = match work {
+            Prepared::Copy { .. } | Prepared::Fill { .. } => self.lanes.transfer_queue(),
+            _ => QueueKind::Compute,
+        };
         let reporter = self.lanes.reporter();
         let label = planned.label.clone();
         let mut commands = lock(&self.lanes.commands);
         let cmd = self
             .lanes
-            .begin(&mut commands)
+            .begin(&mut commands, planned.queue)
             .map_err(|e| reporter.failed(e, format!("recording {label}"), false))?;
         planned.cmd = Some(cmd);
         let recorded = self.encode(work, cmd);
@@ -559,6 +593,7 @@ impl Driver for VulkanDriver {
             preset: None,
             keep: Vec::new(),
             finish: None,
+            queue: QueueKind::Compute,
             cmd: None,
             replay: None,
         };

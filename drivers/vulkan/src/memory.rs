@@ -44,14 +44,22 @@ pub(crate) enum MakeError {
 impl Buffer {
     /// `len` bytes of device-local memory (`host == false`) or host-visible, coherent
     /// memory (`host == true`, mapped), usable as storage and as copy source and
-    /// destination.
+    /// destination, on every queue the driver uses: concurrent sharing over the
+    /// compute and transfer families where it uses both, so no queue-family
+    /// ownership transfer is ever needed (the timeline semaphores order the queues'
+    /// accesses), exclusive otherwise.
     pub(crate) fn new(dev: &Arc<Device>, len: usize, host: bool) -> Result<Self, MakeError> {
         let size = (len.max(4) as u64).checked_next_multiple_of(4).ok_or(MakeError::OutOfMemory)?;
         let usage = vk::BufferUsageFlags::STORAGE_BUFFER
             | vk::BufferUsageFlags::TRANSFER_SRC
             | vk::BufferUsageFlags::TRANSFER_DST;
-        let info =
-            vk::BufferCreateInfo::default().size(size).usage(usage).sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let families = dev.families.sharing();
+        let info = vk::BufferCreateInfo::default().size(size).usage(usage);
+        let info = if families.len() > 1 {
+            info.sharing_mode(vk::SharingMode::CONCURRENT).queue_family_indices(&families)
+        } else {
+            info.sharing_mode(vk::SharingMode::EXCLUSIVE)
+        };
         let call =
             |e: CallError| if e.is_out_of_memory() { MakeError::OutOfMemory } else { MakeError::Call(e) };
         // SAFETY: a valid create info on a live device.

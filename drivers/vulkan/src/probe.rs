@@ -10,6 +10,7 @@ use ash::vk;
 use gantry_driver::ExecError;
 
 use crate::error::{CallError, Check};
+use crate::families::{choose_families, QueueFamilies, TransferQueue};
 
 /// Which physical device a driver opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,10 +29,8 @@ pub(crate) struct Found {
     pub physical: vk::PhysicalDevice,
     pub props: vk::PhysicalDeviceProperties,
     pub memory: vk::PhysicalDeviceMemoryProperties,
-    /// A family with compute (and so transfer) support.
-    pub compute_family: u32,
-    /// A family with transfer but neither compute nor graphics, where one exists.
-    pub transfer_family: Option<u32>,
+    /// The compute family and the transfer-only one, where used.
+    pub families: QueueFamilies,
 }
 
 /// The error of a machine where Vulkan cannot be used, for `reason`.
@@ -40,7 +39,7 @@ fn unavailable(device: &Arc<str>, reason: &'static str) -> ExecError {
 }
 
 /// Loads the loader, creates an instance and picks the device `select` names.
-pub(crate) fn open(select: Select, device: &Arc<str>) -> Result<Found, ExecError> {
+pub(crate) fn open(select: Select, transfer: TransferQueue, device: &Arc<str>) -> Result<Found, ExecError> {
     // SAFETY: loading the system's Vulkan loader runs its initializers, which is
     // what every Vulkan application does; no other library is touched.
     let entry = unsafe { ash::Entry::load() }
@@ -63,9 +62,9 @@ pub(crate) fn open(select: Select, device: &Arc<str>) -> Result<Found, ExecError
             return Err(CallError { call: "vkCreateInstance", code }.into_exec(device, "creating an instance"))
         }
     };
-    match pick(&instance, select, device) {
-        Ok((physical, props, memory, compute_family, transfer_family)) => {
-            Ok(Found { entry, instance, physical, props, memory, compute_family, transfer_family })
+    match pick(&instance, select, transfer, device) {
+        Ok((physical, props, memory, families)) => {
+            Ok(Found { entry, instance, physical, props, memory, families })
         }
         Err(e) => {
             // SAFETY: created above, no child objects.
@@ -76,9 +75,14 @@ pub(crate) fn open(select: Select, device: &Arc<str>) -> Result<Found, ExecError
 }
 
 type Picked =
-    (vk::PhysicalDevice, vk::PhysicalDeviceProperties, vk::PhysicalDeviceMemoryProperties, u32, Option<u32>);
+    (vk::PhysicalDevice, vk::PhysicalDeviceProperties, vk::PhysicalDeviceMemoryProperties, QueueFamilies);
 
-fn pick(instance: &ash::Instance, select: Select, device: &Arc<str>) -> Result<Picked, ExecError> {
+fn pick(
+    instance: &ash::Instance,
+    select: Select,
+    transfer: TransferQueue,
+    device: &Arc<str>,
+) -> Result<Picked, ExecError> {
     // SAFETY: a live instance.
     let all = unsafe { instance.enumerate_physical_devices() }
         .call("vkEnumeratePhysicalDevices")
@@ -96,12 +100,7 @@ fn pick(instance: &ash::Instance, select: Select, device: &Arc<str>) -> Result<P
     for physical in candidates {
         // SAFETY: a physical device of this instance.
         let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
-        let compute = families.iter().position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE));
-        let Some(compute) = compute else { continue };
-        let transfer = families.iter().position(|f| {
-            f.queue_flags.contains(vk::QueueFlags::TRANSFER)
-                && !f.queue_flags.intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
-        });
+        let Some(chosen) = choose_families(&families, transfer) else { continue };
         // SAFETY: as above.
         let (props, memory) = unsafe {
             (
@@ -118,7 +117,7 @@ fn pick(instance: &ash::Instance, select: Select, device: &Arc<str>) -> Result<P
         if !has_extension(instance, physical, ash::khr::push_descriptor::NAME) {
             return Err(unavailable(device, "Vulkan (the device lacks VK_KHR_push_descriptor)"));
         }
-        return Ok((physical, props, memory, compute as u32, transfer.map(|t| t as u32)));
+        return Ok((physical, props, memory, chosen));
     }
     Err(unavailable(device, "Vulkan (no physical device with a compute queue)"))
 }

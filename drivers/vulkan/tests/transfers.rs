@@ -203,3 +203,85 @@ fn host_memory_between_operations_keeps_their_order() {
         assert_eq!(*v, expected, "element {i}");
     }
 }
+
+/// The same dependent mix of uploads, fills, device copies, kernels and read-backs,
+/// handed over at once, on a driver that uses a transfer-only queue where the device
+/// has one and on one forced onto the compute queue: both compute what running the
+/// operations one after the other does. With a transfer family, the transfers ran
+/// on it (batches counted there) and the kernels on the compute queue, ordered
+/// across the queues by the timeline semaphores alone; forced, or on a device
+/// without one (lavapipe), no batch goes to a transfer queue.
+#[test]
+fn transfers_run_on_the_transfer_queue_where_there_is_one_ordered_against_kernels() {
+    use gantry_vulkan::{TransferQueue, VulkanConfig, VulkanDriver};
+    let test = "transfers_run_on_the_transfer_queue_where_there_is_one_ordered_against_kernels";
+    for policy in [TransferQueue::Dedicated, TransferQueue::ComputeQueue] {
+        let config = VulkanConfig { transfer_queue: policy, ..Default::default() };
+        let Some(mut g) = common::Gpu::open("Vulkan", test, |ctx| VulkanDriver::new(config, ctx)) else {
+            return;
+        };
+        let sig = Signature::new()
+            .global(AccessMode::Read)
+            .global(AccessMode::ReadWrite)
+            .scalar::<u32>()
+            .scalar::<u32>();
+        let k = kernel("add", sig, ImageKind::Wgsl, "add", ADD);
+        let n = 1 << 16;
+        let geometry = Geometry::for_range(Range::d1(n)).unwrap();
+        let (x, y, z) = (g.alloc(4 * n), g.alloc(4 * n), g.alloc(4 * n));
+        let xs: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        let src = MemSlice::host(std::sync::Arc::new(gantry_driver::HostStorage::from_bytes(&bytes(&xs))));
+        // upload x; fill y with 3; y = 2y + x + 1 (kernel after both transfers);
+        // copy y → z (transfer after the kernel); z = 2z + y + 2; fill the first
+        // quarter of y with 9 (transfer after the kernel that reads y); read z and y.
+        let (up, _) = g.submit(DeviceOp::Copy { src, dst: whole(x, 4 * n) }, &[]);
+        let fill =
+            |v: u32| DeviceOp::Fill { dst: whole(y, 4 * n), pattern: v.to_ne_bytes().as_slice().into() };
+        let (three, _) = g.submit(fill(3), &[]);
+        let (k1, _) = g
+            .submit(g.launch(&k, geometry, &[(x, 4 * n), (y, 4 * n)], scalars(&[n as u32, 1])), &[up, three]);
+        let (copy, _) = g.submit(DeviceOp::Copy { src: whole(y, 4 * n), dst: whole(z, 4 * n) }, &[k1]);
+        let (k2, _) =
+            g.submit(g.launch(&k, geometry, &[(y, 4 * n), (z, 4 * n)], scalars(&[n as u32, 2])), &[copy]);
+        let quarter = MemSlice { mem: MemRef::Device(y), offset: 0, len: n };
+        let (nine, _) = g.submit(
+            DeviceOp::Fill { dst: quarter, pattern: 9u32.to_ne_bytes().as_slice().into() },
+            std::slice::from_ref(&k2),
+        );
+        let (zh, yh) = (
+            std::sync::Arc::new(gantry_driver::HostStorage::zeroed(4 * n)),
+            std::sync::Arc::new(gantry_driver::HostStorage::zeroed(4 * n)),
+        );
+        let (_, read_z) =
+            g.submit(DeviceOp::Copy { src: whole(z, 4 * n), dst: MemSlice::host(zh.clone()) }, &[k2]);
+        let (_, read_y) =
+            g.submit(DeviceOp::Copy { src: whole(y, 4 * n), dst: MemSlice::host(yh.clone()) }, &[nine]);
+        g.ok(read_z);
+        g.ok(read_y);
+        // SAFETY: both read-backs completed; nothing else uses the storage.
+        let (gz, gy) = (u32s(unsafe { zh.bytes() }), u32s(unsafe { yh.bytes() }));
+        for i in 0..n {
+            let y1 = 3u32.wrapping_mul(2).wrapping_add(xs[i]).wrapping_add(1);
+            let z1 = y1.wrapping_mul(2).wrapping_add(y1).wrapping_add(2);
+            assert_eq!(gz[i], z1, "{policy:?}: z[{i}]");
+            assert_eq!(gy[i], if i < n / 4 { 9 } else { y1 }, "{policy:?}: y[{i}]");
+        }
+        let (driver, _) = g.into_parts();
+        let stats = driver.queue_stats();
+        match (policy, driver.transfer_family()) {
+            (TransferQueue::Dedicated, Some(family)) => {
+                assert_ne!(family, driver.compute_family());
+                // Six transfers (an upload, two fills, a copy, two read-backs) and two
+                // kernels.
+                assert_eq!((stats.transfer_batches, stats.compute_batches), (6, 2), "{stats:?}");
+                eprintln!("{test}: transfers on family {family}: {stats:?}");
+            }
+            (TransferQueue::ComputeQueue, Some(_)) => {
+                panic!("forced onto the compute queue, yet a transfer family")
+            }
+            (_, None) => {
+                assert_eq!((stats.transfer_batches, stats.compute_batches), (0, 8), "{policy:?}: {stats:?}");
+            }
+        }
+    }
+}

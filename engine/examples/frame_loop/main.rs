@@ -646,7 +646,7 @@ struct Pass {
     /// Kernel chains graph fusion fused, over the recorded graphs.
     fused_chains: Vec<(Vec<u32>, String)>,
     /// Why graph fusion fused no more, over the recorded graphs.
-    not_fused: Vec<String>,
+    not_fused: Vec<gantry::NotFused>,
     /// What the run left: final grid, probe history, snapshot, frame stats.
     outputs: Outputs,
 }

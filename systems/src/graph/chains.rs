@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use gantry_components::{
     fuse_with, warn_fusion, CommandKind, ExecPlan, FusedChain, GraphNode, NodeId, NodeUse, NodeWork,
-    Requirement,
+    NotFused, Requirement,
 };
 use gantry_driver::fusion::{FusionKernel, FusionRequest};
 use rustc_hash::FxHashMap;
@@ -19,7 +19,7 @@ use crate::fusion::{fused_requirements, fusion_arg};
 /// fill or empty node that depends on a chain's kernel and that a later kernel
 /// depends on ends the chain; one that does not depend on the chain is moved before
 /// it. Returns the chains and, per chain end, why it ended early.
-pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>, Vec<String>) {
+pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>, Vec<NotFused>) {
     let mut chains: Vec<Vec<NodeId>> = Vec::new();
     let mut why = Vec::new();
     let mut current: Vec<NodeId> = Vec::new();
@@ -33,17 +33,18 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
         if node.kind == CommandKind::Kernel && node.params.is_empty() {
             let through_other = node.preds.iter().find(|p| after.get(p).copied().unwrap_or(false));
             if let Some(&other) = through_other {
-                why.push(format!(
-                    "`{}` orders between the kernels `{}` and `{}`",
-                    graph[other as usize].name, graph[current[0] as usize].name, node.name
-                ));
+                why.push(NotFused::OrderedBetween {
+                    between: graph[other as usize].name.to_string(),
+                    first: graph[current[0] as usize].name.to_string(),
+                    kernel: node.name.to_string(),
+                });
                 chains.push(std::mem::take(&mut current));
                 after.clear();
             }
             current.push(n);
         } else {
             if node.kind == CommandKind::Kernel {
-                why.push(format!("kernel `{}` has dynamic parameters and is not fused", node.name));
+                why.push(NotFused::DynamicParameters { node: n, kernel: node.name.to_string() });
             }
             after.insert(n, depends_on_chain);
         }
@@ -84,10 +85,8 @@ impl Finalize<'_> {
                     plan.fused.push(chain_info);
                 }
                 Err(why) => {
-                    let names: Vec<&str> = chain.iter().map(|&n| &*nodes[n as usize].name).collect();
-                    let msg = format!("kernels {names:?} not fused: {why}");
-                    warn_fusion(self.warnings, format_args!("graph fusion: {msg}"));
-                    plan.not_fused.push(msg);
+                    warn_fusion(self.warnings, format_args!("graph fusion: {why}"));
+                    plan.not_fused.push(*why);
                 }
             }
         }
@@ -157,7 +156,7 @@ impl Finalize<'_> {
         chain: &[NodeId],
         nodes: &[GraphNode],
         barriers: bool,
-    ) -> Result<(Step<'static>, FusedChain), String> {
+    ) -> Result<(Step<'static>, FusedChain), Box<NotFused>> {
         // The fusion rules read requirements (placed nowhere: no resolution state).
         let reqs: Vec<Vec<Requirement>> = chain
             .iter()
@@ -167,7 +166,7 @@ impl Finalize<'_> {
         for (i, (&n, reqs)) in chain.iter().zip(&reqs).enumerate() {
             let node = &nodes[n as usize];
             let NodeWork::Kernel { kernel, geometry, scalars } = &node.work else {
-                return Err(format!("`{}` is not a kernel", node.name));
+                return Err(Box::new(NotFused::NotAKernel { node: n, name: node.name.to_string() }));
             };
             let args = reqs.iter().map(fusion_arg).collect();
             // Its predecessors in the chain (a chain has no path between its kernels
@@ -187,8 +186,14 @@ impl Finalize<'_> {
             });
         }
         let device = nodes[chain[0] as usize].device as usize;
-        let fused = fuse_with(&self.compilers[device], &self.devices[device].1.name, &request)
-            .map_err(|e| e.to_string())?;
+        let fused =
+            fuse_with(&self.compilers[device], &self.devices[device].1.name, &request).map_err(|reason| {
+                Box::new(NotFused::Refused {
+                    nodes: chain.to_vec(),
+                    kernels: chain.iter().map(|&n| nodes[n as usize].name.to_string()).collect(),
+                    reason,
+                })
+            })?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
         let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
         let info =

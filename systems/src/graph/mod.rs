@@ -5,9 +5,10 @@
 //!    [`GraphPolicy`]'s [`Linearizer`] ([`ReverseDfs`] by default, [`BreadthFirst`]
 //!    to compare);
 //! 2. assigns partitions with that design's two-step algorithm ([`assign_groups`]): host
-//!    tasks (and nodes of another device) are isolated, their predecessors and
-//!    successors grouped around them, and groups merged when a `make_edge` back edge
-//!    reaches a host task that was already processed;
+//!    tasks are isolated, their predecessors and successors grouped around them, and
+//!    groups merged when a `make_edge` back edge reaches a host task that was already
+//!    processed; then each group is split where the device changes
+//!    ([`split_at_device_changes`]), so a partition is one device's command buffer;
 //! 3. tracks each partition's real predecessors, so independent roots run
 //!    concurrently, and marks single-path partitions in-order;
 //! 4. with the fusion property, fuses kernel chains inside each partition through the
@@ -37,7 +38,7 @@ use gantry_driver::{DeviceInfo, Driver};
 
 pub use chains::fusion_chains;
 pub use linearize::{BreadthFirst, ReverseDfs};
-pub use partition::assign_groups;
+pub use partition::{assign_groups, split_at_device_changes};
 pub use patch::{check_topology, patch_plan, PatchOutcome};
 
 use partition::Layout;

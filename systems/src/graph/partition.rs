@@ -15,7 +15,7 @@ use super::{Adjacency, Finalize};
 /// The SYCL graph extension's implementation design's partition annotation ("Graph
 /// Partitioning", the worked examples): returns a group number per node; nodes with
 /// equal numbers share a partition and groups run in increasing order. `isolated[n]`
-/// marks host tasks (and nodes of another device).
+/// marks host tasks; [`split_at_device_changes`] then separates the devices in a group.
 ///
 /// Isolated nodes are processed in insertion order. For each, its predecessors
 /// (upwards, stopping at isolated nodes and at nodes already in a lower group) take a
@@ -107,6 +107,39 @@ fn contiguous_groups(order: &[NodeId], isolated: &[bool]) -> Vec<i64> {
         }
     }
     group
+}
+
+/// Group numbers with each group split where the device changes along `order`: a
+/// group's nodes, taken in the linearization, form runs of one device, and each run
+/// becomes a group of its own (numbered after the group, then the run), so a partition
+/// is one device's command buffer. Edges inside a group go forward in `order`, so they
+/// go from a run to the same or a later one: the split adds no cycle between
+/// partitions. Returns dense numbers in the same relative order.
+pub fn split_at_device_changes(group: &[i64], order: &[NodeId], device: impl Fn(NodeId) -> u32) -> Vec<i64> {
+    // Per group: the device of its last node seen and its run count so far.
+    let mut last: rustc_hash::FxHashMap<i64, (u32, u32)> = rustc_hash::FxHashMap::default();
+    let mut keyed = vec![(0i64, 0u32); group.len()];
+    for &n in order {
+        let (g, d) = (group[n as usize], device(n));
+        let run = match last.get_mut(&g) {
+            Some((seen, run)) => {
+                if *seen != d {
+                    *seen = d;
+                    *run += 1;
+                }
+                *run
+            }
+            None => {
+                last.insert(g, (d, 0));
+                0
+            }
+        };
+        keyed[n as usize] = (g, run);
+    }
+    let mut keys = keyed.clone();
+    keys.sort_unstable();
+    keys.dedup();
+    keyed.iter().map(|k| keys.binary_search(k).expect("a key") as i64).collect()
 }
 
 /// Partitions built from group numbers.
@@ -238,8 +271,9 @@ impl Finalize<'_> {
                 None => FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why },
             });
         }
-        let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(job.device)).collect();
-        let groups = assign_groups(&preds, &succs, &isolated);
+        let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated()).collect();
+        let device = |n: NodeId| nodes[n as usize].device;
+        let groups = split_at_device_changes(&assign_groups(&preds, &succs, &isolated), &order, device);
         let Partitions { members, preds: part_preds, part_of } =
             match build_partitions(&groups, &order, &preds) {
                 Some(p) => p,
@@ -247,7 +281,8 @@ impl Finalize<'_> {
                     tracing::warn!(
                         "graph partitions formed a cycle after group merging; using contiguous partitions"
                     );
-                    build_partitions(&contiguous_groups(&order, &isolated), &order, &preds)
+                    let contiguous = contiguous_groups(&order, &isolated);
+                    build_partitions(&split_at_device_changes(&contiguous, &order, device), &order, &preds)
                         .expect("contiguous partitions of a topological order are acyclic")
                 }
             };
@@ -292,5 +327,22 @@ mod tests {
         let iso = [false, true, false, false];
         let g = contiguous_groups(&[0, 1, 2, 3], &iso);
         assert_eq!(partitions(&g), vec![0, 1, 2, 2]);
+    }
+
+    #[test]
+    fn a_group_splits_where_the_device_changes_and_stays_whole_on_one_device() {
+        // One group: A(dev 1) → B(dev 1) → C(dev 0) → D(dev 1), E(dev 1) alone; a
+        // second group F(dev 1) → G(dev 1).
+        let group = [0, 0, 0, 0, 0, 3, 3];
+        let device = [1, 1, 0, 1, 1, 1, 1];
+        let order = [0, 1, 2, 3, 4, 5, 6];
+        let split = split_at_device_changes(&group, &order, |n| device[n as usize]);
+        assert_eq!(partitions(&split), vec![0, 0, 1, 2, 2, 3, 3]);
+        // A whole group on a device other than the graph's is one partition.
+        let same = split_at_device_changes(&[0, 0, 0], &[0, 1, 2], |_| 1);
+        assert_eq!(partitions(&same), vec![0, 0, 0]);
+        // Runs follow the linearization, not the node numbers.
+        let reordered = split_at_device_changes(&[0, 0, 0], &[2, 0, 1], |n| [0, 0, 1][n as usize]);
+        assert_eq!(partitions(&reordered), vec![1, 1, 0]);
     }
 }
