@@ -74,9 +74,11 @@ pub struct WgslFusionStats {
     pub misses: u64,
 }
 
-/// The fusion compiler for WGSL kernels (see the [module docs](self)), with a
-/// bounded cache of fused modules keyed by everything a fused module depends on.
-/// Shareable across threads.
+/// The fusion compiler for WGSL kernels: under the shared fusion rules, it joins the
+/// kernels' naga modules into one WGSL compute shader that runs each body in list
+/// order (with work-group barriers between where asked), internalized buffers as
+/// private or workgroup arrays. It keeps a bounded cache of fused modules keyed by
+/// everything a fused module depends on. Shareable across threads.
 pub struct WgslFusion {
     cache: Mutex<(FxHashMap<Vec<u8>, Built>, WgslFusionStats)>,
 }
