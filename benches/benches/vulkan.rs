@@ -10,7 +10,14 @@
 //!   then waits for the device, untimed): `record` is finalize (validation, barrier
 //!   planning) plus the submission of the first replay, which records the Vulkan
 //!   commands; `replay` the submission of a later replay; `one_by_one` the same
-//!   dispatches as 10,000 submissions. Throughput is in dispatches.
+//!   dispatches as 10,000 submissions. Throughput is in dispatches. With the feature
+//!   `wgpu`, `wgpu_encode_submit` is the same 10,000 dispatches through wgpu's Vulkan
+//!   backend on the same device (the adapter whose name is the driver's device's):
+//!   the same WGSL, one bind group per dispatch made up front (as an engine would),
+//!   then per iteration a command encoder with one compute pass (the pipeline and
+//!   the immediate set once, a bind group and a dispatch per dispatch), `finish` and
+//!   `queue.submit`, host time only like the others (the wait for the submission is
+//!   untimed). Issue #28's target: `replay` ≥ 10× cheaper than `wgpu_encode_submit`.
 //! * `fused_chain`: eight chained elementwise WGSL kernels (`y = a x + b`) over
 //!   `GANTRY_VULKAN_FUSION_N` `f32`s (default 64M; a CPU device such as lavapipe
 //!   wants a few million at most), submitted one after another (`unfused`, each
@@ -19,8 +26,9 @@
 //!   intermediates in private memory (`fused`); submission to the last
 //!   completion, throughput in elements. The target: fused ≥ 6× unfused at 64M.
 //!
-//! `cargo bench -p gantry-benches --features vulkan --bench vulkan`. On a machine
-//! without any Vulkan device it says so and measures nothing.
+//! `cargo bench -p gantry-benches --features vulkan --bench vulkan` (`--features
+//! vulkan,wgpu` for the wgpu comparison). On a machine without any Vulkan device it
+//! says so and measures nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -223,6 +231,8 @@ fn partition(c: &mut Criterion) {
     g.bench_function("replay", |b| {
         b.iter_custom(|iters| host_time(iters, &mut || usize::from(replay(&buffer) != 0)))
     });
+    #[cfg(feature = "wgpu")]
+    wgpu_frame::encode_submit(&mut g, gpu.driver.device_name());
     g.bench_function("one_by_one", |b| {
         b.iter_custom(|iters| {
             host_time(iters, &mut || {
@@ -244,6 +254,148 @@ fn partition(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// `partition_10k`'s dispatches through wgpu (feature `wgpu`).
+#[cfg(feature = "wgpu")]
+mod wgpu_frame {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    use std::time::{Duration, Instant};
+
+    use criterion::measurement::WallTime;
+    use criterion::BenchmarkGroup;
+
+    use super::{COUNT, N, SIX};
+
+    /// `future`'s output: wgpu-core's futures are ready when first polled, so no
+    /// executor is needed.
+    fn block_on<F: Future>(future: F) -> F::Output {
+        let mut future = pin!(future);
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            if let Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Measures `wgpu_encode_submit` in `g` on the Vulkan adapter named `device`;
+    /// where wgpu has no such adapter it says so and measures nothing.
+    pub fn encode_submit(g: &mut BenchmarkGroup<'_, WallTime>, device: &str) {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapters = block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN));
+        let Some(adapter) = adapters.into_iter().find(|a| a.get_info().name == device) else {
+            eprintln!("vulkan bench: wgpu has no Vulkan adapter named {device:?}; wgpu not measured");
+            return;
+        };
+        let immediate_size = size_of::<u32>() as u32;
+        let (dev, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("gantry-bench"),
+            required_features: wgpu::Features::IMMEDIATES,
+            required_limits: wgpu::Limits { max_immediate_size: immediate_size, ..wgpu::Limits::default() },
+            ..Default::default()
+        }))
+        .expect("a wgpu device with immediates");
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("six"),
+            source: wgpu::ShaderSource::Wgsl(SIX.into()),
+        });
+        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let entries: Vec<_> = (0..6).map(|b| storage(b, b < 5)).collect();
+        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("six"),
+            entries: &entries,
+        });
+        let pipeline_layout = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("six"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size,
+        });
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("six"),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("six"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let buffer = || {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: (4 * N) as u64,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        // Five shared inputs, one output per dispatch, as in the partition.
+        let inputs: Vec<wgpu::Buffer> = (0..5).map(|_| buffer()).collect();
+        let groups: Vec<wgpu::BindGroup> = (0..COUNT)
+            .map(|_| {
+                let out = buffer();
+                let entries: Vec<_> = inputs
+                    .iter()
+                    .chain([&out])
+                    .enumerate()
+                    .map(|(b, buf)| wgpu::BindGroupEntry {
+                        binding: b as u32,
+                        resource: buf.as_entire_binding(),
+                    })
+                    .collect();
+                dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &layout,
+                    entries: &entries,
+                })
+            })
+            .collect();
+        let n = (N as u32).to_ne_bytes();
+        let workgroups = N.div_ceil(64) as u32;
+        let frame = || {
+            let mut encoder = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_immediates(0, &n);
+                for group in &groups {
+                    pass.set_bind_group(0, group, &[]);
+                    pass.dispatch_workgroups(workgroups, 1, 1);
+                }
+            }
+            queue.submit([encoder.finish()])
+        };
+        let wait = |index: wgpu::SubmissionIndex| {
+            dev.poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+                .expect("the frame ran");
+        };
+        wait(frame()); // the first submission, outside the measurement
+        g.bench_function("wgpu_encode_submit", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let index = frame();
+                    total += start.elapsed();
+                    wait(index);
+                }
+                total
+            })
+        });
+    }
 }
 
 const STEP: &str = "struct S { n: u32, a: f32, b: f32 }

@@ -9,12 +9,13 @@
 //! can be pointed at another binding by rewriting its sets' buffers
 //! ([`Sets::write`]) without recording its commands again.
 
+use std::collections::hash_map::Entry;
+use std::hash::Hasher;
 use std::sync::Arc;
 
-use ash::vk;
-use gantry_driver::{Plan, RecordedOp};
-use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
+use ash::vk::{self, Handle};
+use gantry_driver::{Plan, RecordedArg, RecordedOp};
+use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::command_buffer::Bound;
 use crate::device::Device;
@@ -28,6 +29,40 @@ pub(crate) const NO_SET: u32 = u32::MAX;
 /// A buffer slot as the plan names it: (argument-table entry, offset in the entry,
 /// length).
 type Slot = (u32, usize, usize);
+
+/// `arg`'s slot.
+fn slot(arg: &RecordedArg) -> Slot {
+    (arg.entry, arg.offset, arg.len)
+}
+
+/// The key under which [`SetIndex`] files the set of `layout` over `args`' slots:
+/// a hash of both, so equal keys are compared slot by slot.
+fn set_key(layout: vk::DescriptorSetLayout, args: &[RecordedArg]) -> u64 {
+    let mut h = FxHasher::default();
+    h.write_u64(layout.as_raw());
+    for a in args {
+        h.write_u32(a.entry);
+        h.write_usize(a.offset);
+        h.write_usize(a.len);
+    }
+    h.finish()
+}
+
+/// The sets found so far while planning, for [`SetPlan::intern`].
+struct SetIndex {
+    /// Per key: the last set made with it.
+    head: FxHashMap<u64, u32>,
+    /// Per set: the set made before it with the same key, or [`NO_SET`].
+    next: Vec<u32>,
+    /// The previous dispatch's set, or [`NO_SET`].
+    last: u32,
+}
+
+impl Default for SetIndex {
+    fn default() -> Self {
+        Self { head: FxHashMap::default(), next: Vec::new(), last: NO_SET }
+    }
+}
 
 /// One distinct descriptor set: its layout and its slots (`slots[range]` of the
 /// plan), in binding order.
@@ -52,7 +87,7 @@ impl SetPlan {
     pub(crate) fn new(plan: &Plan, kernels: &[Option<Ready>]) -> Self {
         let mut out =
             SetPlan { op_set: Vec::with_capacity(plan.ops.len()), sets: Vec::new(), slots: Vec::new() };
-        let mut known: FxHashMap<(vk::DescriptorSetLayout, SmallVec<[Slot; 8]>), u32> = FxHashMap::default();
+        let mut index = SetIndex::default();
         for (planned, ready) in plan.ops.iter().zip(kernels) {
             let (RecordedOp::Kernel { args, .. }, Some(ready)) = (&planned.op, ready) else {
                 out.op_set.push(NO_SET);
@@ -62,18 +97,52 @@ impl SetPlan {
                 out.op_set.push(NO_SET);
                 continue;
             }
-            let layout = ready.pipelines.set_layout(Bind::Sets);
-            let slots: SmallVec<[Slot; 8]> = args.iter().map(|a| (a.entry, a.offset, a.len)).collect();
-            let next = out.sets.len() as u32;
-            let index = *known.entry((layout, slots)).or_insert_with_key(|(_, slots)| {
-                let start = out.slots.len();
-                out.slots.extend_from_slice(slots);
-                out.sets.push(SetSpec { layout, slots: start..out.slots.len() });
-                next
-            });
-            out.op_set.push(index);
+            let set = out.intern(&mut index, ready.pipelines.set_layout(Bind::Sets), args);
+            out.op_set.push(set);
         }
         out
+    }
+
+    /// The set of `layout` over `args`' slots: an existing one where there is one,
+    /// else a new one. Sets are numbered in order of first use.
+    ///
+    /// The previous dispatch's set is tried first, since consecutive dispatches
+    /// commonly share one; then the sets whose key ([`set_key`]) is the same,
+    /// compared slot by slot, so no slot list is copied or hashed as a whole key.
+    fn intern(&mut self, index: &mut SetIndex, layout: vk::DescriptorSetLayout, args: &[RecordedArg]) -> u32 {
+        if index.last != NO_SET && self.is(index.last, layout, args) {
+            return index.last;
+        }
+        let set = self.sets.len() as u32;
+        let same_key = match index.head.entry(set_key(layout, args)) {
+            Entry::Occupied(mut e) => {
+                let mut at = *e.get();
+                while at != NO_SET {
+                    if self.is(at, layout, args) {
+                        index.last = at;
+                        return at;
+                    }
+                    at = index.next[at as usize];
+                }
+                e.insert(set)
+            }
+            Entry::Vacant(e) => {
+                e.insert(set);
+                NO_SET
+            }
+        };
+        index.next.push(same_key);
+        index.last = set;
+        let start = self.slots.len();
+        self.slots.extend(args.iter().map(slot));
+        self.sets.push(SetSpec { layout, slots: start..self.slots.len() });
+        set
+    }
+
+    /// Whether set `set` is `layout` over `args`' slots.
+    fn is(&self, set: u32, layout: vk::DescriptorSetLayout, args: &[RecordedArg]) -> bool {
+        let spec = &self.sets[set as usize];
+        spec.layout == layout && self.slots[spec.slots.clone()].iter().copied().eq(args.iter().map(slot))
     }
 
     /// How many distinct sets the plan binds.
@@ -162,5 +231,60 @@ impl Drop for Sets {
             // owns them is dropped only when idle); destroying the pool frees them.
             unsafe { self.dev.raw.destroy_descriptor_pool(self.pool, None) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_driver::AccessMode;
+
+    use super::*;
+
+    fn args(entries: &[u32]) -> Vec<RecordedArg> {
+        entries
+            .iter()
+            .map(|&entry| RecordedArg { entry, offset: 0, len: 256, mode: AccessMode::Read })
+            .collect()
+    }
+
+    #[test]
+    fn sets_are_shared_by_layout_and_slots_and_numbered_in_order_of_first_use() {
+        let (a, b) = (vk::DescriptorSetLayout::from_raw(1), vk::DescriptorSetLayout::from_raw(2));
+        let mut plan = SetPlan::default();
+        let mut index = SetIndex::default();
+        let ops = [
+            (a, args(&[0, 1, 2])),
+            (a, args(&[0, 1, 2])), // the previous set
+            (a, args(&[0, 1, 3])),
+            (b, args(&[0, 1, 2])), // another layout
+            (a, args(&[0, 1, 2])), // an earlier set, not the previous
+            (a, args(&[0, 1])),    // a prefix
+            (a, args(&[0, 1, 3])),
+        ];
+        let sets: Vec<u32> = ops.iter().map(|(l, s)| plan.intern(&mut index, *l, s)).collect();
+        assert_eq!(sets, [0, 0, 1, 2, 0, 3, 1]);
+        assert_eq!(plan.len(), 4);
+        assert_eq!(plan.slots.len(), 3 + 3 + 3 + 2);
+        let mut offset = args(&[0, 1, 2]);
+        offset[2].offset = 4;
+        assert_eq!(plan.intern(&mut index, a, &offset), 4);
+    }
+
+    #[test]
+    fn sets_with_the_same_key_are_told_apart_by_their_slots() {
+        let layout = vk::DescriptorSetLayout::from_raw(7);
+        let mut plan = SetPlan::default();
+        let mut index = SetIndex::default();
+        // Forge a collision: both sets filed under one key.
+        let (x, y) = (args(&[1]), args(&[2]));
+        assert_eq!(plan.intern(&mut index, layout, &x), 0);
+        index.head.insert(set_key(layout, &y), 0);
+        index.last = NO_SET;
+        assert_eq!(plan.intern(&mut index, layout, &y), 1);
+        assert_eq!(index.next, [NO_SET, 0]);
+        index.head.insert(set_key(layout, &x), 1);
+        index.last = NO_SET;
+        assert_eq!(plan.intern(&mut index, layout, &x), 0, "found behind the other set");
+        assert_eq!(plan.len(), 2);
     }
 }
