@@ -5,10 +5,15 @@
 //! Many work-items of one kernel run at once over shared buffers. Safe code cannot
 //! create a data race through these types:
 //!
-//! * [`Accessor::get`] / [`Accessor::set`] use relaxed atomic loads and stores of the
-//!   element's machine words (a plain `mov` on x86). Racing work-items may observe
-//!   torn values of a multi-word `T`, which is harmless because `T: Pod` accepts every
-//!   bit pattern; there is no undefined behaviour.
+//! * [`Accessor::get`] through a [`Read`] accessor, at an index inside its binding's
+//!   ordinary range, is a plain load: nothing writes that memory while the kernel
+//!   runs (no writable accessor of the command group overlaps a read-only one, the
+//!   scheduler orders other writers, and a fused kernel binds a read-only slot that
+//!   another of its kernels writes as shared memory, which has no ordinary range).
+//! * Every other [`Accessor::get`] and every [`Accessor::set`] uses relaxed atomic
+//!   loads and stores of the element's machine words (a plain `mov` on x86). Racing
+//!   work-items may observe torn values of a multi-word `T`, which is harmless because
+//!   `T: Pod` accepts every bit pattern; there is no undefined behaviour.
 //! * [`ElemAccessor::elem`] hands each work-item a `&mut T` to *its own* element (the
 //!   one at its global linear id). The command group rejects any other accessor that
 //!   overlaps a writable one, and each work-item runs once per launch, so these

@@ -83,6 +83,10 @@ impl<'a> GroupCtx<'a> {
     }
 }
 
+/// Buffer slots whose bindings [`items`] copies into an array on its stack (more
+/// go to the heap).
+const LOCAL_SLOTS: usize = 16;
+
 /// Which work-items of a group [`items`] runs, and how their ids map.
 #[derive(Clone, Copy)]
 struct Ids<'a> {
@@ -151,25 +155,57 @@ fn items<F: Fn(&mut Item<'_>)>(
     outer_ext[inner] = 1;
     let (grid_global, own, total) = (grid.global_range(), geometry.global_range(), geometry.global_size());
     let remapped = ids.remap.is_some();
-    let mut item = Item { rel: base, local: first, grid, group: ids.group, geometry, bindings, scratch, tag };
+    // The grid's linear id advances by this per step along the inner dimension.
+    let glid_step = [grid_global[1] * grid_global[2], grid_global[2], 1][inner];
+    // The binding table, copied into memory of this loop's own whose address nothing
+    // else sees, padded to a power of two: an access loads its binding at `slot &
+    // mask` (no bounds check), and since no store of the loop can reach this copy,
+    // the compiler loads each accessor's pointer and length once, before the loop.
+    // (A plain array on the stack for up to `LOCAL_SLOTS` slots, filled by a copy:
+    // the address of a collection whose growth is a call would escape into it.)
+    let padded = bindings.len().next_power_of_two().max(1);
+    let mut local = [Binding::EMPTY; LOCAL_SLOTS];
+    let heap: Vec<Binding>;
+    let table: &[Binding] = if padded <= LOCAL_SLOTS {
+        local[..bindings.len()].copy_from_slice(bindings);
+        &local[..padded]
+    } else {
+        heap = bindings.iter().copied().chain(std::iter::repeat(Binding::EMPTY)).take(padded).collect();
+        &heap
+    };
+    let mut item = Item {
+        rel: base,
+        local: first,
+        glid: 0,
+        grid,
+        group: ids.group,
+        geometry,
+        bindings: table,
+        slots: bindings.len(),
+        scratch,
+        tag,
+    };
     let add = |a: [usize; 3], b: [usize; 3]| [a[0] + b[0], a[1] + b[1], a[2] + b[2]];
     for o0 in 0..outer_ext[0] {
         for o1 in 0..outer_ext[1] {
             for o2 in 0..outer_ext[2] {
-                // Ids advance by `unit` (element-wise adds, so the item's fields stay
-                // in registers).
+                // Ids advance by `unit` and the linear id by its step (adds only, so
+                // the item's fields stay in registers).
                 let mut local = add(first, [o0, o1, o2]);
                 let mut rel = add(base, local);
+                let mut glid = linearize(rel, grid_global);
                 for _ in 0..ext[inner] {
-                    // One call site of the body (see above).
-                    let glid = if remapped { linearize(rel, grid_global) } else { 0 };
+                    // One call site of the body (see above). Without remapping the grid
+                    // is the kernel's own, and every id is in range.
                     if glid < total {
                         item.rel = if remapped { delinearize(glid, own) } else { rel };
                         item.local = local;
+                        item.glid = glid;
                         f(&mut item);
                     }
                     local = add(local, unit);
                     rel = add(rel, unit);
+                    glid += glid_step;
                 }
             }
         }
@@ -195,11 +231,16 @@ fn items<F: Fn(&mut Item<'_>)>(
 pub struct Item<'a> {
     rel: [usize; 3],
     local: [usize; 3],
+    /// The global linear id of `rel` (kept alongside, one add per work-item).
+    glid: usize,
     /// The grid being run, whose work-group shape indexes per-work-item scratch.
     grid: &'a Geometry,
     group: [usize; 3],
     geometry: &'a Geometry,
+    /// The binding table, padded with empty bindings to a power of two.
     bindings: &'a [Binding],
+    /// Buffer accessor slots of the launch (the unpadded length of `bindings`).
+    slots: usize,
     scratch: &'a [Binding],
     tag: u64,
 }
@@ -224,7 +265,7 @@ impl<'a> Item<'a> {
     /// Linear id over the global range, not counting the offset: 0..global size.
     #[inline]
     pub fn global_linear_id(&self) -> usize {
-        linearize(self.rel, self.geometry.global_range())
+        self.glid
     }
     /// Global extent in dimension `d`.
     #[inline]
@@ -267,7 +308,9 @@ impl<'a> Item<'a> {
     /// launch's command group.
     #[inline]
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(tag == self.tag, "accessor used in a kernel of a different command group");
+        if tag != self.tag || slot as usize >= self.slots {
+            invalid_accessor(tag == self.tag, slot, self.slots)
+        }
         self.bindings[slot as usize]
     }
 
@@ -280,13 +323,26 @@ impl<'a> Item<'a> {
     /// general path, out of line ([`general_element`]).
     #[inline(always)]
     pub(crate) fn element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, bool) {
-        let b = self.binding(slot, tag);
-        let n = b.len / std::mem::size_of::<T>().max(1);
+        // No branch before the bounds check: the binding is read at `slot & mask`
+        // (inside the padded table whatever the slot), and a foreign tag or a slot
+        // past the launch's makes the ordinary range empty, so that the general path
+        // reports it. All of it is the same for every work-item: computed once, before
+        // the group loop.
+        let at = slot as usize & (self.bindings.len().wrapping_sub(1));
+        debug_assert!(at < self.bindings.len(), "the table is never empty");
+        // SAFETY: the group loop pads the table to a power of two, at least 1, so
+        // `at` is below its length.
+        let b = unsafe { *self.bindings.get_unchecked(at) };
+        let valid = tag == self.tag && (slot as usize) < self.slots;
+        let size = std::mem::size_of::<T>();
+        let n = if valid { b.len / size.max(1) } else { 0 };
         if i < n {
             // SAFETY: i < n, so the offset stays inside the binding.
             (unsafe { b.ptr.cast::<T>().add(i) }, true)
         } else {
-            let size = std::mem::size_of::<T>();
+            if !valid {
+                invalid_accessor(tag == self.tag, slot, self.slots)
+            }
             let fields = (b.ptr, b.len, b.wrap, b.internal);
             (general_element(fields, i, size, self.local_linear_id()).cast(), false)
         }
@@ -354,4 +410,15 @@ fn general_element(
         Internal::Local => unsafe { ptr.add((i % n) * size) },
         Internal::Private => unsafe { ptr.add((local_linear_id * n + i % n) * size) },
     }
+}
+
+/// The panic of an accessor of another command group (`own_tag` false), or of a slot
+/// past the launch's (it fails the command). Of values only, like [`general_element`].
+#[cold]
+#[inline(never)]
+fn invalid_accessor(own_tag: bool, slot: u32, slots: usize) -> ! {
+    if !own_tag {
+        panic!("accessor used in a kernel of a different command group")
+    }
+    panic!("accessor slot {slot} of a launch of {slots} slots")
 }
