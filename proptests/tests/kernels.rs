@@ -183,3 +183,29 @@ fn a_reduction_refuses_fusion_with_a_reason() {
     }
     assert_eq!(out.to_vec().unwrap(), vec![100.0]);
 }
+
+/// A kernel with more accessors than the group loop keeps in its own table (16)
+/// reaches the others through the general path: every slot reads its own buffer.
+#[test]
+fn kernels_with_many_accessors_reach_every_slot() {
+    for rt in runtimes() {
+        let n = 3000;
+        let inputs: Vec<_> = (0..20u32).map(|k| rt.buffer(&vec![k + 1; n])).collect();
+        let out = rt.buffer_zeroed::<u32>(n);
+        rt.queue()
+            .submit(|cg| {
+                let xs: Vec<_> = inputs.iter().map(|b| cg.read(b)).collect();
+                let o = cg.elements_out(&out);
+                cg.parallel_for(n, move |it| {
+                    let i = it.global_linear_id();
+                    // Weighted, so that a slot read through another's binding shows.
+                    *o.elem(it) = xs.iter().enumerate().map(|(k, x)| x.get(it, i) * (k as u32 + 1)).sum();
+                });
+            })
+            .unwrap()
+            .wait()
+            .unwrap();
+        let want: u32 = (0..20u32).map(|k| (k + 1) * (k + 1)).sum();
+        assert_eq!(out.to_vec().unwrap(), vec![want; n]);
+    }
+}

@@ -83,8 +83,8 @@ impl<'a> GroupCtx<'a> {
     }
 }
 
-/// Buffer slots whose bindings [`items`] copies into an array on its stack (more
-/// go to the heap).
+/// Buffer slots whose bindings [`items`] copies into an array on its stack (an
+/// access to a slot past them takes the general path).
 const LOCAL_SLOTS: usize = 16;
 
 /// Which work-items of a group [`items`] runs, and how their ids map.
@@ -161,18 +161,13 @@ fn items<F: Fn(&mut Item<'_>)>(
     // else sees, padded to a power of two: an access loads its binding at `slot &
     // mask` (no bounds check), and since no store of the loop can reach this copy,
     // the compiler loads each accessor's pointer and length once, before the loop.
-    // (A plain array on the stack for up to `LOCAL_SLOTS` slots, filled by a copy:
-    // the address of a collection whose growth is a call would escape into it.)
-    let padded = bindings.len().next_power_of_two().max(1);
+    // (A plain array on the stack, filled by a copy: the address of a collection
+    // whose growth is a call would escape into it. Slots past `LOCAL_SLOTS` are
+    // reached through the general path.)
+    let copied = bindings.len().min(LOCAL_SLOTS);
     let mut local = [Binding::EMPTY; LOCAL_SLOTS];
-    let heap: Vec<Binding>;
-    let table: &[Binding] = if padded <= LOCAL_SLOTS {
-        local[..bindings.len()].copy_from_slice(bindings);
-        &local[..padded]
-    } else {
-        heap = bindings.iter().copied().chain(std::iter::repeat(Binding::EMPTY)).take(padded).collect();
-        &heap
-    };
+    local[..copied].copy_from_slice(&bindings[..copied]);
+    let table = &local[..copied.next_power_of_two().max(1)];
     let mut item = Item {
         rel: base,
         local: first,
@@ -181,7 +176,8 @@ fn items<F: Fn(&mut Item<'_>)>(
         group: ids.group,
         geometry,
         bindings: table,
-        slots: bindings.len(),
+        all: bindings,
+        slots: copied,
         scratch,
         tag,
     };
@@ -237,9 +233,12 @@ pub struct Item<'a> {
     grid: &'a Geometry,
     group: [usize; 3],
     geometry: &'a Geometry,
-    /// The binding table, padded with empty bindings to a power of two.
+    /// The first [`LOCAL_SLOTS`] bindings of the launch, padded with empty ones to a
+    /// power of two.
     bindings: &'a [Binding],
-    /// Buffer accessor slots of the launch (the unpadded length of `bindings`).
+    /// Every binding of the launch.
+    all: &'a [Binding],
+    /// The unpadded length of `bindings`.
     slots: usize,
     scratch: &'a [Binding],
     tag: u64,
@@ -308,10 +307,10 @@ impl<'a> Item<'a> {
     /// launch's command group.
     #[inline]
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        if tag != self.tag || slot as usize >= self.slots {
-            invalid_accessor(tag == self.tag, slot, self.slots)
+        if tag != self.tag || slot as usize >= self.all.len() {
+            invalid_accessor(tag == self.tag, slot, self.all.len())
         }
-        self.bindings[slot as usize]
+        self.all[slot as usize]
     }
 
     /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes, and
@@ -341,7 +340,9 @@ impl<'a> Item<'a> {
             (unsafe { b.ptr.cast::<T>().add(i) }, true)
         } else {
             if !valid {
-                invalid_accessor(tag == self.tag, slot, self.slots)
+                let (p, direct) =
+                    far_element(self.all, tag == self.tag, slot, i, size, self.local_linear_id());
+                return (p.cast(), direct);
             }
             let fields = (b.ptr, b.len, b.wrap, b.internal);
             (general_element(fields, i, size, self.local_linear_id()).cast(), false)
@@ -421,4 +422,26 @@ fn invalid_accessor(own_tag: bool, slot: u32, slots: usize) -> ! {
         panic!("accessor used in a kernel of a different command group")
     }
     panic!("accessor slot {slot} of a launch of {slots} slots")
+}
+
+/// [`Item::element`] of a slot outside the loop's table: past [`LOCAL_SLOTS`], or not
+/// the launch's (which panics). Of values only, like [`general_element`].
+#[cold]
+#[inline(never)]
+fn far_element(
+    all: &[Binding],
+    own_tag: bool,
+    slot: u32,
+    i: usize,
+    size: usize,
+    local_linear_id: usize,
+) -> (*mut u8, bool) {
+    let Some(&b) = all.get(slot as usize).filter(|_| own_tag) else {
+        invalid_accessor(own_tag, slot, all.len())
+    };
+    if i < b.len / size.max(1) {
+        // SAFETY: in the binding's ordinary range.
+        return (unsafe { b.ptr.add(i * size) }, true);
+    }
+    (general_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), false)
 }
