@@ -164,10 +164,17 @@ fn items<F: Fn(&mut Item<'_>)>(
     // (A plain array on the stack, filled by a copy: the address of a collection
     // whose growth is a call would escape into it. Slots past `LOCAL_SLOTS` are
     // reached through the general path.)
+    // Only the entries used are written: fusion without barriers runs this loop
+    // for one work-item at a time.
     let copied = bindings.len().min(LOCAL_SLOTS);
-    let mut local = [Binding::EMPTY; LOCAL_SLOTS];
-    local[..copied].copy_from_slice(&bindings[..copied]);
-    let table = &local[..copied.next_power_of_two().max(1)];
+    let padded = copied.next_power_of_two().max(1);
+    let mut local = [std::mem::MaybeUninit::<Binding>::uninit(); LOCAL_SLOTS];
+    let entries = bindings[..copied].iter().chain(std::iter::repeat(&Binding::EMPTY));
+    for (slot, b) in local[..padded].iter_mut().zip(entries) {
+        slot.write(*b);
+    }
+    // SAFETY: the first `padded` entries (at most `LOCAL_SLOTS`) were written above.
+    let table: &[Binding] = unsafe { std::slice::from_raw_parts(local.as_ptr().cast(), padded) };
     let mut item = Item {
         rel: base,
         local: first,
