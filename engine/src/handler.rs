@@ -483,6 +483,209 @@ impl Handler {
         });
     }
 
+    /// A two-input elementwise kernel: work-item `i` writes `f(a[i], b[i])` to element
+    /// `i` of `output`, for every element of `output`. Like [`Handler::map`], the runtime
+    /// owns the loop (one loop over contiguous memory per work-group, vectorized where
+    /// the arithmetic allows); elements may be any `Pod` type, structs included. Every
+    /// input must have at least as many elements as `output`.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// let (x, y) = (rt.buffer(&[1.0f32, 2.0, 3.0]), rt.buffer(&[[0.5f32, 1.0]; 3]));
+    /// let out = rt.buffer_zeroed::<f32>(3);
+    /// rt.queue().submit(|cg| {
+    ///     let (x, y, o) = (cg.read(&x), cg.read(&y), cg.elements_out(&out));
+    ///     cg.map2(&x, &y, &o, |x, [a, b]: [f32; 2]| x * a + b);
+    /// })?.wait()?;
+    /// assert_eq!(out.to_vec()?, vec![1.5, 2.0, 2.5]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn map2<A, B, U, MA, MB, MO, F>(
+        &mut self,
+        a: &Accessor<A, MA>,
+        b: &Accessor<B, MB>,
+        output: &ElemAccessor<U, MO>,
+        f: F,
+    ) where
+        A: Pod,
+        B: Pod,
+        U: Pod,
+        MA: gantry_host::Readable,
+        MB: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        F: Fn(A, B) -> U + Send + Sync + 'static,
+    {
+        let inputs = [(a.slot_and_tag().1, a.len()), (b.slot_and_tag().1, b.len())];
+        let geometry = self.elementwise_geometry(&inputs, output);
+        let phase = gantry_host::map2_phase(*a, *b, *output, f);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("map2")),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
+    }
+
+    /// A three-input elementwise kernel: `output[i] = f(a[i], b[i], c[i])` (see
+    /// [`Handler::map2`]).
+    pub fn map3<A, B, C, U, MA, MB, MC, MO, F>(
+        &mut self,
+        a: &Accessor<A, MA>,
+        b: &Accessor<B, MB>,
+        c: &Accessor<C, MC>,
+        output: &ElemAccessor<U, MO>,
+        f: F,
+    ) where
+        A: Pod,
+        B: Pod,
+        C: Pod,
+        U: Pod,
+        MA: gantry_host::Readable,
+        MB: gantry_host::Readable,
+        MC: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        F: Fn(A, B, C) -> U + Send + Sync + 'static,
+    {
+        let inputs =
+            [(a.slot_and_tag().1, a.len()), (b.slot_and_tag().1, b.len()), (c.slot_and_tag().1, c.len())];
+        let geometry = self.elementwise_geometry(&inputs, output);
+        let phase = gantry_host::map3_phase(*a, *b, *c, *output, f);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("map3")),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
+    }
+
+    /// A four-input elementwise kernel: `output[i] = f(a[i], b[i], c[i], d[i])` (see
+    /// [`Handler::map2`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn map4<A, B, C, D, U, MA, MB, MC, MD, MO, F>(
+        &mut self,
+        a: &Accessor<A, MA>,
+        b: &Accessor<B, MB>,
+        c: &Accessor<C, MC>,
+        d: &Accessor<D, MD>,
+        output: &ElemAccessor<U, MO>,
+        f: F,
+    ) where
+        A: Pod,
+        B: Pod,
+        C: Pod,
+        D: Pod,
+        U: Pod,
+        MA: gantry_host::Readable,
+        MB: gantry_host::Readable,
+        MC: gantry_host::Readable,
+        MD: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        F: Fn(A, B, C, D) -> U + Send + Sync + 'static,
+    {
+        let inputs = [
+            (a.slot_and_tag().1, a.len()),
+            (b.slot_and_tag().1, b.len()),
+            (c.slot_and_tag().1, c.len()),
+            (d.slot_and_tag().1, d.len()),
+        ];
+        let geometry = self.elementwise_geometry(&inputs, output);
+        let phase = gantry_host::map4_phase(*a, *b, *c, *d, *output, f);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("map4")),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
+    }
+
+    /// The geometry of an elementwise kernel over `output` with `inputs` (tag,
+    /// length): a plain range of the output's length; a foreign accessor or a short
+    /// input fails the group.
+    fn elementwise_geometry<U, MO>(
+        &mut self,
+        inputs: &[(u64, usize)],
+        output: &ElemAccessor<U, MO>,
+    ) -> std::result::Result<Geometry, Error>
+    where
+        U: Pod,
+        MO: gantry_host::Writable,
+    {
+        if inputs.iter().any(|&(tag, _)| tag != self.tag) || output.slot_and_tag().1 != self.tag {
+            self.fail(Error::ForeignObject("an accessor"));
+        }
+        match inputs.iter().find(|&&(_, len)| len < output.len()) {
+            Some(&(_, len)) => Err(Error::MapInputTooShort { input: len, output: output.len() }),
+            None => Geometry::for_range(Range::d1(output.len())).map_err(Error::from),
+        }
+    }
+
+    /// A reduction: element 0 of `output` becomes the combination by `op` of every
+    /// element of `input` ([`Sum`](gantry_host::Sum), [`Min`](gantry_host::Min),
+    /// [`Max`](gantry_host::Max), or any associative function with its identity,
+    /// [`Custom`](gantry_host::Custom)); its previous contents are replaced. The input
+    /// is folded in fixed-size chunks, spread over the worker threads, and the
+    /// partials combined in a fixed order (`gantry_host::reduce`), so the result does
+    /// not depend on the number of threads; for floats it may differ in its last bits
+    /// from a serial left fold. A reduction is not fused with other kernels
+    /// ([`Unprofitable::Reduction`](gantry_driver::fusion::Unprofitable::Reduction)):
+    /// put a map in front with [`Handler::map_reduce`].
+    ///
+    /// ```
+    /// use gantry::host::{Max, Sum};
+    /// let rt = gantry::Runtime::new();
+    /// let x = rt.buffer(&(1..=1000).map(|i| i as f32).collect::<Vec<_>>());
+    /// let out = rt.buffer_zeroed::<f32>(2);
+    /// let q = rt.queue();
+    /// q.submit(|cg| {
+    ///     let (x, o) = (cg.read(&x), cg.access::<f32, gantry::Write>(&out, 0..1));
+    ///     cg.reduce(&x, &o, Sum);
+    /// })?;
+    /// q.submit(|cg| {
+    ///     let (x, o) = (cg.read(&x), cg.access::<f32, gantry::Write>(&out, 1..2));
+    ///     cg.map_reduce(&x, &o, |v| v * v, Max);
+    /// })?;
+    /// assert_eq!(out.to_vec()?, vec![500_500.0, 1_000_000.0]);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn reduce<T, MI, MO, R>(&mut self, input: &Accessor<T, MI>, output: &Accessor<T, MO>, op: R)
+    where
+        T: Pod + Sync + Send,
+        MI: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        R: gantry_host::Reduction<T>,
+    {
+        self.map_reduce(input, output, |x: T| x, op);
+    }
+
+    /// A reduction of a map: element 0 of `output` becomes the combination by `op` of
+    /// `map(x)` for every element `x` of `input` (see [`Handler::reduce`]); the map
+    /// runs inside the reduction's loop, as one kernel.
+    pub fn map_reduce<T, U, MI, MO, M, R>(
+        &mut self,
+        input: &Accessor<T, MI>,
+        output: &Accessor<U, MO>,
+        map: M,
+        op: R,
+    ) where
+        T: Pod + Sync,
+        U: Pod + Send,
+        MI: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        M: Fn(T) -> U + Send + Sync + 'static,
+        R: gantry_host::Reduction<U>,
+    {
+        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
+            self.fail(Error::ForeignObject("an accessor"));
+        }
+        // One work-group over the whole input: its phase splits the range over the
+        // worker pool itself (`gantry_host::reduce`).
+        let n = input.len();
+        let geometry = NdRange::new(n, n).geometry().map_err(Error::from);
+        let phase = gantry_host::reduce_phase(*input, *output, map, op);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("reduce")),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
+    }
+
     /// Runs `f` once on a host thread, after the command's dependencies, with host
     /// access to its host accessors.
     ///

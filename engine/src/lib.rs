@@ -68,6 +68,7 @@ pub use gantry_components::{
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{
     Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, Promotion, PromotionMismatch,
+    Unprofitable,
 };
 pub use gantry_driver::{
     AccessMode, BackendStatus, CodeImage, DeviceInfo, DeviceKind, ExecError, HostCtx, ImageKind, Kernel,

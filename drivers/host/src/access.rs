@@ -5,10 +5,15 @@
 //! Many work-items of one kernel run at once over shared buffers. Safe code cannot
 //! create a data race through these types:
 //!
-//! * [`Accessor::get`] / [`Accessor::set`] use relaxed atomic loads and stores of the
-//!   element's machine words (a plain `mov` on x86). Racing work-items may observe
-//!   torn values of a multi-word `T`, which is harmless because `T: Pod` accepts every
-//!   bit pattern; there is no undefined behaviour.
+//! * [`Accessor::get`] through a [`Read`] accessor, at an index inside its binding's
+//!   ordinary range, is a plain load: nothing writes that memory while the kernel
+//!   runs (no writable accessor of the command group overlaps a read-only one, the
+//!   scheduler orders other writers, and a fused kernel binds a read-only slot that
+//!   another of its kernels writes as shared memory, which has no ordinary range).
+//! * Every other [`Accessor::get`] and every [`Accessor::set`] uses relaxed atomic
+//!   loads and stores of the element's machine words (a plain `mov` on x86). Racing
+//!   work-items may observe torn values of a multi-word `T`, which is harmless because
+//!   `T: Pod` accepts every bit pattern; there is no undefined behaviour.
 //! * [`ElemAccessor::elem`] hands each work-item a `&mut T` to *its own* element (the
 //!   one at its global linear id). The command group rejects any other accessor that
 //!   overlaps a writable one, and each work-item runs once per launch, so these
@@ -36,6 +41,11 @@ use crate::item::Item;
 pub trait Mode: Send + Sync + 'static {
     /// The run-time mode.
     const MODE: AccessMode;
+    /// Whether the mode only reads: an accessor of it in a command group has no
+    /// writable accessor overlapping it, so where nothing else writes its memory
+    /// meanwhile ([`GroupCtx::exclusive_reads`](crate::GroupCtx::exclusive_reads)) its
+    /// reads are plain loads.
+    const READ_ONLY: bool = false;
 }
 /// Modes that allow reading.
 pub trait Readable: Mode {}
@@ -57,6 +67,7 @@ pub struct DiscardWrite;
 
 impl Mode for Read {
     const MODE: AccessMode = AccessMode::Read;
+    const READ_ONLY: bool = true;
 }
 impl Mode for Write {
     const MODE: AccessMode = AccessMode::Write;
@@ -200,9 +211,18 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn get(&self, it: &Item<'_>, i: usize) -> T {
-        let p = it.element_ptr::<T>(self.slot, self.tag, i);
-        // SAFETY: in bounds and aligned (ranges start at element boundaries of an
-        // aligned allocation); relaxed atomics make concurrent access race-free.
+        let (p, direct) = it.element::<T>(self.slot, self.tag, i);
+        if M::READ_ONLY && direct {
+            // SAFETY: in bounds and aligned (ranges start at element boundaries of an
+            // aligned allocation). A direct element is ordinary memory that no other
+            // work-group writes while this one runs: no writable accessor of the
+            // command group overlaps a read-only one, the scheduler orders other
+            // commands' writes, and a fused kernel binds a slot that one kernel reads
+            // and another writes as shared memory, which is never direct. So a plain
+            // load races with nothing.
+            return unsafe { p.read() };
+        }
+        // SAFETY: in bounds and aligned; relaxed atomics make concurrent access race-free.
         unsafe { load_relaxed(p) }
     }
 

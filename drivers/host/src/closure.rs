@@ -54,6 +54,9 @@ pub struct Phase {
     pub code: TypeId,
     /// Set for an elementwise kernel's phase (see [`ElementwisePhase`]).
     pub elementwise: Option<ElementwisePhase>,
+    /// Set for a phase that makes any fused chain slower than its kernels unfused
+    /// (a reduction's): the closure fusion compiler refuses the chain with this reason.
+    pub unprofitable: Option<gantry_driver::fusion::Unprofitable>,
 }
 
 /// What an elementwise phase touches, so fusion knows which internalized buffers it
@@ -165,6 +168,7 @@ where
         per_item: true,
         code: TypeId::of::<F>(),
         elementwise: None,
+        unprofitable: None,
     }
 }
 

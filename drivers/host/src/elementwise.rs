@@ -70,6 +70,7 @@ where
         per_item: true,
         code: TypeId::of::<MapCode<T, U, F>>(),
         elementwise,
+        unprofitable: None,
     }
 }
 
@@ -237,7 +238,7 @@ mod x86 {
 /// The group's work-items (or its span's) as one run: global linear ids
 /// `first..first + count` with local linear ids `local..local + count`, for a 1-D
 /// kernel run on its own grid.
-fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize, usize)> {
+pub(crate) fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize, usize)> {
     let global = ctx.geometry.global_range();
     if ctx.remap.is_some() || ctx.only.is_some() || global[1] != 1 || global[2] != 1 {
         return None;
@@ -251,7 +252,7 @@ fn group_run(ctx: &GroupCtx<'_>) -> Option<(usize, usize, usize)> {
 /// contiguously: in ordinary memory at `first`; in private memory of one element per
 /// work-item at the group's region, indexed by local id; in local memory of `n`
 /// elements at `first % n` when the run does not wrap.
-fn contiguous<E>(
+pub(crate) fn contiguous<E>(
     ctx: &GroupCtx<'_>,
     slot: &impl BufferSlot,
     first: usize,
@@ -275,6 +276,8 @@ pub(crate) fn contiguous_run(
     let size = size.max(1);
     let start = match b.internal {
         Internal::No => (first + count <= b.len / size).then_some(first)?,
+        // Other groups may write it: read per work-item, with relaxed atomics.
+        Internal::Shared => return None,
         Internal::Private => (b.wrap == size).then_some(local)?,
         Internal::Local => {
             let n = b.wrap / size;

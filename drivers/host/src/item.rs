@@ -74,84 +74,141 @@ impl<'a> GroupCtx<'a> {
     /// is as tight as a hand-written one.
     #[inline(always)]
     pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
-        if self.remap.is_none() && self.only.is_none() {
-            let span = self.span.unwrap_or((0, usize::MAX));
-            items(f, self.geometry, self.group, span, self.bindings, self.scratch, self.tag)
-        } else {
-            // Fused kernels only: through `dyn`, so the body keeps one direct caller
-            // (`items`) and stays inlined there.
-            mapped_items(f, self)
-        }
+        let span = match (self.span, self.only) {
+            (Some(span), None) => span,
+            _ => (0, usize::MAX),
+        };
+        let ids = Ids { group: self.group, span, only: self.only, remap: self.remap };
+        items(f, self.geometry, ids, self.bindings, self.scratch, self.tag)
     }
 }
 
-/// The loop of [`GroupCtx::for_each_item`]. The binding tables are separate `&[_]`
-/// arguments so the compiler knows nothing in the loop writes them and can keep an
-/// accessor's pointer in a register instead of reloading it after every store. It
-/// stays a call (once per group) so those argument guarantees hold, and it is the
-/// kernel body's only direct caller, so the body is inlined into it.
+/// Buffer slots whose bindings [`items`] copies into an array on its stack (an
+/// access to a slot past them takes the general path).
+const LOCAL_SLOTS: usize = 16;
+
+/// Which work-items of a group [`items`] runs, and how their ids map.
+#[derive(Clone, Copy)]
+struct Ids<'a> {
+    group: [usize; 3],
+    /// Local ids `lo..hi` of dimension 0 ([`GroupCtx::span`]).
+    span: (usize, usize),
+    only: Option<[usize; 3]>,
+    remap: Option<&'a Geometry>,
+}
+
+/// The loop of [`GroupCtx::for_each_item`]: every work-item of a group, in local
+/// linear order.
+///
+/// It is the kernel body's only caller, and its one call site: a function with a
+/// single call site is inlined whatever its size, so the body, the accessors'
+/// address arithmetic and their bounds checks sit in the loop, where the
+/// compiler hoists what does not change from item to item (a body reached through
+/// two loops or a `dyn` call stays out of line once it has a few accesses, and each
+/// work-item pays a call and reloads every binding). The binding tables are separate
+/// `&[_]` arguments so the compiler knows nothing in the loop writes them and can keep
+/// an accessor's pointer and length in registers instead of reloading them after
+/// every store. It stays a call (once per group) so those argument guarantees hold.
+///
+/// The innermost loop runs along the fastest dimension of the group that has more
+/// than one work-item (the only one in every plain range, whose groups are runs along
+/// the fastest dimension of the range, and in most ND-ranges), so the body sits in a
+/// loop whose trip count is the run's length; the item's ids are affine in its
+/// counter. Work-items of a kernel fused into a grid of another shape are mapped
+/// through the global linear id (the DPC++ kernel-fusion design: `global_id(0) = GLID
+/// / (GS(1) * GS(2))`, and so on), and those past the kernel's range skip it; their
+/// local and group ids are the grid's, which the fusion rules keep unchanged for
+/// kernels with a work-group size.
 #[inline(never)]
 fn items<F: Fn(&mut Item<'_>)>(
     f: &F,
     geometry: &Geometry,
-    group: [usize; 3],
-    (lo, hi): (usize, usize),
+    ids: Ids<'_>,
     bindings: &[Binding],
     scratch: &[Binding],
     tag: u64,
 ) {
-    let ctx = GroupCtx::new(geometry, group, bindings, scratch, tag);
-    let base = ctx.base();
-    let ext = ctx.extent();
-    let mut item = Item { rel: base, local: [0; 3], grid: geometry, group, geometry, bindings, scratch, tag };
-    if ext[1] == 1 && ext[2] == 1 {
-        // A 1-D group (every plain 1-D range): one loop, only dimension 0 changes.
-        for i0 in lo..hi.min(ext[0]) {
-            item.rel[0] = base[0] + i0;
-            item.local[0] = i0;
-            f(&mut item);
+    let grid = ids.remap.unwrap_or(geometry);
+    let local_range = grid.local_range();
+    let base = [ids.group[0] * local_range[0], ids.group[1] * local_range[1], ids.group[2] * local_range[2]];
+    let (first, mut ext) = match ids.only {
+        None => {
+            let g = grid.global_range();
+            ([0; 3], [0, 1, 2].map(|d| local_range[d].min(g[d] - base[d])))
         }
-        return;
-    }
-    debug_assert!((lo, hi) == (0, usize::MAX), "a span is for 1-D groups");
-    for i0 in 0..ext[0] {
-        for i1 in 0..ext[1] {
-            for i2 in 0..ext[2] {
-                item.rel = [base[0] + i0, base[1] + i1, base[2] + i2];
-                item.local = [i0, i1, i2];
-                f(&mut item);
-            }
-        }
-    }
-}
-
-/// The loop for a kernel fused into a grid of another shape, or for one work-item
-/// (`GroupCtx::only`): global ids are mapped through the global linear id (the DPC++
-/// kernel-fusion design: `global_id(0) = GLID / (GS(1) * GS(2))`, and so on), and
-/// work-items past the kernel's range skip it; local and group ids are the grid's,
-/// which the fusion rules keep unchanged for kernels with a work-group size.
-#[inline(never)]
-fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
-    let base = ctx.base();
-    let (first, ext) = match ctx.only {
-        None => ([0; 3], ctx.extent()),
         Some(local) => (local, [1; 3]),
     };
-    let grid_global = ctx.grid().global_range();
-    let (own, total) = (ctx.geometry.global_range(), ctx.geometry.global_size());
-    let (geometry, group, bindings, scratch, tag) =
-        (ctx.geometry, ctx.group, ctx.bindings, ctx.scratch, ctx.tag);
-    let grid = ctx.grid();
-    let mut item = Item { rel: base, local: first, grid, group, geometry, bindings, scratch, tag };
-    for i0 in first[0]..first[0] + ext[0] {
-        for i1 in first[1]..first[1] + ext[1] {
-            for i2 in first[2]..first[2] + ext[2] {
-                let rel = [base[0] + i0, base[1] + i1, base[2] + i2];
-                let glid = linearize(rel, grid_global);
-                if glid < total {
-                    item.rel = if ctx.remap.is_some() { delinearize(glid, own) } else { rel };
-                    item.local = [i0, i1, i2];
-                    f(&mut item);
+    let mut first = first;
+    if ids.span != (0, usize::MAX) {
+        // A span of a 1-D group: local ids `lo..hi` of dimension 0.
+        let (lo, hi) = (ids.span.0.min(ext[0]), ids.span.1.min(ext[0]));
+        first[0] = lo;
+        ext[0] = hi.saturating_sub(lo);
+    }
+    if ext.contains(&0) {
+        return;
+    }
+    // The inner dimension: the fastest with more than one work-item; its step.
+    let inner = (0..3).rev().find(|&d| ext[d] > 1).unwrap_or(2);
+    let unit = [0, 1, 2].map(|d| usize::from(d == inner));
+    let mut outer_ext = ext;
+    outer_ext[inner] = 1;
+    let (grid_global, own, total) = (grid.global_range(), geometry.global_range(), geometry.global_size());
+    let remapped = ids.remap.is_some();
+    // The grid's linear id advances by this per step along the inner dimension.
+    let glid_step = [grid_global[1] * grid_global[2], grid_global[2], 1][inner];
+    // The binding table, copied into memory of this loop's own whose address nothing
+    // else sees, padded to a power of two: an access loads its binding at `slot &
+    // mask` (no bounds check), and since no store of the loop can reach this copy,
+    // the compiler loads each accessor's pointer and length once, before the loop.
+    // (A plain array on the stack, filled by a copy: the address of a collection
+    // whose growth is a call would escape into it. Slots past `LOCAL_SLOTS` are
+    // reached through the general path.)
+    // Only the entries used are written: fusion without barriers runs this loop
+    // for one work-item at a time.
+    let copied = bindings.len().min(LOCAL_SLOTS);
+    let padded = copied.next_power_of_two().max(1);
+    let mut local = [std::mem::MaybeUninit::<Binding>::uninit(); LOCAL_SLOTS];
+    let entries = bindings[..copied].iter().chain(std::iter::repeat(&Binding::EMPTY));
+    for (slot, b) in local[..padded].iter_mut().zip(entries) {
+        slot.write(*b);
+    }
+    // SAFETY: the first `padded` entries (at most `LOCAL_SLOTS`) were written above.
+    let table: &[Binding] = unsafe { std::slice::from_raw_parts(local.as_ptr().cast(), padded) };
+    let mut item = Item {
+        rel: base,
+        local: first,
+        glid: 0,
+        grid,
+        group: ids.group,
+        geometry,
+        bindings: table,
+        all: bindings,
+        slots: copied,
+        scratch,
+        tag,
+    };
+    let add = |a: [usize; 3], b: [usize; 3]| [a[0] + b[0], a[1] + b[1], a[2] + b[2]];
+    for o0 in 0..outer_ext[0] {
+        for o1 in 0..outer_ext[1] {
+            for o2 in 0..outer_ext[2] {
+                // Ids advance by `unit` and the linear id by its step (adds only, so
+                // the item's fields stay in registers).
+                let mut local = add(first, [o0, o1, o2]);
+                let mut rel = add(base, local);
+                let mut glid = linearize(rel, grid_global);
+                for _ in 0..ext[inner] {
+                    // One call site of the body (see above). Without remapping the grid
+                    // is the kernel's own, and every id is in range.
+                    if glid < total {
+                        item.rel = if remapped { delinearize(glid, own) } else { rel };
+                        item.local = local;
+                        item.glid = glid;
+                        f(&mut item);
+                    }
+                    local = add(local, unit);
+                    rel = add(rel, unit);
+                    glid += glid_step;
                 }
             }
         }
@@ -177,11 +234,19 @@ fn mapped_items(f: &dyn Fn(&mut Item<'_>), ctx: &GroupCtx<'_>) {
 pub struct Item<'a> {
     rel: [usize; 3],
     local: [usize; 3],
+    /// The global linear id of `rel` (kept alongside, one add per work-item).
+    glid: usize,
     /// The grid being run, whose work-group shape indexes per-work-item scratch.
     grid: &'a Geometry,
     group: [usize; 3],
     geometry: &'a Geometry,
+    /// The first [`LOCAL_SLOTS`] bindings of the launch, padded with empty ones to a
+    /// power of two.
     bindings: &'a [Binding],
+    /// Every binding of the launch.
+    all: &'a [Binding],
+    /// The unpadded length of `bindings`.
+    slots: usize,
     scratch: &'a [Binding],
     tag: u64,
 }
@@ -206,7 +271,7 @@ impl<'a> Item<'a> {
     /// Linear id over the global range, not counting the offset: 0..global size.
     #[inline]
     pub fn global_linear_id(&self) -> usize {
-        linearize(self.rel, self.geometry.global_range())
+        self.glid
     }
     /// Global extent in dimension `d`.
     #[inline]
@@ -249,38 +314,52 @@ impl<'a> Item<'a> {
     /// launch's command group.
     #[inline]
     pub(crate) fn binding(&self, slot: u32, tag: u64) -> Binding {
-        assert!(tag == self.tag, "accessor used in a kernel of a different command group");
-        self.bindings[slot as usize]
+        if tag != self.tag || slot as usize >= self.all.len() {
+            invalid_accessor(tag == self.tag, slot, self.all.len())
+        }
+        self.all[slot as usize]
     }
 
-    /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes:
-    /// bounds-checked in ordinary memory, `i % n` in internalized memory of `n`
-    /// elements (the DPC++ kernel-fusion design, "Internalization").
+    /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes, and
+    /// whether it is *direct*: in the binding's ordinary range (`i < len / size`),
+    /// which only ordinary memory that no other work-group writes while this one
+    /// reads it has (internalized and shared memory bind `len` 0). Direct elements
+    /// are one compare and an add away; everything else (internalized memory's
+    /// `i % n`, shared memory, an index out of bounds, which panics) takes the
+    /// general path, out of line ([`general_element`]).
     #[inline(always)]
-    pub(crate) fn element_ptr<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
-        let b = self.binding(slot, tag);
-        let n = b.len / std::mem::size_of::<T>().max(1);
+    pub(crate) fn element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, bool) {
+        // No branch before the bounds check: the binding is read at `slot & mask`
+        // (inside the padded table whatever the slot), and a foreign tag or a slot
+        // past the launch's makes the ordinary range empty, so that the general path
+        // reports it. All of it is the same for every work-item: computed once, before
+        // the group loop.
+        let at = slot as usize & (self.bindings.len().wrapping_sub(1));
+        debug_assert!(at < self.bindings.len(), "the table is never empty");
+        // SAFETY: the group loop pads the table to a power of two, at least 1, so
+        // `at` is below its length.
+        let b = unsafe { *self.bindings.get_unchecked(at) };
+        let valid = tag == self.tag && (slot as usize) < self.slots;
+        let size = std::mem::size_of::<T>();
+        let n = if valid { b.len / size.max(1) } else { 0 };
         if i < n {
             // SAFETY: i < n, so the offset stays inside the binding.
-            unsafe { b.ptr.cast::<T>().add(i) }
+            (unsafe { b.ptr.cast::<T>().add(i) }, true)
         } else {
-            self.outside(b, i, std::mem::size_of::<T>()).cast()
+            if !valid {
+                let (p, direct) =
+                    far_element(self.all, tag == self.tag, slot, i, size, self.local_linear_id());
+                return (p.cast(), direct);
+            }
+            let fields = (b.ptr, b.len, b.wrap, b.internal);
+            (general_element(fields, i, size, self.local_linear_id()).cast(), false)
         }
     }
 
-    /// [`Item::element_ptr`] past the ordinary range: internalized memory (whose `len`
-    /// is 0, so the hot path is one compare, as without fusion), or out of bounds.
-    #[cold]
-    #[inline(never)]
-    fn outside(&self, b: Binding, i: usize, size: usize) -> *mut u8 {
-        let n = (b.wrap / size.max(1)).max(1);
-        // SAFETY (both): the scratch region holds `n` elements per group (local) or per
-        // work-item (private), and the local linear id is below the grid's local size.
-        match b.internal {
-            Internal::No => panic!("accessor index {i} out of bounds for {} elements", b.len / size.max(1)),
-            Internal::Local => unsafe { b.ptr.add((i % n) * size) },
-            Internal::Private => unsafe { b.ptr.add((self.local_linear_id() * n + i % n) * size) },
-        }
+    /// [`Item::element`]'s pointer.
+    #[inline(always)]
+    pub(crate) fn element_ptr<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
+        self.element::<T>(slot, tag, i).0
     }
 
     /// The memory of buffer accessor slot `slot` this work-item sees: the whole range,
@@ -294,7 +373,7 @@ impl<'a> Item<'a> {
             Internal::Private => {
                 Binding { ptr: unsafe { b.ptr.add(self.local_linear_id() * b.wrap) }, len: b.wrap, ..b }
             }
-            Internal::Local => Binding { len: b.wrap, ..b },
+            Internal::Local | Internal::Shared => Binding { len: b.wrap, ..b },
         }
     }
 
@@ -304,4 +383,72 @@ impl<'a> Item<'a> {
         assert!(tag == self.tag, "accessor used in a kernel of a different command group");
         self.scratch[slot as usize]
     }
+}
+
+/// The panic of an access past an accessor's range (it fails the command).
+#[cold]
+#[inline(never)]
+fn out_of_bounds(i: usize, n: usize) -> ! {
+    panic!("accessor index {i} out of bounds for {n} elements")
+}
+
+/// Element `i` (of `size` bytes) past the ordinary range of binding `b` (given by its
+/// fields): internalized memory (`i % n` of the group's region, or of this
+/// work-item's, `local_linear_id`), shared memory (bounds-checked against `wrap`), or
+/// out of bounds (a panic). Cold and out of line, and a function of values only: a
+/// call that took the item, or the binding table, by reference would keep the item in
+/// memory and every binding reloaded after each call in the group loop.
+#[cold]
+#[inline(never)]
+fn general_element(
+    (ptr, len, wrap, internal): (*mut u8, usize, usize, Internal),
+    i: usize,
+    size: usize,
+    local_linear_id: usize,
+) -> *mut u8 {
+    let size = size.max(1);
+    let n = (wrap / size).max(1);
+    // SAFETY (all): the scratch region holds `n` elements per group (local) or per
+    // work-item (private), and the local linear id is below the grid's local size; a
+    // shared binding holds `wrap` bytes.
+    match internal {
+        Internal::No => out_of_bounds(i, len / size),
+        Internal::Shared if i < wrap / size => unsafe { ptr.add(i * size) },
+        Internal::Shared => out_of_bounds(i, wrap / size),
+        Internal::Local => unsafe { ptr.add((i % n) * size) },
+        Internal::Private => unsafe { ptr.add((local_linear_id * n + i % n) * size) },
+    }
+}
+
+/// The panic of an accessor of another command group (`own_tag` false), or of a slot
+/// past the launch's (it fails the command). Of values only, like [`general_element`].
+#[cold]
+#[inline(never)]
+fn invalid_accessor(own_tag: bool, slot: u32, slots: usize) -> ! {
+    if !own_tag {
+        panic!("accessor used in a kernel of a different command group")
+    }
+    panic!("accessor slot {slot} of a launch of {slots} slots")
+}
+
+/// [`Item::element`] of a slot outside the loop's table: past [`LOCAL_SLOTS`], or not
+/// the launch's (which panics). Of values only, like [`general_element`].
+#[cold]
+#[inline(never)]
+fn far_element(
+    all: &[Binding],
+    own_tag: bool,
+    slot: u32,
+    i: usize,
+    size: usize,
+    local_linear_id: usize,
+) -> (*mut u8, bool) {
+    let Some(&b) = all.get(slot as usize).filter(|_| own_tag) else {
+        invalid_accessor(own_tag, slot, all.len())
+    };
+    if i < b.len / size.max(1) {
+        // SAFETY: in the binding's ordinary range.
+        return (unsafe { b.ptr.add(i * size) }, true);
+    }
+    (general_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), false)
 }

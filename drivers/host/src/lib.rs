@@ -12,6 +12,8 @@
 //!   barrier-separated phases with scratch memory, the arena work-groups run in, and
 //!   [`ClosureImage`] to reach a kernel's closure image;
 //! * [`elementwise`]: elementwise kernels, whose loop the runtime owns;
+//! * [`multimap`]: elementwise kernels of two to four inputs;
+//! * [`reduce`]: reductions of a range into one element, optionally of a map;
 //! * [`isa`]: the vector instruction set the runtime's own loops run with, and their
 //!   prefetch policy;
 //! * [`snapshot`]: copies of an operation's writable ranges, for
@@ -38,6 +40,8 @@ pub mod fusion;
 mod ir;
 pub mod isa;
 pub mod item;
+pub mod multimap;
+pub mod reduce;
 pub mod replay;
 pub mod runner;
 pub mod snapshot;
@@ -52,6 +56,8 @@ pub use closure::{
 pub use elementwise::map_phase;
 pub use fusion::{CacheStats, ClosureFusion, Unfused};
 pub use item::{GroupCtx, Item};
+pub use multimap::{map2_phase, map3_phase, map4_phase};
+pub use reduce::{reduce_phase, Custom, Max, Min, Reduction, Sum};
 pub use replay::{BoundOps, BoundStep, CachedPlan};
 pub use runner::{Groups, KernelCall, Runner};
 pub use snapshot::{Snapshot, SnapshotPool};

@@ -192,6 +192,11 @@ pub enum Internal {
     Local,
     /// Per-work-item scratch: `ptr` is the group's region, `len` bytes per work-item.
     Private,
+    /// Ordinary memory of `wrap` bytes at `ptr` that other work-groups of the launch may
+    /// write while this one reads it (a fused kernel's argument that one kernel reads
+    /// and another writes): `len` is 0, so every access takes the general path, whose
+    /// reads are relaxed atomics.
+    Shared,
 }
 
 /// A resolved pointer and length (bytes) for one accessor slot of one launch.

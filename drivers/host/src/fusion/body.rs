@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gantry_driver::fusion::KeptOnFailure;
+use gantry_driver::fusion::{FusionRequest, KeptOnFailure};
 use gantry_driver::{AccessMode, Binding, ExecError, Geometry, HostStorage, Internal, KernelRef};
 use smallvec::SmallVec;
 
@@ -22,6 +22,9 @@ pub(super) struct Part {
     pub(super) geometry: Geometry,
     /// The earlier parts it depends on ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)).
     pub(super) deps: SmallVec<[u32; 2]>,
+    /// Per slot: whether it is a read-only slot that another kernel of the chain may
+    /// write meanwhile, bound as [`Internal::Shared`] ([`shared_reads`]).
+    pub(super) shared: SmallVec<[bool; 4]>,
 }
 
 impl Part {
@@ -48,6 +51,14 @@ impl FusedBody {
         let mut table: SmallVec<[Binding; 16]> = SmallVec::from_elem(Binding::EMPTY, plan.slots.len());
         for (binding, s) in table.iter_mut().zip(&plan.slots) {
             *binding = s.bind(grid.bindings, grid.scratch, &plan.internal);
+        }
+        for (k, part) in self.parts.iter().enumerate() {
+            for (slot, _) in part.shared.iter().enumerate().filter(|(_, &shared)| shared) {
+                let b = &mut table[plan.slot_start[k] + slot];
+                if b.internal == Internal::No {
+                    *b = Binding { len: 0, internal: Internal::Shared, wrap: b.len, ..*b };
+                }
+            }
         }
         let ctx = |k: usize| {
             let (part, base) = (&self.parts[k], plan.scratch_base[k]);
@@ -191,6 +202,38 @@ impl FusedBody {
             }
         }
     }
+}
+
+/// Per kernel of a fusion, per slot: whether it is a read-only slot (by the kernel's
+/// signature) on a fused argument that another slot of the chain writes, unless both
+/// kernels stream ([`FusionPlan::streams`]: elementwise kernels whose work-item `i`
+/// touches only element `i` of the argument, at one offset and element size, so a
+/// group reads only what its own work-items write). Other work-groups of the fused
+/// kernel may write what such a slot reads, so it is bound as shared memory
+/// ([`Internal::Shared`]), whose reads are relaxed atomics. Internal (scratch) slots
+/// are each group's own and are not shared.
+pub(super) fn shared_reads(request: &FusionRequest, plan: &FusionPlan) -> SmallVec<[SmallVec<[bool; 4]>; 4]> {
+    let mode = |k: u32, s: u32| {
+        let sig = &request.kernels[k as usize].kernel.signature;
+        sig.globals.get(s as usize).copied().unwrap_or(AccessMode::ReadWrite)
+    };
+    let mut shared: SmallVec<[SmallVec<[bool; 4]>; 4]> = request
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(k, _)| SmallVec::from_elem(false, plan.slot_start[k + 1] - plan.slot_start[k]))
+        .collect();
+    for (.., uses) in &plan.args {
+        for &(k, s) in uses.iter() {
+            let own_elements = |k2: u32| plan.streams[k as usize] && plan.streams[k2 as usize];
+            let racing =
+                |&(k2, s2): &(u32, u32)| (k2, s2) != (k, s) && mode(k2, s2).writes() && !own_elements(k2);
+            if !mode(k, s).writes() && uses.iter().any(racing) {
+                shared[k as usize][s as usize] = true;
+            }
+        }
+    }
+    shared
 }
 
 /// The kernels a fused closure kernel stands for, and where its arguments bind

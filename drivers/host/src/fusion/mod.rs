@@ -364,13 +364,21 @@ impl FusionCompiler for ClosureFusion {
                 kind: ImageKind::Closure,
             });
         }
+        // A phase that makes any chain slower (a reduction's) refuses the chain: its
+        // kernels run unfused.
+        for k in &request.kernels {
+            if let Some(reason) = closure_of(&k.kernel).phases.iter().find_map(|p| p.unprofitable) {
+                return Err(FusionError::Unprofitable { kernel: k.kernel.name.to_string(), reason });
+            }
+        }
         let buffers = gantry_driver::fusion::rules::buffers_in_order(&request.kernels);
         let (plan, name, cached) = self.plan_for(request, &buffers)?;
         // Plain loops: collecting these short lists through `SmallVec`'s `extend` cost
         // more than the pushes themselves (a cache hit builds all of them).
         let mut parts = SmallVec::new();
-        for k in &request.kernels {
-            parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry, deps: k.deps.clone() });
+        let shared = body::shared_reads(request, &plan);
+        for (k, shared) in request.kernels.iter().zip(shared) {
+            parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry, deps: k.deps.clone(), shared });
         }
         let mut args = SmallVec::new();
         for (c, start, end, uses) in &plan.args {
@@ -424,6 +432,7 @@ impl FusionCompiler for ClosureFusion {
                 per_item: false,
                 code: TypeId::of::<FusedBody>(),
                 elementwise: None,
+                unprofitable: None,
             }],
             global_slots,
             scratch,

@@ -932,3 +932,78 @@ fn capacity_zero_never_caches_but_still_fuses() {
     let stats = fusion.stats();
     assert_eq!((stats.hits, stats.misses, stats.evictions, stats.len), (0, 3, 0, 0));
 }
+
+/// A kernel that reads a fused argument another kernel of the chain writes has that
+/// slot bound as shared memory (its reads stay relaxed atomics: other groups may be
+/// writing it); a chain of streamed elementwise kernels, whose groups each touch
+/// only their own elements, has none, and the reading kernel's other slots are not
+/// shared either.
+#[test]
+fn reads_of_what_another_kernel_writes_are_shared() {
+    let n = 2048;
+    let with_modes = |name: &str, tag: u64, modes: Vec<AccessMode>, f: Phase| {
+        let slots = modes.len();
+        ClosureKernel {
+            tag,
+            phases: smallvec::smallvec![f],
+            global_slots: slots,
+            scratch: vec![],
+            unfused: None,
+        }
+        .into_kernel(name, modes, ItemCost::default())
+    };
+    let x = Accessor::<u32, ReadWrite>::new(0, 1, n);
+    let writer = with_modes(
+        "writer",
+        1,
+        vec![AccessMode::ReadWrite],
+        phase(move |it| x.set(it, it.global_linear_id(), 7)),
+    );
+    let (xr, y) = (Accessor::<u32, Read>::new(0, 2, n), ElemAccessor::<u32, DiscardWrite>::new(1, 2, n));
+    let reader = with_modes(
+        "reader",
+        2,
+        vec![AccessMode::Read, AccessMode::DiscardWrite],
+        phase(move |it| *y.elem(it) = xr.get(it, (it.global_linear_id() + 1024) % n)),
+    );
+    let k = |kernel: KernelRef, args: smallvec::SmallVec<[FusionArg; 4]>, deps: &[u32]| FusionKernel {
+        kernel,
+        geometry: range(n),
+        args: args.into_iter().collect(),
+        deps: deps.iter().copied().collect(),
+        scalars: Default::default(),
+    };
+    let req = request(vec![
+        k(writer, smallvec::smallvec![whole(1, n)], &[]),
+        k(reader, smallvec::smallvec![whole(1, n), whole(2, n)], &[0]),
+    ]);
+    let buffers = gantry_driver::fusion::rules::buffers_in_order(&req.kernels);
+    let plan = plan::plan(&req, &buffers).unwrap();
+    let shared = body::shared_reads(&req, &plan);
+    assert_eq!(shared.iter().map(|s| s.to_vec()).collect::<Vec<_>>(), vec![vec![false], vec![true, false]]);
+    // It runs through the shared binding's general path.
+    let fused = ClosureFusion::new().fuse(&req).unwrap();
+    let mut data: HashMap<u64, Vec<u32>> = [(1, vec![0; n]), (2, vec![0; n])].into();
+    run(&fused, &mut data);
+    assert_eq!(data[&1], vec![7; n]);
+
+    // A streamed chain of maps through a global intermediate shares nothing.
+    let map = |name: &str, tag: u64| {
+        let (a, o) =
+            (Accessor::<u32, Read>::new(0, tag, n), ElemAccessor::<u32, DiscardWrite>::new(1, tag, n));
+        with_modes(
+            name,
+            tag,
+            vec![AccessMode::Read, AccessMode::DiscardWrite],
+            map_phase(a, o, |v: u32| v + 1),
+        )
+    };
+    let req = request(vec![
+        k(map("a", 3), smallvec::smallvec![whole(1, n), whole(2, n)], &[]),
+        k(map("b", 4), smallvec::smallvec![whole(2, n), whole(3, n)], &[0]),
+    ]);
+    let buffers = gantry_driver::fusion::rules::buffers_in_order(&req.kernels);
+    let plan = plan::plan(&req, &buffers).unwrap();
+    assert_eq!(plan.streams, vec![true, true]);
+    assert!(body::shared_reads(&req, &plan).iter().flatten().all(|&s| !s));
+}

@@ -184,6 +184,16 @@ pub enum FusionError {
         /// The kernel.
         kernel: String,
     },
+    /// The chain fuses only into a kernel measured to run slower than the kernels
+    /// unfused on the host drivers, so it is not fused: the kernels run unfused, with
+    /// the same results.
+    #[error("not fused: `{kernel}` {reason}")]
+    Unprofitable {
+        /// The kernel that makes it lose.
+        kernel: String,
+        /// Why fusing loses.
+        reason: Unprofitable,
+    },
     /// The fusion compiler could not read or transform a kernel's code (for the
     /// LLVM IR compiler: unparsable IR, an entry that does not match the kernel's
     /// signature, a construct the JIT does not translate).
@@ -204,6 +214,18 @@ pub enum FusionError {
         /// The fused grid's (all zero when remapping is needed).
         fused: [usize; 3],
     },
+}
+
+/// Why a chain is not fused because fusing it would make it slower
+/// ([`FusionError::Unprofitable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unprofitable {
+    /// A reduction runs as one work-group over its whole range (it splits the range
+    /// over the worker pool itself); fused, every kernel of the chain would share
+    /// that one group, and one thread.
+    #[error("is a reduction, which runs as one work-group over its whole range")]
+    Reduction,
 }
 
 /// Why a promotion hint was not followed (the buffer stays in global memory).

@@ -1,0 +1,251 @@
+//! Elementwise kernels of two to four inputs, `out[i] = f(a[i], b[i], …)`: like
+//! [`map_phase`](crate::elementwise::map_phase), the runtime owns the loop, so where a
+//! work-group's elements are one contiguous run of every input and of the output the
+//! group is one loop over slices, compiled once per instruction set
+//! ([`isa`](crate::isa)) with `f` inlined, which the compiler vectorizes where the
+//! arithmetic allows. Elements may be any `Pod` type, structs included.
+//!
+//! Where a run is not contiguous (a kernel fused into a grid of another shape, fusion
+//! without barriers, internalized or shared memory) the same closure runs per
+//! work-item through the accessors: the same results, more slowly.
+//!
+//! Such a phase fuses like any per-work-item phase (group by group, with a barrier
+//! between kernels), but does not stream span by span: fusion's span streaming
+//! ([`Elementwise`](crate::Elementwise)) follows one input.
+
+use std::any::TypeId;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::access::{Accessor, ElemAccessor, Readable, Writable};
+use crate::closure::Phase;
+use crate::elementwise::{contiguous, group_run};
+use crate::isa::Isa;
+use crate::item::{GroupCtx, Item};
+
+/// One arity: the phase constructor, its body, its code identity and its loop.
+macro_rules! map_n {
+    (
+        $(#[$doc:meta])*
+        $phase:ident, $body:ident, $code:ident, $slices:ident, $ptrs:ident;
+        $($T:ident $M:ident $a:ident $s:ident),+
+    ) => {
+        /// The code identity of the phase, for the fusion cache.
+        struct $code<$($T,)+ U, F>(PhantomData<fn($($T,)+ F) -> U>);
+
+        $(#[$doc])*
+        pub fn $phase<$($T, $M,)+ U, MO, F>(
+            $($a: Accessor<$T, $M>,)+
+            output: ElemAccessor<U, MO>,
+            f: F,
+        ) -> Phase
+        where
+            $($T: Pod, $M: Readable,)+
+            U: Pod,
+            MO: Writable,
+            F: Fn($($T),+) -> U + Send + Sync + 'static,
+        {
+            let body = $body { $($a,)+ output, f: gantry_driver::contain::Contained::new(f) };
+            Phase {
+                group: Arc::new(move |ctx: &GroupCtx<'_>| body.group(ctx)),
+                per_item: true,
+                code: TypeId::of::<$code<$($T,)+ U, F>>(),
+                elementwise: None,
+                unprofitable: None,
+            }
+        }
+
+        struct $body<$($T, $M,)+ U, MO, F> {
+            $($a: Accessor<$T, $M>,)+
+            output: ElemAccessor<U, MO>,
+            /// Dropped wherever its last command lets go of it: a panicking capture
+            /// must not unwind there.
+            f: gantry_driver::contain::Contained<F>,
+        }
+
+        impl<$($T, $M,)+ U, MO, F> $body<$($T, $M,)+ U, MO, F>
+        where
+            $($T: Pod, $M: Readable,)+
+            U: Pod,
+            MO: Writable,
+            F: Fn($($T),+) -> U,
+        {
+            fn group(&self, ctx: &GroupCtx<'_>) {
+                let f = &*self.f;
+                let runs = group_run(ctx).and_then(|(first, local, count)| {
+                    Some((
+                        ($(contiguous::<$T>(ctx, &self.$a, first, local, count)?,)+),
+                        contiguous::<U>(ctx, &self.output, first, local, count)?,
+                        count,
+                    ))
+                });
+                match runs {
+                    // SAFETY: `contiguous` checked that every run holds `count` live,
+                    // aligned elements. The output run is the group's own elements of
+                    // an element accessor (no other accessor of the command group
+                    // overlaps it, so it overlaps no input), and nothing writes the
+                    // inputs meanwhile: the scheduler orders other writers, and fusion
+                    // binds an input that another kernel writes as shared memory,
+                    // which is never contiguous. The active instruction set is one
+                    // the CPU runs.
+                    Some((($($s,)+), dst, count)) => unsafe {
+                        $slices(
+                            crate::isa::active(),
+                            f,
+                            ($(std::slice::from_raw_parts($s.cast_const(), count),)+),
+                            std::slice::from_raw_parts_mut(dst, count),
+                        )
+                    },
+                    None => {
+                        let ($($a,)+ output) = ($(&self.$a,)+ &self.output);
+                        ctx.for_each_item(&|it: &mut Item<'_>| {
+                            let i = it.global_linear_id();
+                            *output.elem(it) = f($($a.get(it, i)),+);
+                        })
+                    }
+                }
+            }
+        }
+
+        /// `dst[i] = f(a[i], …)` by the loop compiled for `isa`.
+        ///
+        /// # Safety
+        /// The CPU must run `isa`.
+        unsafe fn $slices<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
+            isa: Isa,
+            f: &F,
+            ($($s,)+): ($(&[$T],)+),
+            dst: &mut [U],
+        ) {
+            let count = dst.len()$(.min($s.len()))+;
+            let ($($s,)+) = ($($s.as_ptr(),)+);
+            let dst = dst.as_mut_ptr();
+            // SAFETY: `count` elements of each slice; the output is a `&mut` slice, so
+            // apart from the inputs; the caller's contract for `isa`.
+            unsafe {
+                match isa {
+                    #[cfg(all(target_arch = "x86_64", not(miri)))]
+                    Isa::Avx512 => $ptrs::avx512(f, $($s,)+ dst, count),
+                    #[cfg(all(target_arch = "x86_64", not(miri)))]
+                    Isa::Avx2 => $ptrs::avx2(f, $($s,)+ dst, count),
+                    _ => $ptrs::baseline(f, $($s,)+ dst, count),
+                }
+            }
+        }
+
+        /// The loop over raw runs, one copy per instruction set, `f` inlined into each.
+        mod $ptrs {
+            /// # Safety
+            /// Every pointer holds `count` live, aligned elements; `dst`'s overlap
+            /// no input and nothing else touches them meanwhile.
+            #[inline(always)]
+            unsafe fn run<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
+                f: &F,
+                $($s: *const $T,)+
+                dst: *mut U,
+                count: usize,
+            ) {
+                // SAFETY: the caller's contract.
+                let (dst, $($s,)+) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(dst, count),
+                        $(std::slice::from_raw_parts($s, count),)+
+                    )
+                };
+                for i in 0..count {
+                    dst[i] = f($($s[i]),+);
+                }
+            }
+
+            /// # Safety
+            /// As `run`.
+            pub(super) unsafe fn baseline<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
+                f: &F,
+                $($s: *const $T,)+
+                dst: *mut U,
+                count: usize,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { run(f, $($s,)+ dst, count) }
+            }
+
+            /// # Safety
+            /// As `run`; and the CPU must run AVX2.
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            #[target_feature(enable = "avx2")]
+            pub(super) unsafe fn avx2<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
+                f: &F,
+                $($s: *const $T,)+
+                dst: *mut U,
+                count: usize,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { run(f, $($s,)+ dst, count) }
+            }
+
+            /// # Safety
+            /// As `run`; and the CPU must run AVX-512F (and AVX2).
+            #[cfg(all(target_arch = "x86_64", not(miri)))]
+            #[target_feature(enable = "avx512f,avx2")]
+            pub(super) unsafe fn avx512<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
+                f: &F,
+                $($s: *const $T,)+
+                dst: *mut U,
+                count: usize,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { run(f, $($s,)+ dst, count) }
+            }
+        }
+    };
+}
+
+map_n! {
+    /// The phase of a two-input elementwise kernel: work-item `i` (its global linear
+    /// id) writes `f(a[i], b[i])` to its own element of `output`.
+    ///
+    /// ```
+    /// # use gantry_driver::{Binding, NdRange};
+    /// # use gantry_host::{multimap::map2_phase, Accessor, ElemAccessor, ClosureKernel, Arena, Read,
+    /// #     DiscardWrite};
+    /// let (x, y): (Vec<f32>, Vec<f32>) = ((0..1024).map(|i| i as f32).collect(), vec![0.5; 1024]);
+    /// let mut out = vec![0f32; 1024];
+    /// let (a, b) = (Accessor::<f32, Read>::new(0, 1, 1024), Accessor::<f32, Read>::new(1, 1, 1024));
+    /// let o = ElemAccessor::<f32, DiscardWrite>::new(2, 1, 1024);
+    /// let kernel = ClosureKernel {
+    ///     tag: 1,
+    ///     phases: smallvec::smallvec![map2_phase(a, b, o, |x: f32, y: f32| x * y)],
+    ///     global_slots: 3,
+    ///     scratch: vec![],
+    ///     unfused: None,
+    /// };
+    /// let geometry = NdRange::new(1024, 256).geometry().unwrap();
+    /// let globals = [
+    ///     Binding::new(x.as_ptr() as *mut u8, 4096),
+    ///     Binding::new(y.as_ptr() as *mut u8, 4096),
+    ///     Binding::new(out.as_mut_ptr().cast(), 4096),
+    /// ];
+    /// for g in 0..geometry.group_count() {
+    ///     kernel.run_group(&geometry, g, &globals, &mut Arena::default());
+    /// }
+    /// assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32 * 0.5));
+    /// ```
+    map2_phase, Map2Body, Map2Code, map2_slices, map2_loop;
+    A MA a sa, B MB b sb
+}
+
+map_n! {
+    /// The phase of a three-input elementwise kernel: work-item `i` writes
+    /// `f(a[i], b[i], c[i])` to its own element of `output` (see [`map2_phase`]).
+    map3_phase, Map3Body, Map3Code, map3_slices, map3_loop;
+    A MA a sa, B MB b sb, C MC c sc
+}
+
+map_n! {
+    /// The phase of a four-input elementwise kernel: work-item `i` writes
+    /// `f(a[i], b[i], c[i], d[i])` to its own element of `output` (see [`map2_phase`]).
+    map4_phase, Map4Body, Map4Code, map4_slices, map4_loop;
+    A MA a sa, B MB b sb, C MC c sc, D MD d sd
+}
