@@ -43,8 +43,8 @@ pub trait Mode: Send + Sync + 'static {
     const MODE: AccessMode;
     /// Whether the mode only reads: an accessor of it in a command group has no
     /// writable accessor overlapping it, so where nothing else writes its memory
-    /// meanwhile ([`GroupCtx::exclusive_reads`](crate::GroupCtx::exclusive_reads)) its
-    /// reads are plain loads.
+    /// meanwhile (ordinary memory; a fused slot that another kernel writes is bound
+    /// as shared memory instead) its reads are plain loads.
     const READ_ONLY: bool = false;
 }
 /// Modes that allow reading.
