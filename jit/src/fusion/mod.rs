@@ -38,14 +38,12 @@ mod stub;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gantry_driver::fusion::rules::{self, ArgGroup, InternalGroup, SlotPlace};
+use gantry_driver::fusion::rules::{self, SlotPlace};
+use gantry_driver::fusion::{fused_name, merged_mode, FusedModule};
 use gantry_driver::fusion::{
-    Fused, FusedArg, FusionCompiler, FusionError, FusionKernel, FusionRequest, FusionWarning, InternalArg,
-    Promotion, PromotionMismatch,
+    Fused, FusionCompiler, FusionError, FusionKernel, FusionRequest, Promotion, PromotionMismatch,
 };
-use gantry_driver::{
-    AccessMode, CodeImage, Geometry, ImageKind, Kernel, ScalarBlock, Scratch, ScratchKind, Signature,
-};
+use gantry_driver::{CodeImage, Geometry, ImageKind, Scratch, ScratchKind, Signature};
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::module::Linkage;
@@ -79,12 +77,7 @@ pub struct FusionTimings {
 /// A fused module and what the rules decided, with buffers by number.
 #[derive(Debug)]
 struct Built {
-    image: CodeImage,
-    signature: Signature,
-    geometry: Geometry,
-    args: Vec<ArgGroup>,
-    internal: Vec<InternalGroup>,
-    warnings: Vec<(usize, PromotionMismatch)>,
+    module: FusedModule,
     timings: FusionTimings,
 }
 
@@ -183,59 +176,18 @@ impl FusionCompiler for IrFusion {
         // By identities first: no image bytes hashed (see the cache's docs).
         let id_hash = IdKey::hash_of(request, &images, &buffers);
         if let Some(hit) = self.cache.lock().get_by_identity(id_hash, request, &images, &buffers) {
-            return Ok(answer(request, &buffers, &hit, true));
+            return Ok(hit.module.answer(request, &buffers, true));
         }
         let ids = IdKey::new(request, &images, &buffers, id_hash);
         let key = FusionKey::new(request, &images, &buffers);
         if let Some(hit) = self.cache.lock().get(&key, ids.clone()) {
-            return Ok(answer(request, &buffers, &hit, true));
+            return Ok(hit.module.answer(request, &buffers, true));
         }
         self.cache.lock().miss();
         let built = Arc::new(build(request, &images, &buffers)?);
         *self.last.lock() = Some(built.timings);
         self.cache.lock().insert(key, ids, built.clone());
-        Ok(answer(request, &buffers, &built, false))
-    }
-}
-
-/// `fused(a+b+…)` for the request's kernels.
-fn fused_name(request: &FusionRequest) -> String {
-    let names: Vec<&str> = request.kernels.iter().map(|k| &*k.kernel.name).collect();
-    format!("fused({})", names.join("+"))
-}
-
-/// The [`Fused`] answer for `request` from a built (or cached) module.
-fn answer(request: &FusionRequest, buffers: &[u64], built: &Built, cached: bool) -> Fused {
-    let kernel = Kernel::new(fused_name(request), built.signature.clone()).with_image(built.image.clone());
-    Fused {
-        kernel: kernel.into_ref(),
-        geometry: built.geometry,
-        scalars: ScalarBlock::new(),
-        args: built
-            .args
-            .iter()
-            .map(|a| FusedArg { buffer: buffers[a.buffer], start: a.start, end: a.end, uses: a.uses.clone() })
-            .collect(),
-        internal: built
-            .internal
-            .iter()
-            .map(|g| InternalArg {
-                buffer: buffers[g.buffer],
-                kind: g.kind,
-                bytes: g.bytes,
-                uses: g.uses.clone(),
-            })
-            .collect(),
-        warnings: built
-            .warnings
-            .iter()
-            .map(|(c, reason)| FusionWarning::PromotionDropped {
-                buffer: buffers[*c],
-                reason: reason.clone(),
-            })
-            .collect(),
-        cached,
-        kept_on_failure: None,
+        Ok(built.module.answer(request, &buffers, false))
     }
 }
 
@@ -255,19 +207,6 @@ fn whole_groups(k: &FusionKernel, grid: &Geometry, reshaped: bool) -> bool {
     let own = &k.geometry;
     own.global_size() == grid.global_size()
         || (!reshaped && own.global_range()[0].is_multiple_of(grid.local_range()[0]))
-}
-
-/// The mode of a fused argument: whether any of its slots reads, and any writes.
-fn merged_mode(request: &FusionRequest, uses: &[(u32, u32)]) -> AccessMode {
-    let mode = |&(k, s): &(u32, u32)| {
-        let sig = &request.kernels[k as usize].kernel.signature;
-        sig.globals.get(s as usize).copied().unwrap_or(AccessMode::ReadWrite)
-    };
-    match (uses.iter().any(|u| mode(u).reads()), uses.iter().any(|u| mode(u).writes())) {
-        (true, true) => AccessMode::ReadWrite,
-        (false, true) => AccessMode::Write,
-        _ => AccessMode::Read,
-    }
 }
 
 fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Result<Built, FusionError> {
@@ -441,12 +380,14 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
     let image = CodeImage::new(ImageKind::LlvmIr, stub::STUB, bitcode.as_slice().to_vec());
     let optimize = start.elapsed() - build_time;
     Ok(Built {
-        image,
-        signature,
-        geometry: grid.geometry,
-        args: groups.args,
-        internal: groups.internal,
-        warnings,
+        module: FusedModule {
+            image,
+            signature,
+            geometry: grid.geometry,
+            args: groups.args,
+            internal: groups.internal,
+            warnings,
+        },
         timings: FusionTimings { build: build_time, optimize, barriers_elided },
     })
 }

@@ -19,7 +19,10 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+mod module;
 pub mod rules;
+
+pub use module::{fused_name, merged_mode, FusedModule};
 
 use crate::image::ImageKind;
 use crate::kernel::{KernelRef, ScalarBlock};

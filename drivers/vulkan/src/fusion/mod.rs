@@ -40,30 +40,17 @@ mod kernel;
 use std::sync::Mutex;
 
 use gantry_driver::fusion::rules::{self, SlotPlace};
+use gantry_driver::fusion::{fused_name, merged_mode, FusedModule};
 use gantry_driver::fusion::{
-    Fused, FusedArg, FusionCompiler, FusionError, FusionKernel, FusionRequest, FusionWarning, InternalArg,
-    Promotion, PromotionMismatch,
+    Fused, FusionCompiler, FusionError, FusionKernel, FusionRequest, Promotion, PromotionMismatch,
 };
-use gantry_driver::{
-    AccessMode, CodeImage, Geometry, ImageKind, Kernel, ScalarBlock, Scratch, ScratchKind, Signature,
-};
+use gantry_driver::{CodeImage, Geometry, ImageKind, Scratch, ScratchKind, Signature};
 use naga::AddressSpace;
 use rustc_hash::FxHashMap;
 
 use crate::execution::lock;
 use entry::{ArgDecl, Call, Guard, InternalDecl};
 use kernel::{Element, SlotAs};
-
-/// A fused module and what the rules decided, with buffers by number.
-#[derive(Clone, Debug)]
-struct Built {
-    image: CodeImage,
-    signature: Signature,
-    geometry: Geometry,
-    args: Vec<rules::ArgGroup>,
-    internal: Vec<rules::InternalGroup>,
-    warnings: Vec<(usize, PromotionMismatch)>,
-}
 
 /// The cache's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -80,7 +67,7 @@ pub struct WgslFusionStats {
 /// private or workgroup arrays. It keeps a bounded cache of fused modules keyed by
 /// everything a fused module depends on. Shareable across threads.
 pub struct WgslFusion {
-    cache: Mutex<(FxHashMap<Vec<u8>, Built>, WgslFusionStats)>,
+    cache: Mutex<(FxHashMap<Vec<u8>, FusedModule>, WgslFusionStats)>,
 }
 
 impl std::fmt::Debug for WgslFusion {
@@ -131,7 +118,7 @@ impl FusionCompiler for WgslFusion {
             let mut cache = lock(&self.cache);
             if let Some(hit) = cache.0.get(&key).cloned() {
                 cache.1.hits += 1;
-                return Ok(answer(request, &buffers, &hit, true));
+                return Ok(hit.answer(request, &buffers, true));
             }
         }
         let built = build(request, &images, &buffers)?;
@@ -141,7 +128,7 @@ impl FusionCompiler for WgslFusion {
             cache.0.clear();
         }
         cache.0.insert(key, built.clone());
-        Ok(answer(request, &buffers, &built, false))
+        Ok(built.answer(request, &buffers, false))
     }
 }
 
@@ -168,60 +155,6 @@ fn cache_key(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) ->
     key
 }
 
-/// `fused(a+b+…)` for the request's kernels.
-fn fused_name(request: &FusionRequest) -> String {
-    let names: Vec<&str> = request.kernels.iter().map(|k| &*k.kernel.name).collect();
-    format!("fused({})", names.join("+"))
-}
-
-/// The [`Fused`] answer for `request` from a built (or cached) module.
-fn answer(request: &FusionRequest, buffers: &[u64], built: &Built, cached: bool) -> Fused {
-    let kernel = Kernel::new(fused_name(request), built.signature.clone()).with_image(built.image.clone());
-    Fused {
-        kernel: kernel.into_ref(),
-        geometry: built.geometry,
-        scalars: ScalarBlock::new(),
-        args: built
-            .args
-            .iter()
-            .map(|a| FusedArg { buffer: buffers[a.buffer], start: a.start, end: a.end, uses: a.uses.clone() })
-            .collect(),
-        internal: built
-            .internal
-            .iter()
-            .map(|g| InternalArg {
-                buffer: buffers[g.buffer],
-                kind: g.kind,
-                bytes: g.bytes,
-                uses: g.uses.clone(),
-            })
-            .collect(),
-        warnings: built
-            .warnings
-            .iter()
-            .map(|(c, reason)| FusionWarning::PromotionDropped {
-                buffer: buffers[*c],
-                reason: reason.clone(),
-            })
-            .collect(),
-        cached,
-        kept_on_failure: None,
-    }
-}
-
-/// The mode of a fused argument: whether any of its slots reads, and any writes.
-fn merged_mode(request: &FusionRequest, uses: &[(u32, u32)]) -> AccessMode {
-    let mode = |&(k, s): &(u32, u32)| {
-        let sig = &request.kernels[k as usize].kernel.signature;
-        sig.globals.get(s as usize).copied().unwrap_or(AccessMode::ReadWrite)
-    };
-    match (uses.iter().any(|u| mode(u).reads()), uses.iter().any(|u| mode(u).writes())) {
-        (true, true) => AccessMode::ReadWrite,
-        (false, true) => AccessMode::Write,
-        _ => AccessMode::Read,
-    }
-}
-
 /// The work-group size a launch of a kernel over `g` gets (Vulkan order): the
 /// local size of an ND-range, else the driver's plain-range group.
 fn local_of(g: &Geometry) -> [u32; 3] {
@@ -233,7 +166,11 @@ fn local_of(g: &Geometry) -> [u32; 3] {
     [0, 1, 2].map(|i| if i < d { l[d - 1 - i] as u32 } else { 1 })
 }
 
-fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Result<Built, FusionError> {
+fn build(
+    request: &FusionRequest,
+    images: &[&CodeImage],
+    buffers: &[u64],
+) -> Result<FusedModule, FusionError> {
     let kernels = &request.kernels;
     let grid = rules::fused_geometry(kernels)?;
     let code =
@@ -390,7 +327,7 @@ fn build(request: &FusionRequest, images: &[&CodeImage], buffers: &[u64]) -> Res
             .memory
             .extend(k.kernel.signature.memory.iter().copied().filter(|s| s.kind == ScratchKind::Local));
     }
-    Ok(Built {
+    Ok(FusedModule {
         image: CodeImage::new(ImageKind::Wgsl, entry::ENTRY, text.into_bytes()),
         signature,
         geometry: grid.geometry,
