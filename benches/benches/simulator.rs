@@ -142,6 +142,9 @@ fn bench(c: &mut Criterion) {
             b.iter(|| frame.replay(n / BATCH))
         });
     }
+    // The last replay's read-back returns when its copy completes, which the
+    // scheduler retires in a later flush: wait for that before counting.
+    frame.rt.wait_idle().unwrap();
     let stats = frame.rt.stats();
     assert_eq!(stats.live_commands, 0, "memory flat");
     assert_eq!(stats.failed, 0);
