@@ -18,13 +18,19 @@
 //!   the immediate set once, a bind group and a dispatch per dispatch), `finish` and
 //!   `queue.submit`, host time only like the others (the wait for the submission is
 //!   untimed). Issue #28's target: `replay` ≥ 10× cheaper than `wgpu_encode_submit`.
-//! * `fused_chain`: eight chained elementwise WGSL kernels (`y = a x + b`) over
+//! * `fused_chain`: eight chained elementwise WGSL kernels (`y = a x + b`, 256-wide
+//!   workgroups: `step_bandwidth` shows why) over
 //!   `GANTRY_VULKAN_FUSION_N` `f32`s (default 64M; a CPU device such as lavapipe
 //!   wants a few million at most), submitted one after another (`unfused`, each
 //!   waiting on the previous in the driver) or fused by the driver's
 //!   [`WgslFusion`](gantry::vulkan::WgslFusion) into one kernel with the seven
-//!   intermediates in private memory (`fused`); submission to the last
+//!   intermediates in private memory (`fused`, and `fused_without_barriers` for what
+//!   the barriers between the kernels cost); submission to the last
 //!   completion, throughput in elements. The target: fused ≥ 6× unfused at 64M.
+//! * `step_bandwidth`: one `y = a x + b` dispatch over the same size, submission to
+//!   completion, as the chain's step is written (`scalar_wg64`), with 256-invocation
+//!   workgroups (`scalar_wg256`), and over `vec4<f32>` (`vec4_wg64`): where the
+//!   kernel's time goes when the chain runs below the memory's bandwidth.
 //!
 //! `cargo bench -p gantry-benches --features vulkan --bench vulkan` (`--features
 //! vulkan,wgpu` for the wgpu comparison). On a machine without any Vulkan device it
@@ -34,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gantry::driver::fusion::{FusionArg, FusionCompiler, FusionKernel, FusionRequest, Promotion};
+use gantry::driver::fusion::{Fused, FusionArg, FusionCompiler, FusionKernel, FusionRequest, Promotion};
 use gantry::driver::sync::channel::{unbounded, Receiver};
 use gantry::driver::{
     Accepted, AccessMode, AllocId, CodeImage, CommandBuffer, CommandBufferDesc, CommandBufferLaunch,
@@ -417,7 +423,7 @@ fn fused_chain(c: &mut Criterion) {
         .scalar::<u32>()
         .scalar::<f32>()
         .scalar::<f32>();
-    let step = wgsl_kernel("step", STEP, sig);
+    let step = wgsl_kernel("step", STEP_WG256, sig);
     let geometry = Geometry::for_range(Range::d1(n)).expect("a valid range");
     let table: Vec<AllocId> = (0..9).map(|_| gpu.alloc(4 * n)).collect();
     let coefficients = |k: usize| -> ScalarBlock {
@@ -445,6 +451,10 @@ fn fused_chain(c: &mut Criterion) {
         barriers: true,
     };
     let fused = gpu.driver.wgsl_fusion().fuse(&request).expect("the chain fuses");
+    // The same list fused without barriers (each work-item touches only its own
+    // elements, so they change nothing here): what the barriers cost.
+    let request = FusionRequest { barriers: false, ..request };
+    let fused_without_barriers = gpu.driver.wgsl_fusion().fuse(&request).expect("the chain fuses");
     let mem = |id: AllocId| MemArg {
         mem: MemSlice { mem: MemRef::Device(id), offset: 0, len: 4 * n },
         mode: AccessMode::ReadWrite,
@@ -463,7 +473,7 @@ fn fused_chain(c: &mut Criterion) {
         }
         gpu.wait(8);
     };
-    let run_fused = || {
+    let run = |fused: &Fused| {
         let op = DeviceOp::Kernel(KernelLaunch {
             kernel: fused.kernel.clone(),
             geometry: fused.geometry,
@@ -474,14 +484,79 @@ fn fused_chain(c: &mut Criterion) {
         gpu.wait(usize::from(id != 0));
     };
     unfused(); // makes the pipelines
-    run_fused();
+    run(&fused);
+    run(&fused_without_barriers);
     let mut g = c.benchmark_group(format!("fused_chain/{n}/{}", gpu.driver.device_name()));
     g.throughput(Throughput::Elements(n as u64));
     g.sample_size(10);
     g.bench_function("unfused", |b| b.iter(unfused));
-    g.bench_function("fused", |b| b.iter(run_fused));
+    g.bench_function("fused", |b| b.iter(|| run(&fused)));
+    g.bench_function("fused_without_barriers", |b| b.iter(|| run(&fused_without_barriers)));
     g.finish();
 }
 
-criterion_group!(benches, dispatch, partition, fused_chain);
+const STEP_WG256: &str = "struct S { n: u32, a: f32, b: f32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(256)
+fn step(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
+}";
+
+const STEP_VEC4: &str = "struct S { n: u32, a: f32, b: f32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;
+@compute @workgroup_size(64)
+fn step(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
+}";
+
+fn step_bandwidth(c: &mut Criterion) {
+    let Some(gpu) = Gpu::open() else { return };
+    let n: usize =
+        std::env::var("GANTRY_VULKAN_FUSION_N").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20);
+    let sig = || {
+        Signature::new()
+            .global(AccessMode::Read)
+            .global(AccessMode::DiscardWrite)
+            .scalar::<u32>()
+            .scalar::<f32>()
+            .scalar::<f32>()
+    };
+    let (x, y) = (gpu.alloc(4 * n), gpu.alloc(4 * n));
+    let mem = |id: AllocId| MemArg {
+        mem: MemSlice { mem: MemRef::Device(id), offset: 0, len: 4 * n },
+        mode: AccessMode::ReadWrite,
+    };
+    let variants =
+        [("scalar_wg64", STEP, n), ("scalar_wg256", STEP_WG256, n), ("vec4_wg64", STEP_VEC4, n / 4)];
+    let mut g = c.benchmark_group(format!("step_bandwidth/{n}/{}", gpu.driver.device_name()));
+    g.throughput(Throughput::Bytes(8 * n as u64));
+    g.sample_size(10);
+    for (name, source, items) in variants {
+        let kernel = wgsl_kernel("step", source, sig());
+        let scalars: ScalarBlock = [(items as u32).to_ne_bytes(), 1.5f32.to_ne_bytes(), 0.5f32.to_ne_bytes()]
+            .concat()
+            .into_iter()
+            .collect();
+        let geometry = Geometry::for_range(Range::d1(items)).expect("a valid range");
+        let run = || {
+            let op = DeviceOp::Kernel(KernelLaunch {
+                kernel: kernel.clone(),
+                geometry,
+                args: [mem(x), mem(y)].into_iter().collect(),
+                scalars: scalars.clone(),
+            });
+            let id = gpu.submit(op);
+            gpu.wait(usize::from(id != 0));
+        };
+        run(); // makes the pipeline
+        g.bench_function(name, |b| b.iter(run));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, dispatch, partition, fused_chain, step_bandwidth);
 criterion_main!(benches);

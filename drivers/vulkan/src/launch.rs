@@ -7,8 +7,10 @@ use crate::device::Limits;
 use crate::spirv::Dim;
 
 /// Work-items per workgroup along `x` that a plain range gets where the shader
-/// lets the launch set it.
-pub const PLAIN_GROUP: u32 = 64;
+/// lets the launch set it: 256, since 64-wide groups leave half an NVIDIA GPU's
+/// memory bandwidth unused on elementwise kernels (docs/PERFORMANCE.md, "Workgroup
+/// width of WGSL kernels on the H100").
+pub const PLAIN_GROUP: u32 = 256;
 
 /// A launch's workgroup size and group counts (Vulkan order: `x` is the range's
 /// last, fastest dimension).
@@ -90,7 +92,12 @@ mod tests {
         let other = [Dim::Fixed(8), Dim::Fixed(8), Dim::Fixed(1)];
         assert!(shape(&nd, &other, &limits()).unwrap_err().contains("does not match"));
         let plain = Geometry::for_range(Range::d1(1000)).unwrap();
-        assert_eq!(shape(&plain, &spec, &limits()).unwrap().groups, [16, 1, 1], "ceil(1000 / 64)");
+        let groups = 1000usize.div_ceil(PLAIN_GROUP as usize) as u32;
+        assert_eq!(
+            shape(&plain, &spec, &limits()).unwrap().groups,
+            [groups, 1, 1],
+            "ceil(1000 / PLAIN_GROUP)"
+        );
         let big = NdRange::new(4096, 2048).geometry().unwrap();
         assert!(shape(&big, &spec, &limits()).unwrap_err().contains("limits"));
     }
