@@ -49,6 +49,17 @@ fn with_barrier(@builtin(global_invocation_id) id: vec3<u32>, @builtin(local_inv
     y[id.x] = tile[63u - l.x];
 }";
 
+/// A step that reads its right neighbour: work-items share elements.
+const NEIGHBOUR: &str = "
+struct S { n: u32, a: f32, b: f32 }
+var<immediate> s: S;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn neighbour(@builtin(global_invocation_id) id: vec3<u32>) {
+    if id.x < s.n { y[id.x] = s.a * x[min(id.x + 1u, s.n - 1u)] + s.b; }
+}";
+
 fn step_kernel(name: &str, source: &str) -> KernelRef {
     let sig =
         Signature::new().global(Read).global(DiscardWrite).scalar::<u32>().scalar::<f32>().scalar::<f32>();
@@ -101,6 +112,29 @@ fn chain(
             .collect(),
         barriers,
     }
+}
+
+/// Barriers between kernels that each touch only their own elements are left out of
+/// the fused shader (they change nothing, and on a GPU they hold every work-group
+/// until its stores are done); a kernel reading its neighbour keeps them.
+#[test]
+fn barriers_between_own_element_kernels_are_elided() {
+    let n = 4096;
+    let geometry = Geometry::for_range(Range::d1(n)).unwrap();
+    let step = step_kernel("step", STEP);
+    let barriers_in = |request: &FusionRequest| {
+        let fused = WgslFusion::new().fuse(request).unwrap();
+        let image = fused.kernel.image(ImageKind::Wgsl).expect("a WGSL image");
+        std::str::from_utf8(image.code()).unwrap().matches("workgroupBarrier").count()
+    };
+    assert_eq!(barriers_in(&chain(&vec![step.clone(); 4], n, geometry, true, true)), 0, "own elements only");
+    let neighbour = step_kernel("neighbour", NEIGHBOUR);
+    let mixed = [step.clone(), neighbour, step];
+    assert_eq!(
+        barriers_in(&chain(&mixed, n, geometry, false, true)),
+        2,
+        "one barrier between each two kernels"
+    );
 }
 
 /// Runs the fused kernel of `request` over `table` (buffer id `i + 1` is

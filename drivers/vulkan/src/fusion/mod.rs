@@ -20,7 +20,8 @@
 //! 4. the parts, written back as WGSL, are joined with the declarations made once
 //!    and an entry point that calls each part in list order, guarding remapped ones
 //!    past their range, with `storageBarrier(); workgroupBarrier();` between them
-//!    where the request asks for barriers (`entry`);
+//!    where the request asks for barriers (`entry`), unless every kernel touches
+//!    only its own elements, where they change nothing (`own_elements`);
 //! 5. the whole is parsed and validated by naga (the driver compiles it to SPIR-V
 //!    when it loads the image), and kept in a bounded cache.
 //!
@@ -36,6 +37,7 @@
 mod entry;
 mod internalize;
 mod kernel;
+mod own_elements;
 
 use std::sync::Mutex;
 
@@ -251,6 +253,12 @@ fn build(
         }
         internal_decls.push(InternalDecl { element, elements, space });
     }
+    // Barriers that change nothing are left out (`own_elements`): every kernel over
+    // the fused 1-D grid unremapped, each reaching memory only at its own element.
+    let elide_barriers = request.barriers
+        && grid.geometry.dims() == 1
+        && !grid.remap.iter().any(|&r| r)
+        && parsed.iter().all(|p| own_elements::own_elements_only(&p.module, p.entry));
     // Each kernel a part.
     let mut parts = Vec::with_capacity(kernels.len());
     let mut calls = Vec::with_capacity(kernels.len());
@@ -306,7 +314,10 @@ fn build(
                     .into(),
             ));
         }
-        calls.push(Call { guard, barrier_after: request.barriers && i + 1 < kernels.len() });
+        calls.push(Call {
+            guard,
+            barrier_after: request.barriers && !elide_barriers && i + 1 < kernels.len(),
+        });
         parts.push(part);
     }
     let text = entry::module_text(&arg_decls, &internal_decls, &parts, &calls);
