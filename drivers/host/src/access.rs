@@ -211,8 +211,7 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn get(&self, it: &Item<'_>, i: usize) -> T {
-        let (p, direct) = it.element::<T>(self.slot, self.tag, i);
-        if M::READ_ONLY && direct {
+        match it.direct_element::<T>(self.slot, self.tag, i) {
             // SAFETY: in bounds and aligned (ranges start at element boundaries of an
             // aligned allocation). A direct element is ordinary memory that no other
             // work-group writes while this one runs: no writable accessor of the
@@ -220,10 +219,13 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
             // commands' writes, and a fused kernel binds a slot that one kernel reads
             // and another writes as shared memory, which is never direct. So a plain
             // load races with nothing.
-            return unsafe { p.read() };
+            Some(p) if M::READ_ONLY => unsafe { p.read() },
+            // SAFETY: in bounds and aligned; relaxed atomics make concurrent access
+            // race-free.
+            Some(p) => unsafe { load_relaxed(p) },
+            // SAFETY: as above (the general path returns an element in bounds).
+            None => unsafe { load_relaxed(it.general_element::<T>(self.slot, self.tag, i).0) },
         }
-        // SAFETY: in bounds and aligned; relaxed atomics make concurrent access race-free.
-        unsafe { load_relaxed(p) }
     }
 
     /// The whole range as a slice.
@@ -244,7 +246,10 @@ impl<T: Pod, M: Writable> Accessor<T, M> {
     /// If `i` is out of range (the panic fails the command).
     #[inline(always)]
     pub fn set(&self, it: &Item<'_>, i: usize, v: T) {
-        let p = it.element_ptr::<T>(self.slot, self.tag, i);
+        let p = match it.direct_element::<T>(self.slot, self.tag, i) {
+            Some(p) => p,
+            None => it.general_element::<T>(self.slot, self.tag, i).0,
+        };
         // SAFETY: in bounds and aligned; relaxed atomics make concurrent access race-free.
         unsafe { store_relaxed(p, v) }
     }
@@ -311,7 +316,12 @@ impl<T: Pod, M: Writable> ElemAccessor<T, M> {
     /// This work-item's element. Borrowing the item mutably keeps the reference unique.
     #[inline(always)]
     pub fn elem<'i>(&self, it: &'i mut Item<'_>) -> &'i mut T {
-        let p = it.element_ptr::<T>(self.inner.slot, self.inner.tag, it.global_linear_id());
+        let (slot, tag) = (self.inner.slot, self.inner.tag);
+        let glid = it.global_linear_id();
+        let p = match it.own_element::<T>(slot, tag).or_else(|| it.direct_element::<T>(slot, tag, glid)) {
+            Some(p) => p,
+            None => it.general_element::<T>(slot, tag, glid).0,
+        };
         // SAFETY: each work-item has a distinct global linear id and runs once per
         // launch; no other accessor of this command group overlaps a writable range;
         // `it` stays mutably borrowed while the reference lives. Internalized memory

@@ -83,9 +83,10 @@ impl<'a> GroupCtx<'a> {
     }
 }
 
-/// Buffer slots whose bindings [`items`] copies into an array on its stack (an
-/// access to a slot past them takes the general path).
-const LOCAL_SLOTS: usize = 16;
+/// Entries of the binding table [`items`] copies: the first `TABLE - 1` buffer slots
+/// and an empty binding after them (an access to a slot past them takes the general
+/// path). A power of two, so that an index masked with `TABLE - 1` is provably inside.
+const TABLE: usize = 16;
 
 /// Which work-items of a group [`items`] runs, and how their ids map.
 #[derive(Clone, Copy)]
@@ -97,18 +98,58 @@ struct Ids<'a> {
     remap: Option<&'a Geometry>,
 }
 
-/// The loop of [`GroupCtx::for_each_item`]: every work-item of a group, in local
-/// linear order.
+/// The loop of [`GroupCtx::for_each_item`]: copies the binding table and runs
+/// [`run_items`] over it.
+///
+/// The copy holds the first `TABLE - 1` bindings and empty ones after them (from
+/// index `copied`). An access looks its slot up at `min(slot, copied)`, or at
+/// `copied` for an accessor of another command group: a lookup that needs no flag
+/// kept beside it, and that reaches an empty binding (whose ordinary range is empty,
+/// so the general path reports the access) for every slot the table does not hold.
+#[inline(always)]
+fn items<F: Fn(&mut Item<'_>)>(
+    f: &F,
+    geometry: &Geometry,
+    ids: Ids<'_>,
+    bindings: &[Binding],
+    scratch: &[Binding],
+    tag: u64,
+) {
+    let copied = bindings.len().min(TABLE - 1);
+    let mut table = [Binding::EMPTY; TABLE];
+    table[..copied].copy_from_slice(&bindings[..copied]);
+    // Exact where an access may need the general path and go on: internalized or
+    // shared memory, or a slot past the table.
+    let exact = copied < bindings.len() || bindings.iter().any(|b| b.internal != Internal::No);
+    run_items(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
+}
+
+/// Every work-item of a group, in local linear order.
 ///
 /// It is the kernel body's only caller, and its one call site: a function with a
 /// single call site is inlined whatever its size, so the body, the accessors'
-/// address arithmetic and their bounds checks sit in the loop, where the
-/// compiler hoists what does not change from item to item (a body reached through
-/// two loops or a `dyn` call stays out of line once it has a few accesses, and each
-/// work-item pays a call and reloads every binding). The binding tables are separate
-/// `&[_]` arguments so the compiler knows nothing in the loop writes them and can keep
-/// an accessor's pointer and length in registers instead of reloading them after
-/// every store. It stays a call (once per group) so those argument guarantees hold.
+/// address arithmetic and their bounds checks sit in the loop, where the compiler
+/// hoists what does not change from item to item (a body reached through two loops or
+/// a `dyn` call stays out of line once it has a few accesses, and each work-item pays
+/// a call and reloads every binding). (A second copy of the loop for groups whose
+/// memory is all ordinary would let the compiler vectorize bodies of own-element
+/// accesses, but a body with two call sites is no longer inlined: measured, the
+/// particle step then ran at half the speed.)
+///
+/// Unless `exact` (every binding is ordinary memory the table holds), an access past
+/// an ordinary range can only be an error and panics where it is; otherwise the
+/// general path, out of line, serves internalized memory (`i % n`), shared memory and
+/// slots past the table.
+///
+/// The binding tables are shared reference arguments of this function: the compiler
+/// knows that nothing the loop stores reaches them (their memory is unchanged while
+/// the function runs), and that every entry of `table` (a fixed-size array, indexed
+/// through a mask) may be loaded anywhere. So an accessor's pointer and length are
+/// loaded once, before the loop, and stay in registers, even for an access behind
+/// another access's out-of-line path. The paths out of line (an
+/// access past an ordinary range) take values only, never the item, so that nothing
+/// of the item is kept in memory; the work-item's local ids, which internalized
+/// private memory needs there, are recomputed there from its linear id.
 ///
 /// The innermost loop runs along the fastest dimension of the group that has more
 /// than one work-item (the only one in every plain range, whose groups are runs along
@@ -120,10 +161,14 @@ struct Ids<'a> {
 /// local and group ids are the grid's, which the fusion rules keep unchanged for
 /// kernels with a work-group size.
 #[inline(never)]
-fn items<F: Fn(&mut Item<'_>)>(
+#[allow(clippy::too_many_arguments)]
+fn run_items<F: Fn(&mut Item<'_>)>(
     f: &F,
     geometry: &Geometry,
     ids: Ids<'_>,
+    table: &[Binding; TABLE],
+    copied: usize,
+    exact: bool,
     bindings: &[Binding],
     scratch: &[Binding],
     tag: u64,
@@ -153,38 +198,25 @@ fn items<F: Fn(&mut Item<'_>)>(
     let unit = [0, 1, 2].map(|d| usize::from(d == inner));
     let mut outer_ext = ext;
     outer_ext[inner] = 1;
-    let (grid_global, own, total) = (grid.global_range(), geometry.global_range(), geometry.global_size());
+    let (grid_global, total) = (grid.global_range(), geometry.global_size());
     let remapped = ids.remap.is_some();
     // The grid's linear id advances by this per step along the inner dimension.
     let glid_step = [grid_global[1] * grid_global[2], grid_global[2], 1][inner];
-    // The binding table, copied into memory of this loop's own whose address nothing
-    // else sees, padded to a power of two: an access loads its binding at `slot &
-    // mask` (no bounds check), and since no store of the loop can reach this copy,
-    // the compiler loads each accessor's pointer and length once, before the loop.
-    // (A plain array on the stack, filled by a copy: the address of a collection
-    // whose growth is a call would escape into it. Slots past `LOCAL_SLOTS` are
-    // reached through the general path.)
-    // Only the entries used are written: fusion without barriers runs this loop
-    // for one work-item at a time.
-    let copied = bindings.len().min(LOCAL_SLOTS);
-    let padded = copied.next_power_of_two().max(1);
-    let mut local = [std::mem::MaybeUninit::<Binding>::uninit(); LOCAL_SLOTS];
-    let entries = bindings[..copied].iter().chain(std::iter::repeat(&Binding::EMPTY));
-    for (slot, b) in local[..padded].iter_mut().zip(entries) {
-        slot.write(*b);
-    }
-    // SAFETY: the first `padded` entries (at most `LOCAL_SLOTS`) were written above.
-    let table: &[Binding] = unsafe { std::slice::from_raw_parts(local.as_ptr().cast(), padded) };
     let mut item = Item {
-        rel: base,
-        local: first,
+        run_rel: base,
+        run_local: first,
+        unit,
+        k: 0,
         glid: 0,
+        remapped,
         grid,
         group: ids.group,
         geometry,
-        bindings: table,
+        table,
+        empty: copied,
+        exact,
+        total,
         all: bindings,
-        slots: copied,
         scratch,
         tag,
     };
@@ -192,22 +224,25 @@ fn items<F: Fn(&mut Item<'_>)>(
     for o0 in 0..outer_ext[0] {
         for o1 in 0..outer_ext[1] {
             for o2 in 0..outer_ext[2] {
-                // Ids advance by `unit` and the linear id by its step (adds only, so
-                // the item's fields stay in registers).
-                let mut local = add(first, [o0, o1, o2]);
-                let mut rel = add(base, local);
+                // A run along the inner dimension: the item's ids are its first ids
+                // plus `k` along `unit`, so the loop carries only `k` and the linear id.
+                let local = add(first, [o0, o1, o2]);
+                let rel = add(base, local);
                 let mut glid = linearize(rel, grid_global);
-                for _ in 0..ext[inner] {
-                    // One call site of the body (see above). Without remapping the grid
-                    // is the kernel's own, and every id is in range.
-                    if glid < total {
-                        item.rel = if remapped { delinearize(glid, own) } else { rel };
-                        item.local = local;
-                        item.glid = glid;
-                        f(&mut item);
-                    }
-                    local = add(local, unit);
-                    rel = add(rel, unit);
+                // Without remapping the grid is the kernel's own, and every id is in
+                // range. With it, the run's linear ids grow, so those in the kernel's
+                // range are a prefix of the run.
+                let run = match remapped {
+                    false => ext[inner],
+                    true => ext[inner].min(total.saturating_sub(glid).div_ceil(glid_step)),
+                };
+                item.run_rel = rel;
+                item.run_local = local;
+                for k in 0..run {
+                    // One call site of the body (see above), reached by every iteration.
+                    item.k = k;
+                    item.glid = glid;
+                    f(&mut item);
                     glid += glid_step;
                 }
             }
@@ -232,21 +267,36 @@ fn items<F: Fn(&mut Item<'_>)>(
 /// assert_eq!(ids, vec![(1, 0, 3), (1, 1, 4), (1, 2, 5)]);
 /// ```
 pub struct Item<'a> {
-    rel: [usize; 3],
-    local: [usize; 3],
-    /// The global linear id of `rel` (kept alongside, one add per work-item).
+    /// Global ids (without offset) of the first work-item of the run along `unit`
+    /// this item belongs to, in the grid.
+    run_rel: [usize; 3],
+    /// Local ids of the run's first work-item.
+    run_local: [usize; 3],
+    /// The run's dimension: 1 in it, 0 in the others.
+    unit: [usize; 3],
+    /// The item's place in its run.
+    k: usize,
+    /// The item's global linear id in the grid (kept alongside, one add per item).
     glid: usize,
+    /// Whether the grid is not the kernel's own: its global ids then come from the
+    /// linear id.
+    remapped: bool,
     /// The grid being run, whose work-group shape indexes per-work-item scratch.
     grid: &'a Geometry,
     group: [usize; 3],
     geometry: &'a Geometry,
-    /// The first [`LOCAL_SLOTS`] bindings of the launch, padded with empty ones to a
-    /// power of two.
-    bindings: &'a [Binding],
+    /// The first bindings of the launch, and empty ones after them.
+    table: &'a [Binding; TABLE],
+    /// The index of the first empty binding of `table`.
+    empty: usize,
+    /// Whether an access past an ordinary range takes the general path (internalized
+    /// or shared memory, slots past the table) instead of panicking: a constant of
+    /// each copy of the group loop.
+    exact: bool,
+    /// The kernel's global size: every work-item's global linear id is below it.
+    total: usize,
     /// Every binding of the launch.
     all: &'a [Binding],
-    /// The unpadded length of `bindings`.
-    slots: usize,
     scratch: &'a [Binding],
     tag: u64,
 }
@@ -257,16 +307,31 @@ impl<'a> Item<'a> {
     pub fn dims(&self) -> usize {
         self.geometry.dims()
     }
+    /// Global ids without the offset.
+    #[inline(always)]
+    fn rel(&self) -> [usize; 3] {
+        if self.remapped {
+            return delinearize(self.glid, self.geometry.global_range());
+        }
+        let (r, u, k) = (self.run_rel, self.unit, self.k);
+        [r[0] + u[0] * k, r[1] + u[1] * k, r[2] + u[2] * k]
+    }
     /// Global id in dimension `d`, including the launch offset.
     #[inline]
     pub fn global_id(&self, d: usize) -> usize {
-        self.rel[d] + self.geometry.offset()[d]
+        self.rel()[d] + self.geometry.offset()[d]
     }
     /// Global ids in all three dimensions (unused ones are 0), including the offset.
     #[inline]
     pub fn global_ids(&self) -> [usize; 3] {
-        let o = self.geometry.offset();
-        [self.rel[0] + o[0], self.rel[1] + o[1], self.rel[2] + o[2]]
+        let (r, o) = (self.rel(), self.geometry.offset());
+        [r[0] + o[0], r[1] + o[1], r[2] + o[2]]
+    }
+    /// Local ids in the grid's group.
+    #[inline(always)]
+    fn local(&self) -> [usize; 3] {
+        let (l, u, k) = (self.run_local, self.unit, self.k);
+        [l[0] + u[0] * k, l[1] + u[1] * k, l[2] + u[2] * k]
     }
     /// Linear id over the global range, not counting the offset: 0..global size.
     #[inline]
@@ -281,12 +346,12 @@ impl<'a> Item<'a> {
     /// Id within the work-group in dimension `d`.
     #[inline]
     pub fn local_id(&self, d: usize) -> usize {
-        self.local[d]
+        self.local()[d]
     }
     /// Linear id within the work-group.
     #[inline]
     pub fn local_linear_id(&self) -> usize {
-        linearize(self.local, self.grid.local_range())
+        linearize(self.local(), self.grid.local_range())
     }
     /// Work-group extent in dimension `d`.
     #[inline]
@@ -320,46 +385,55 @@ impl<'a> Item<'a> {
         self.all[slot as usize]
     }
 
-    /// Element `i` of buffer accessor slot `slot`, for elements of `size` bytes, and
-    /// whether it is *direct*: in the binding's ordinary range (`i < len / size`),
-    /// which only ordinary memory that no other work-group writes while this one
-    /// reads it has (internalized and shared memory bind `len` 0). Direct elements
-    /// are one compare and an add away; everything else (internalized memory's
-    /// `i % n`, shared memory, an index out of bounds, which panics) takes the
-    /// general path, out of line ([`general_element`]).
+    /// The table's binding of slot `slot`: the empty binding (whose ordinary range is
+    /// empty) for a foreign tag or a slot the table does not hold. No branch: the same
+    /// for every work-item, so computed once, before the group loop.
     #[inline(always)]
-    pub(crate) fn element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, bool) {
-        // No branch before the bounds check: the binding is read at `slot & mask`
-        // (inside the padded table whatever the slot), and a foreign tag or a slot
-        // past the launch's makes the ordinary range empty, so that the general path
-        // reports it. All of it is the same for every work-item: computed once, before
-        // the group loop.
-        let at = slot as usize & (self.bindings.len().wrapping_sub(1));
-        debug_assert!(at < self.bindings.len(), "the table is never empty");
-        // SAFETY: the group loop pads the table to a power of two, at least 1, so
-        // `at` is below its length.
-        let b = unsafe { *self.bindings.get_unchecked(at) };
-        let valid = tag == self.tag && (slot as usize) < self.slots;
-        let size = std::mem::size_of::<T>();
-        let n = if valid { b.len / size.max(1) } else { 0 };
-        if i < n {
-            // SAFETY: i < n, so the offset stays inside the binding.
-            (unsafe { b.ptr.cast::<T>().add(i) }, true)
-        } else {
-            if !valid {
-                let (p, direct) =
-                    far_element(self.all, tag == self.tag, slot, i, size, self.local_linear_id());
-                return (p.cast(), direct);
-            }
-            let fields = (b.ptr, b.len, b.wrap, b.internal);
-            (general_element(fields, i, size, self.local_linear_id()).cast(), false)
-        }
+    fn table_binding(&self, slot: u32, tag: u64) -> Binding {
+        let at = if tag == self.tag { (slot as usize).min(self.empty) } else { self.empty };
+        self.table[at & (TABLE - 1)]
     }
 
-    /// [`Item::element`]'s pointer.
+    /// Element `i` of buffer accessor slot `slot` if it is *direct*: in the binding's
+    /// ordinary range (`i < len / size`), which only ordinary memory that no other
+    /// work-group writes while this one reads it has (internalized and shared memory
+    /// bind `len` 0). Direct elements are one compare and an add away; everything
+    /// else (internalized memory's `i % n`, shared memory, an index out of bounds,
+    /// which panics) takes [`Item::general_element`], out of line.
     #[inline(always)]
-    pub(crate) fn element_ptr<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
-        self.element::<T>(slot, tag, i).0
+    pub(crate) fn direct_element<T>(&self, slot: u32, tag: u64, i: usize) -> Option<*mut T> {
+        let b = self.table_binding(slot, tag);
+        // SAFETY: i < len / size, so the offset stays inside the binding.
+        (i < b.len / std::mem::size_of::<T>().max(1)).then(|| unsafe { b.ptr.cast::<T>().add(i) })
+    }
+
+    /// This work-item's own element of buffer accessor slot `slot` (the one at its
+    /// global linear id) if it is direct, as [`Item::direct_element`]. Where the
+    /// slot's ordinary range holds an element for every work-item of the kernel (one
+    /// check that is the same for every work-item, instead of one per item), it is
+    /// the range's element at the linear id.
+    #[inline(always)]
+    pub(crate) fn own_element<T>(&self, slot: u32, tag: u64) -> Option<*mut T> {
+        let b = self.table_binding(slot, tag);
+        // SAFETY: glid < total <= len / size, so the offset stays inside the binding.
+        (self.total <= b.len / std::mem::size_of::<T>().max(1))
+            .then(|| unsafe { b.ptr.cast::<T>().add(self.glid) })
+    }
+
+    /// Element `i` of slot `slot` that is not direct ([`Item::direct_element`]): in a
+    /// loop that is not exact, a panic (only an error gets here); otherwise the
+    /// general path, out of line and of values only (a call that took the item would
+    /// keep it in memory). The element is direct if the slot is past the table.
+    #[inline(always)]
+    pub(crate) fn general_element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, bool) {
+        let own = tag == self.tag;
+        if !self.exact {
+            let n = self.table_binding(slot, tag).len / std::mem::size_of::<T>().max(1);
+            access_error(own, slot, self.all.len(), i, n)
+        }
+        let local = (self.glid, self.grid, self.group);
+        let (p, direct) = far_element(self.all, own, slot, i, std::mem::size_of::<T>(), local);
+        (p.cast(), direct)
     }
 
     /// The memory of buffer accessor slot `slot` this work-item sees: the whole range,
@@ -400,7 +474,7 @@ fn out_of_bounds(i: usize, n: usize) -> ! {
 /// memory and every binding reloaded after each call in the group loop.
 #[cold]
 #[inline(never)]
-fn general_element(
+fn mapped_element(
     (ptr, len, wrap, internal): (*mut u8, usize, usize, Internal),
     i: usize,
     size: usize,
@@ -420,8 +494,21 @@ fn general_element(
     }
 }
 
+/// The panic of an access past the ordinary range of the slot (`n` elements) of a
+/// group loop that is not exact: an accessor of another command group, a slot past
+/// the launch's `slots`, or an index out of bounds. Of values only, like
+/// [`mapped_element`].
+#[cold]
+#[inline(never)]
+fn access_error(own_tag: bool, slot: u32, slots: usize, i: usize, n: usize) -> ! {
+    if !own_tag || slot as usize >= slots {
+        invalid_accessor(own_tag, slot, slots)
+    }
+    out_of_bounds(i, n)
+}
+
 /// The panic of an accessor of another command group (`own_tag` false), or of a slot
-/// past the launch's (it fails the command). Of values only, like [`general_element`].
+/// past the launch's (it fails the command). Of values only, like [`mapped_element`].
 #[cold]
 #[inline(never)]
 fn invalid_accessor(own_tag: bool, slot: u32, slots: usize) -> ! {
@@ -431,8 +518,12 @@ fn invalid_accessor(own_tag: bool, slot: u32, slots: usize) -> ! {
     panic!("accessor slot {slot} of a launch of {slots} slots")
 }
 
-/// [`Item::element`] of a slot outside the loop's table: past [`LOCAL_SLOTS`], or not
-/// the launch's (which panics). Of values only, like [`general_element`].
+/// [`Item::element`] past the table binding's ordinary range: a slot the table does
+/// not hold or that is not the launch's (which panics), internalized or shared memory,
+/// or an index out of bounds (which panics). Of values only, like
+/// [`mapped_element`]: `local` is the work-item's grid linear id, the grid and its
+/// group, from which it recomputes the local linear id only where private memory needs
+/// it.
 #[cold]
 #[inline(never)]
 fn far_element(
@@ -441,7 +532,7 @@ fn far_element(
     slot: u32,
     i: usize,
     size: usize,
-    local_linear_id: usize,
+    local: (usize, &Geometry, [usize; 3]),
 ) -> (*mut u8, bool) {
     let Some(&b) = all.get(slot as usize).filter(|_| own_tag) else {
         invalid_accessor(own_tag, slot, all.len())
@@ -450,5 +541,116 @@ fn far_element(
         // SAFETY: in the binding's ordinary range.
         return (unsafe { b.ptr.add(i * size) }, true);
     }
-    (general_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), false)
+    let local_linear_id = match b.internal {
+        Internal::Private => local_linear_id_of(local),
+        _ => 0,
+    };
+    (mapped_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), false)
+}
+
+/// The local linear id of the work-item with grid linear id `glid` in group `group`
+/// of `grid`.
+fn local_linear_id_of((glid, grid, group): (usize, &Geometry, [usize; 3])) -> usize {
+    let (rel, l) = (delinearize(glid, grid.global_range()), grid.local_range());
+    let local = [0, 1, 2].map(|d| rel[d] - group[d] * l[d]);
+    linearize(local, l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{Accessor, ElemAccessor, Read, ReadWrite, Write};
+    use gantry_driver::{NdRange, Range};
+
+    fn panic_message(f: impl FnOnce()) -> String {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("should panic");
+        err.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap()
+    }
+
+    /// A launch of more slots than the table holds: the slots past it take the
+    /// general path and still reach their memory.
+    #[test]
+    fn slots_past_the_table_reach_their_memory() {
+        const SLOTS: usize = TABLE + 4;
+        let mut data: Vec<[u32; 4]> = (0..SLOTS).map(|s| [s as u32; 4]).collect();
+        let bindings: Vec<Binding> =
+            data.iter_mut().map(|d| Binding::new(d.as_mut_ptr().cast(), 16)).collect();
+        let accessors: Vec<Accessor<u32, ReadWrite>> =
+            (0..SLOTS).map(|s| Accessor::new(s as u32, 3, 4)).collect();
+        let geometry = Geometry::for_range(Range::d1(4)).unwrap();
+        GroupCtx::new(&geometry, [0; 3], &bindings, &[], 3).for_each_item(&|it| {
+            let i = it.global_linear_id();
+            for a in &accessors {
+                a.set(it, i, a.get(it, i) * 10 + i as u32);
+            }
+        });
+        for (s, d) in data.iter().enumerate() {
+            assert_eq!(*d, [0, 1, 2, 3].map(|i| s as u32 * 10 + i), "slot {s}");
+        }
+    }
+
+    /// Errors of a launch whose memory is all ordinary panic where they happen,
+    /// naming the problem.
+    #[test]
+    fn bad_accesses_panic_with_their_reason() {
+        let mut data = [0u32; 4];
+        let bindings = [Binding::new(data.as_mut_ptr().cast(), 16)];
+        let geometry = Geometry::for_range(Range::d1(4)).unwrap();
+        let run =
+            |f: &dyn Fn(&mut Item<'_>)| GroupCtx::new(&geometry, [0; 3], &bindings, &[], 5).for_each_item(&f);
+        let past = Accessor::<u32, Read>::new(0, 5, 4);
+        assert!(panic_message(|| run(&|it| _ = past.get(it, 4))).contains("index 4 out of bounds for 4"));
+        let foreign = Accessor::<u32, Write>::new(0, 6, 4);
+        assert!(panic_message(|| run(&|it| foreign.set(it, 0, 1))).contains("different command group"));
+        let missing = Accessor::<u32, Read>::new(3, 5, 4);
+        assert!(panic_message(|| run(&|it| _ = missing.get(it, 0))).contains("slot 3 of a launch of 1 slots"));
+        let short = ElemAccessor::<u32, ReadWrite>::new(0, 5, 4);
+        let wide = Geometry::for_range(Range::d1(8)).unwrap();
+        let message = panic_message(|| {
+            GroupCtx::new(&wide, [0; 3], &bindings, &[], 5).for_each_item(&|it| *short.elem(it) += 1)
+        });
+        assert!(message.contains("index 4 out of bounds for 4"), "{message}");
+    }
+
+    /// Private memory bound in place of a buffer (fusion's internalization) is this
+    /// work-item's own, reached through the local id recomputed from the linear id.
+    #[test]
+    fn internalized_private_memory_is_each_work_items_own() {
+        let mut region = [0u32; 8];
+        let mut out = [0u32; 16];
+        let private =
+            Binding { ptr: region.as_mut_ptr().cast(), len: 0, internal: Internal::Private, wrap: 4 };
+        let bindings = [private, Binding::new(out.as_mut_ptr().cast(), 64)];
+        let (tmp, o) = (Accessor::<u32, ReadWrite>::new(0, 1, 16), Accessor::<u32, Write>::new(1, 1, 16));
+        let geometry = NdRange::new([2, 8], [2, 4]).geometry().unwrap();
+        for group in 0..geometry.group_count() {
+            GroupCtx::new(&geometry, geometry.group_id(group), &bindings, &[], 1).for_each_item(&|it| {
+                let i = it.global_linear_id();
+                tmp.set(it, i, i as u32 + 100);
+                assert_eq!(it.local_linear_id(), it.local_id(0) * 4 + it.local_id(1));
+                o.set(it, i, tmp.get(it, i) + it.local_linear_id() as u32 * 1000);
+            });
+        }
+        let want: Vec<u32> = (0..16).map(|i| i + 100 + ((i / 8) * 4 + i % 4) * 1000).collect();
+        assert_eq!(out.to_vec(), want);
+    }
+
+    /// A kernel run on a larger grid (fusion's remapping) sees its own global ids,
+    /// and the grid's work-items past its range skip it.
+    #[test]
+    fn remapped_items_see_their_own_ids_and_stop_at_the_range() {
+        let own = Geometry::for_range(Range::d2(3, 3)).unwrap();
+        let grid = Geometry::for_range(Range::d1(16)).unwrap();
+        let seen = std::cell::RefCell::new(Vec::new());
+        let mut ctx = GroupCtx::new(&own, [0; 3], &[], &[], 0);
+        ctx.remap = Some(&grid);
+        ctx.for_each_item(&|it| {
+            seen.borrow_mut().push((it.global_linear_id(), it.global_id(0), it.global_id(1)))
+        });
+        let want: Vec<_> = (0..9).map(|i| (i, i / 3, i % 3)).collect();
+        assert_eq!(seen.into_inner(), want);
+    }
 }
