@@ -12,17 +12,23 @@
 //!   memory;
 //! * `fused_private`: the same with every intermediate buffer promoted to private
 //!   memory, so the fused kernel only reads the input and writes the output;
-//! * `fused_private_per_item`: `fused_private` with per-work-item closures instead of
-//!   elementwise kernels (see below).
+//! * `fused_private_no_barriers`: `fused_private` fused without barriers
+//!   (`FusionProps { barriers: false }`);
+//! * `unfused_per_item`: `unfused` with per-work-item closures instead of elementwise
+//!   kernels (see below);
+//! * `fused_private_per_item`: `fused_private` with per-work-item closures. The fusion
+//!   compiler refuses it (`Unprofitable::MappedAccess`, checked at setup), so it
+//!   measures the refusal: the kernels run unfused, as `unfused_per_item`.
 //!
 //! Kernels are elementwise kernels, `cg.map(&input, &output, step)` over `cg.read`
 //! and `cg.elements_out` accessors: the runtime owns the loop and runs each
 //! work-group as one loop over contiguous memory (private memory of one element per
-//! work-item included), which the compiler vectorizes. `fused_private_per_item`
-//! writes the same kernels as `cg.parallel_for(n, |it| *o.elem(it) =
-//! step(a.get(it, id)))`: one call of the closure per work-item, with bounds-checked
-//! accesses and the `i % n` mapping of internalized memory, which cannot be
-//! vectorized.
+//! work-item included), which the compiler vectorizes. The per-item variants write
+//! the same kernels as `cg.parallel_for(n, |it| *o.elem(it) = step(a.get(it, id)))`:
+//! the closure is inlined into its group's loop, with a bounds check per access,
+//! which is not vectorized; fused, every access to internalized memory would take
+//! the `i % n` mapping out of line (before the compiler refused it, a fused chain
+//! of 4 such kernels over 16M elements took 20x the unfused chain's time).
 //!
 //! The hand loops are compiled for the binary's target (SSE2 on a default x86-64
 //! build); Gantry's elementwise loops run the widest instruction set the CPU has
@@ -33,7 +39,7 @@
 //! no copy to restore on failure either (with it, each kernel first copies the
 //! range it writes: 64 MiB per kernel at 16M).
 //!
-//! Sizes: 4,096 elements (one launch of four work-groups: launch-bound) and 16M
+//! Sizes: 4,096 elements (one launch of four work-groups: launch-bound), 64K, and 16M
 //! (`1 << 24`, 64 MiB per buffer: memory-bound), K = 2, 4, 8. Two runtime sets, every
 //! Gantry variant of a set on the same runtime:
 //! * `inline`: manual mode, `worker_threads(0)` (everything on the benchmark thread,
@@ -72,10 +78,15 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
-use gantry::{Buffer, Event, FusionOutcome, FusionProps, Mode, Promotion, Queue, Runtime};
+use gantry::{
+    Buffer, CancelReason, Event, FusionError, FusionOutcome, FusionProps, Mode, Promotion, Queue, Runtime,
+    Unprofitable,
+};
 
 /// Launch-bound size: elements per buffer.
 const SMALL: usize = 4096;
+/// A size in between (256 KiB of `f32` per buffer: the chain stays in L2).
+const MEDIUM: usize = 1 << 16;
 /// Memory-bound size: elements per buffer (64 MiB of `f32`).
 const LARGE: usize = 1 << 24;
 /// Chain lengths.
@@ -144,15 +155,19 @@ enum Variant {
     Unfused,
     Fused,
     FusedPrivate,
+    FusedPrivateNoBarriers,
+    UnfusedPerItem,
     FusedPrivatePerItem,
 }
 
-const VARIANTS: [Variant; 6] = [
+const VARIANTS: [Variant; 8] = [
     Variant::HandLoop,
     Variant::HandLoopParallel,
     Variant::Unfused,
     Variant::Fused,
     Variant::FusedPrivate,
+    Variant::FusedPrivateNoBarriers,
+    Variant::UnfusedPerItem,
     Variant::FusedPrivatePerItem,
 ];
 
@@ -164,6 +179,8 @@ impl Variant {
             Variant::Unfused => "unfused",
             Variant::Fused => "fused",
             Variant::FusedPrivate => "fused_private",
+            Variant::FusedPrivateNoBarriers => "fused_private_no_barriers",
+            Variant::UnfusedPerItem => "unfused_per_item",
             Variant::FusedPrivatePerItem => "fused_private_per_item",
         }
     }
@@ -198,6 +215,8 @@ impl Set {
 fn size_name(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
+    } else if n > SMALL && n.is_multiple_of(1 << 10) {
+        format!("{}K", n >> 10)
     } else {
         n.to_string()
     }
@@ -214,7 +233,7 @@ struct Chain {
     input: Vec<f32>,
     out: Vec<f32>,
     want: Vec<f32>,
-    verified: [bool; 6],
+    verified: [bool; VARIANTS.len()],
     /// Fused rounds run so far (each must reach the fusion compiler).
     fused_rounds: Cell<u64>,
 }
@@ -236,7 +255,7 @@ impl Chain {
             input,
             out: vec![0.0; n],
             want,
-            verified: [false; 6],
+            verified: [false; VARIANTS.len()],
             fused_rounds: Cell::new(0),
         }
     }
@@ -278,11 +297,16 @@ impl Chain {
                 unreachable!("the hand loops run on the host copies")
             }
             Variant::Unfused => self.submit_kernels(false, false)?.wait(),
-            Variant::Fused | Variant::FusedPrivate | Variant::FusedPrivatePerItem => {
+            Variant::UnfusedPerItem => self.submit_kernels(false, true)?.wait(),
+            Variant::Fused
+            | Variant::FusedPrivate
+            | Variant::FusedPrivateNoBarriers
+            | Variant::FusedPrivatePerItem => {
                 self.fused_rounds.set(self.fused_rounds.get() + 1);
                 self.q.start_fusion()?;
                 self.submit_kernels(v != Variant::Fused, v == Variant::FusedPrivatePerItem)?;
-                self.q.complete_fusion(FusionProps::default())?.wait()
+                let barriers = v != Variant::FusedPrivateNoBarriers;
+                self.q.complete_fusion(FusionProps { barriers })?.wait()
             }
         }
     }
@@ -321,16 +345,26 @@ impl Chain {
                 self.run(v).expect("verification round");
                 let got = self.bufs[self.k].to_vec().expect("read the output");
                 assert_bits(label, &got, &self.want);
-                if v != Variant::Unfused {
-                    match self.q.fusion_outcome() {
+                let outcome = self.q.fusion_outcome();
+                match v {
+                    Variant::Unfused | Variant::UnfusedPerItem => {}
+                    // Refused: its kernels ran unfused.
+                    Variant::FusedPrivatePerItem => match outcome {
+                        Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
+                            reason: Unprofitable::MappedAccess,
+                            ..
+                        }))) => {}
+                        other => panic!("{label}: not refused as unprofitable: {other:?}"),
+                    },
+                    _ => match outcome {
                         Some(FusionOutcome::Fused { kernels, warnings, .. }) => {
                             assert_eq!(kernels, self.k, "{label}: kernels fused");
                             assert!(warnings.is_empty(), "{label}: fusion warnings: {warnings:?}");
                         }
                         other => panic!("{label}: not fused: {other:?}"),
-                    }
+                    },
                 }
-                if matches!(v, Variant::FusedPrivate | Variant::FusedPrivatePerItem) {
+                if matches!(v, Variant::FusedPrivate | Variant::FusedPrivateNoBarriers) {
                     for (i, b) in inner.iter().enumerate() {
                         let t = b.to_vec().expect("read an intermediate");
                         assert!(
@@ -549,7 +583,7 @@ fn benches(c: &mut Criterion) {
     overhead_bench(c);
     let threaded_large = std::env::var("GANTRY_BENCH_FUSION_THREADED_16M").is_ok_and(|v| v == "1");
     for set in [Set::Inline, Set::Threaded] {
-        for n in [SMALL, LARGE] {
+        for n in [SMALL, MEDIUM, LARGE] {
             if set == Set::Threaded && n == LARGE && !threaded_large {
                 continue;
             }

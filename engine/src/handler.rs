@@ -245,6 +245,11 @@ impl Handler {
     /// written back. Overrides the buffer's hint ([`Buffer::set_promotion`]). Outside
     /// fusion it has no effect.
     ///
+    /// On the CPU, elementwise kernels (`map`..`map4`) reach private memory as
+    /// contiguous runs; per-work-item closures would reach it one mapped access at a
+    /// time, so a chain of them is refused as unprofitable
+    /// ([`RuntimeBuilder::fuse_unprofitable`](crate::RuntimeBuilder::fuse_unprofitable)).
+    ///
     /// ```
     /// use gantry::{Promotion, Runtime, FusionProps};
     /// let rt = Runtime::new();
@@ -254,12 +259,12 @@ impl Handler {
     /// q.submit(|cg| {
     ///     let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
     ///     cg.promote(&t, Promotion::Private);
-    ///     cg.parallel_for(256, move |it| *t.elem(it) = x.get(it, it.global_linear_id()) + 1);
+    ///     cg.map(&x, &t, |v| v + 1);
     /// })?;
     /// q.submit(|cg| {
     ///     let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
     ///     cg.promote(&t, Promotion::Private);
-    ///     cg.parallel_for(256, move |it| *o.elem(it) = t.get(it, it.global_linear_id()) * 10);
+    ///     cg.map(&t, &o, |v| v * 10);
     /// })?;
     /// q.complete_fusion(FusionProps::default())?.wait()?;
     /// assert_eq!(out.to_vec()?, vec![20; 256]);

@@ -11,6 +11,18 @@ fn manual() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).timeline(true).fusion_warnings(0).build()
 }
 
+/// [`manual`], fusing the forms measured slower fused (the fused semantics they
+/// test are the same).
+fn manual_fusing_all() -> Runtime {
+    Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .timeline(true)
+        .fusion_warnings(0)
+        .fuse_unprofitable(true)
+        .build()
+}
+
 /// `buf[i] = buf[i] * mul + add` over all of `buf`.
 fn affine(q: &Queue, buf: &Buffer<u32>, mul: u32, add: u32) -> Event {
     q.submit(|cg| {
@@ -412,7 +424,7 @@ fn fusing_queues_depending_one_way_both_fuse() {
 #[test]
 fn barrier_and_no_barrier_results() {
     let run = |barriers: bool| {
-        let rt = manual();
+        let rt = manual_fusing_all();
         let q = rt.queue();
         let (a, b) = (rt.buffer_zeroed::<u32>(16), rt.buffer_zeroed::<u32>(16));
         q.start_fusion().unwrap();
@@ -447,7 +459,7 @@ fn barrier_and_no_barrier_results() {
 #[test]
 fn private_and_local_internalization() {
     for promotion in [Promotion::Private, Promotion::Local] {
-        let rt = Runtime::builder().worker_threads(2).fusion_warnings(0).build();
+        let rt = Runtime::builder().worker_threads(2).fusion_warnings(0).fuse_unprofitable(true).build();
         let q = rt.queue();
         let n = 4096;
         let x = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
@@ -485,11 +497,56 @@ fn private_and_local_internalization() {
     }
 }
 
+/// By default, per-work-item closures that would reach internalized memory one
+/// mapped access at a time, or run item by item without barriers, are not fused:
+/// the outcome names the kernel and the reason, and the kernels run unfused with
+/// the same results.
+#[test]
+fn chains_slower_fused_run_unfused_and_say_why() {
+    use gantry::Unprofitable;
+    for (promote, barriers, reason) in
+        [(true, true, Unprofitable::MappedAccess), (false, false, Unprofitable::ItemByItem)]
+    {
+        let rt = manual();
+        let q = rt.queue();
+        let n = 256;
+        let x = rt.buffer(&(0..n as u32).collect::<Vec<_>>());
+        let (tmp, out) = (rt.buffer(&vec![7u32; n]), rt.buffer_zeroed::<u32>(n));
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
+            if promote {
+                cg.promote(&t, Promotion::Private);
+            }
+            cg.parallel_for(n, move |it| *t.elem(it) = x.get(it, it.global_linear_id()) * 2);
+        })
+        .unwrap();
+        q.submit(|cg| {
+            let (t, o) = (cg.elements_mut(&tmp), cg.elements_out(&out));
+            if promote {
+                cg.promote(&t, Promotion::Private);
+            }
+            cg.parallel_for(n, move |it| *o.elem(it) = *t.elem(it) + 1);
+        })
+        .unwrap();
+        q.complete_fusion(FusionProps { barriers }).unwrap().wait().unwrap();
+        match cancelled(&q) {
+            CancelReason::Failed(FusionError::Unprofitable { kernel, reason: r }) => {
+                assert_eq!((kernel.as_str(), r), ("parallel_for", reason))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(kernels_run(&rt), vec!["parallel_for".to_string(); 2]);
+        assert_eq!(out.to_vec().unwrap(), (0..n as u32).map(|v| v * 2 + 1).collect::<Vec<_>>());
+        assert_eq!(tmp.to_vec().unwrap(), (0..n as u32).map(|v| v * 2).collect::<Vec<_>>(), "run unfused");
+    }
+}
+
 /// A promotion that cannot be honoured (one accessor not promoted) falls back to
 /// global memory with a warning, never a wrong result.
 #[test]
 fn mismatched_promotion_falls_back() {
-    let rt = manual();
+    let rt = manual_fusing_all();
     let q = rt.queue();
     let (tmp, out) = (rt.buffer(&[0u32; 64]), rt.buffer_zeroed::<u32>(64));
     q.start_fusion().unwrap();

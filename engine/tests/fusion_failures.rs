@@ -2,6 +2,10 @@
 //! chain) keeps exactly the results the same kernels would have kept unfused: its
 //! dependents do not run, independent kernels keep their writes. Fusion never changes
 //! which results survive a failure.
+//!
+//! The runtimes fuse every form the compiler accepts
+//! ([`fuse_unprofitable`](gantry::RuntimeBuilder::fuse_unprofitable)): the failure
+//! semantics are the fused kernel's whatever its speed.
 
 mod common;
 
@@ -33,7 +37,7 @@ const SETUPS: [Setup; 3] = [Setup::Threaded, Setup::Inline, Setup::Sim];
 
 impl Setup {
     fn runtime(self) -> Runtime {
-        let b = Runtime::builder().fusion_warnings(0);
+        let b = Runtime::builder().fusion_warnings(0).fuse_unprofitable(true);
         match self {
             Setup::Threaded => b.mode(Mode::Threaded).worker_threads(2).build(),
             Setup::Inline => b.mode(Mode::Manual).worker_threads(0).build(),
@@ -183,7 +187,12 @@ fn a_failed_fusion_reports_the_failing_kernel() {
 #[test]
 fn without_preserve_on_failure_a_failed_fusion_just_fails() {
     quiet_panics();
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).preserve_on_failure(false).build();
+    let rt = Runtime::builder()
+        .fuse_unprofitable(true)
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .preserve_on_failure(false)
+        .build();
     let q = rt.queue();
     let (a, b) = (rt.buffer(&vec![1u32; N]), rt.buffer(&vec![2u32; N]));
     q.start_fusion().unwrap();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use gantry::{
     BreadthFirst, Buffer, CommandGraph, Error, EventStatus, ExecError, FinalizeError, GraphProps, Mode,
-    NdRange, Promotion, Runtime, SimConfig,
+    Promotion, Runtime, SimConfig,
 };
 
 /// Messages a manual runtime's scheduler has taken in, after a flush: a whole-graph
@@ -624,9 +624,7 @@ fn graph_fusion_fuses_a_chain_with_an_internalized_buffer() {
             |cg| {
                 let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
                 cg.promote(&t, Promotion::Private);
-                cg.parallel_for_nd(NdRange::new(n, 64), move |it| {
-                    *t.elem(it) = x.get(it, it.global_linear_id()) + 1
-                });
+                cg.map(&x, &t, |v| v + 1);
             },
             &[],
         )
@@ -636,9 +634,7 @@ fn graph_fusion_fuses_a_chain_with_an_internalized_buffer() {
             |cg| {
                 let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
                 cg.promote(&t, Promotion::Private);
-                cg.parallel_for_nd(NdRange::new(n, 64), move |it| {
-                    *o.elem(it) = t.get(it, it.global_linear_id()) * 10
-                });
+                cg.map(&t, &o, |v| v * 10);
             },
             &[k1],
         )
@@ -677,9 +673,7 @@ fn two_chains_internalizing_one_buffer_order_against_it_once() {
                 |cg| {
                     let (s, t) = (cg.read(src), cg.elements_out(&tmp));
                     cg.promote(&t, Promotion::Private);
-                    cg.parallel_for_nd(NdRange::new(n, 32), move |it| {
-                        *t.elem(it) = s.get(it, it.global_linear_id()) + 1
-                    });
+                    cg.map(&s, &t, |v| v + 1);
                 },
                 deps,
             )
@@ -689,9 +683,7 @@ fn two_chains_internalizing_one_buffer_order_against_it_once() {
                 |cg| {
                     let (t, o) = (cg.read(&tmp), cg.elements_out(dst));
                     cg.promote(&t, Promotion::Private);
-                    cg.parallel_for_nd(NdRange::new(n, 32), move |it| {
-                        *o.elem(it) = t.get(it, it.global_linear_id()) * 10
-                    });
+                    cg.map(&t, &o, |v| v * 10);
                 },
                 &[k],
             )

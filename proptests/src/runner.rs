@@ -42,9 +42,12 @@ impl Config {
     pub fn build(&self) -> Runtime {
         self.builder().build()
     }
-    /// The runtime builder of [`Config::build`] (to add options).
+    /// The runtime builder of [`Config::build`] (to add options). It fuses every form
+    /// the fusion compiler accepts, those it refuses by default as slower fused
+    /// included: the properties are about what fusion computes, and the model
+    /// predicts fusion by the fusion rules alone.
     pub fn builder(&self) -> gantry::RuntimeBuilder {
-        let mut b = Runtime::builder().mode(self.mode).cpu(CpuConfig {
+        let mut b = Runtime::builder().fuse_unprofitable(true).mode(self.mode).cpu(CpuConfig {
             worker_threads: self.workers,
             host_threads: self.host_threads,
             inline_items: self.inline_items,

@@ -593,7 +593,7 @@ fn regression_cycle_through_a_command_after_a_completion() {
 fn regression_plain_kernel_fused_with_an_nd_range_loses_work_items() {
     for barriers in [false, true] {
         for mode in [Mode::Manual, Mode::Threaded] {
-            let rt = Runtime::builder().mode(mode).worker_threads(2).build();
+            let rt = Runtime::builder().fuse_unprofitable(true).mode(mode).worker_threads(2).build();
             let q = rt.in_order_queue();
             let a = rt.buffer_zeroed::<u32>(8);
             let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -708,7 +708,7 @@ fn regression_dropping_after_complete_fusion_cancels_it() {
     check_everywhere(&p);
     // The queue: the compiler is never asked.
     for mode in [Mode::Manual, Mode::Threaded] {
-        let rt = Runtime::builder().mode(mode).build();
+        let rt = Runtime::builder().fuse_unprofitable(true).mode(mode).build();
         let a = rt.buffer_zeroed::<u32>(8);
         let q = rt.queue();
         q.start_fusion().unwrap();

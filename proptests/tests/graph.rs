@@ -212,7 +212,8 @@ fn every_feature_once() {
 #[test]
 fn regression_node_after_two_fused_chains_is_recorded_before_the_second() {
     use gantry::{GraphProps, Mode, Runtime, Write};
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+    // (Fusing without barriers too: the order of recording is the point.)
+    let rt = Runtime::builder().fuse_unprofitable(true).mode(Mode::Manual).worker_threads(0).build();
     let a = rt.buffer(&[0u32; 16]);
     let graph = rt.graph();
     let kernel = |range: std::ops::Range<usize>| {

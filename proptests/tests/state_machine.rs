@@ -1107,7 +1107,10 @@ impl StateMachineTest for Gantry {
             faults: model.faults.iter().map(|&nth| Fault::Kernel { nth }).collect(),
             ..FaultPlan::default()
         };
+        // The reference model fuses by the fusion rules alone, forms slower fused on
+        // the CPU included.
         let rt = Runtime::builder()
+            .fuse_unprofitable(true)
             .mode(Mode::Manual)
             .worker_threads(0)
             .host_threads(0)

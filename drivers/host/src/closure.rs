@@ -57,6 +57,14 @@ pub struct Phase {
     /// Set for a phase that makes any fused chain slower than its kernels unfused
     /// (a reduction's): the closure fusion compiler refuses the chain with this reason.
     pub unprofitable: Option<gantry_driver::fusion::Unprofitable>,
+    /// Whether the phase reaches its slots as contiguous runs where it can (a map's
+    /// loop: ordinary memory, and private memory of one element per work-item), rather
+    /// than one accessor call per access (a closure's). The closure fusion compiler
+    /// refuses a chain that would bind a slot of a phase that does not to
+    /// internalized or shared memory, or a slot of one that does to shared memory: each
+    /// access would be mapped out of line
+    /// ([`Unprofitable::MappedAccess`](gantry_driver::fusion::Unprofitable::MappedAccess)).
+    pub runs: bool,
 }
 
 /// What an elementwise phase touches, so fusion knows which internalized buffers it
@@ -169,6 +177,7 @@ where
         code: TypeId::of::<F>(),
         elementwise: None,
         unprofitable: None,
+        runs: false,
     }
 }
 

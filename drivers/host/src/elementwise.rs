@@ -71,6 +71,7 @@ where
         code: TypeId::of::<MapCode<T, U, F>>(),
         elementwise,
         unprofitable: None,
+        runs: true,
     }
 }
 

@@ -54,6 +54,7 @@ macro_rules! map_n {
                 code: TypeId::of::<$code<$($T,)+ U, F>>(),
                 elementwise: None,
                 unprofitable: None,
+                runs: true,
             }
         }
 

@@ -292,5 +292,6 @@ where
         code: TypeId::of::<ReduceCode<T, U, M, R>>(),
         elementwise: None,
         unprofitable: Some(gantry_driver::fusion::Unprofitable::Reduction),
+        runs: true,
     }
 }

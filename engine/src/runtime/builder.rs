@@ -58,6 +58,7 @@ pub struct RuntimeBuilder {
     spin: Duration,
     max_pending: usize,
     fusion_cache: usize,
+    fuse_unprofitable: bool,
     factories: Vec<Factory>,
 }
 
@@ -119,6 +120,7 @@ impl Default for RuntimeBuilder {
             spin: sync::SPIN_WINDOW,
             max_pending: DEFAULT_MAX_PENDING,
             fusion_cache: ClosureFusion::DEFAULT_CAPACITY,
+            fuse_unprofitable: false,
             factories: Vec::new(),
         }
     }
@@ -235,6 +237,22 @@ impl RuntimeBuilder {
     /// evictions.
     pub fn fusion_cache_capacity(mut self, plans: usize) -> Self {
         self.fusion_cache = plans;
+        self
+    }
+    /// Whether the default fusion compiler fuses closure chains it otherwise refuses
+    /// as slower fused than unfused (default `false`: the fusion is cancelled with
+    /// [`FusionError::Unprofitable`](crate::FusionError::Unprofitable) and the
+    /// kernels run unfused, with the same results). On: per-work-item closures fuse
+    /// through internalized and shared memory and without barriers, as the DPC++
+    /// kernel-fusion design describes, at a cost per access
+    /// ([`ClosureFusion::fusing_unprofitable`]).
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().fuse_unprofitable(true).build();
+    /// # drop(rt);
+    /// ```
+    pub fn fuse_unprofitable(mut self, on: bool) -> Self {
+        self.fuse_unprofitable = on;
         self
     }
     /// A fusion compiler tried first on every device, for kernels that all have an
@@ -386,14 +404,26 @@ impl RuntimeBuilder {
                 .unwrap_or(DEFAULT_FUSION_WARNINGS)
         });
         let fusion_warnings = Arc::new(std::sync::atomic::AtomicUsize::new(warnings));
-        let closure_fusion = Arc::new(ClosureFusion::with_capacity(self.fusion_cache));
+        let closure_fusion = ClosureFusion::with_capacity(self.fusion_cache);
+        let closure_fusion = Arc::new(if self.fuse_unprofitable {
+            closure_fusion.fusing_unprofitable()
+        } else {
+            closure_fusion
+        });
         let closure: Arc<dyn FusionCompiler> = closure_fusion.clone();
+        // The forms refused as slower fused were measured on the host's threads; a
+        // device whose time is not the host's (the simulated GPU) fuses them all.
+        let every_form = ClosureFusion::every_form(&closure_fusion);
         let compilers = world
             .resource::<gantry_components::Devices>()
             .0
             .iter()
             .map(|d| {
-                let mut compilers = gantry_components::device_compilers(&*d.driver, &closure);
+                let closure = match d.driver.info().kind {
+                    gantry_driver::DeviceKind::Cpu => &closure,
+                    _ => &every_form,
+                };
+                let mut compilers = gantry_components::device_compilers(&*d.driver, closure);
                 if let Some(user) = &self.fusion_compiler {
                     compilers.insert(0, user.0.clone());
                 }

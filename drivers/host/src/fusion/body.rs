@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gantry_driver::fusion::{FusionRequest, KeptOnFailure};
+use gantry_driver::fusion::{FusionRequest, KeptOnFailure, Unprofitable};
 use gantry_driver::{AccessMode, Binding, ExecError, Geometry, HostStorage, Internal, KernelRef};
 use smallvec::SmallVec;
 
@@ -73,41 +73,35 @@ impl FusedBody {
                 span: None,
             }
         };
-        let streams = |from: usize| plan.streams[from..].iter().take_while(|&&s| s).count();
-        let interleave =
-            |p: &Part| !self.barriers && p.closure().phases.len() == 1 && p.closure().phases[0].per_item;
         let mut k = 0;
         while k < self.parts.len() {
-            let run = streams(k);
-            if run > 1 {
-                self.stream(grid, k..k + run, &table, &ctx);
-                k += run;
-                continue;
-            }
-            let run = self.parts[k..].iter().take_while(|p| interleave(p)).count();
-            if run > 1 {
-                // Without barriers: each work-item runs the single-phase kernels' bodies
-                // back to back.
-                let subs: SmallVec<[GroupCtx<'_>; 4]> = (k..k + run).map(ctx).collect();
-                let ext = grid.extent();
-                for i0 in 0..ext[0] {
-                    for i1 in 0..ext[1] {
-                        for i2 in 0..ext[2] {
-                            for (sub, part) in subs.iter().zip(&self.parts[k..]) {
-                                let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
-                                (part.closure().phases[0].group)(&one);
+            let (run, how) = next_run(&self.parts, plan, self.barriers, k);
+            match how {
+                How::Stream => self.stream(grid, k..k + run, &table, &ctx),
+                How::ItemByItem => {
+                    // Without barriers: each work-item runs the single-phase kernels'
+                    // bodies back to back.
+                    let subs: SmallVec<[GroupCtx<'_>; 4]> = (k..k + run).map(ctx).collect();
+                    let ext = grid.extent();
+                    for i0 in 0..ext[0] {
+                        for i1 in 0..ext[1] {
+                            for i2 in 0..ext[2] {
+                                for (sub, part) in subs.iter().zip(&self.parts[k..]) {
+                                    let one = GroupCtx { only: Some([i0, i1, i2]), ..*sub };
+                                    (part.closure().phases[0].group)(&one);
+                                }
                             }
                         }
                     }
                 }
-                k += run;
-                continue;
+                How::Phases => {
+                    let sub = ctx(k);
+                    for phase in &self.parts[k].closure().phases {
+                        (phase.group)(&sub);
+                    }
+                }
             }
-            let sub = ctx(k);
-            for phase in &self.parts[k].closure().phases {
-                (phase.group)(&sub);
-            }
-            k += 1;
+            k += run;
         }
     }
 
@@ -202,6 +196,65 @@ impl FusedBody {
             }
         }
     }
+}
+
+/// How a fused body runs a run of its kernels in each work-group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum How {
+    /// Elementwise kernels, span by span ([`FusedBody::stream`]).
+    Stream,
+    /// Single-phase per-work-item kernels without barriers, one work-item at a time,
+    /// each running every kernel's body.
+    ItemByItem,
+    /// One kernel, phase after phase over the whole group.
+    Phases,
+}
+
+/// The run of kernels from `k` a fused body runs together, and how: its length
+/// (at least 1) and [`How`].
+pub(super) fn next_run(parts: &[Part], plan: &FusionPlan, barriers: bool, k: usize) -> (usize, How) {
+    let streams = plan.streams[k..].iter().take_while(|&&s| s).count();
+    if streams > 1 {
+        return (streams, How::Stream);
+    }
+    let interleaves = |p: &Part| !barriers && p.closure().phases.len() == 1 && p.closure().phases[0].per_item;
+    let items = parts[k..].iter().take_while(|p| interleaves(p)).count();
+    if items > 1 {
+        return (items, How::ItemByItem);
+    }
+    (1, How::Phases)
+}
+
+/// The first kernel that makes the fused body slower than the kernels unfused, if
+/// one does, and why (the closure fusion compiler then refuses the chain):
+///
+/// * a kernel that would run item by item with others ([`How::ItemByItem`]): each
+///   work-item's body becomes a group loop of one work-item, its bindings looked up
+///   again for every work-item;
+/// * a kernel with a phase that reaches a slot through accessors
+///   ([`Phase::runs`](crate::Phase::runs) false) where the slot is internalized or
+///   shared, or through runs where it is shared: every access to it is mapped out of
+///   line, a call per access where the kernel unfused does a load.
+pub(super) fn unprofitable(
+    parts: &[Part],
+    plan: &FusionPlan,
+    barriers: bool,
+) -> Option<(usize, Unprofitable)> {
+    let mut k = 0;
+    while k < parts.len() {
+        let (run, how) = next_run(parts, plan, barriers, k);
+        if how == How::ItemByItem {
+            return Some((k, Unprofitable::ItemByItem));
+        }
+        k += run;
+    }
+    parts.iter().enumerate().find_map(|(k, part)| {
+        let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
+        let internal = slots.iter().any(|s| matches!(s, SlotSource::Internal { .. }));
+        let shared = part.shared.iter().any(|&s| s);
+        let mapped = |p: &crate::closure::Phase| shared || (internal && !p.runs);
+        part.closure().phases.iter().any(mapped).then_some((k, Unprofitable::MappedAccess))
+    })
 }
 
 /// Per kernel of a fusion, per slot: whether it is a read-only slot (by the kernel's

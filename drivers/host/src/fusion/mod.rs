@@ -212,6 +212,8 @@ pub struct ClosureFusion {
     /// The most plans `cache` keeps; 0 keeps none.
     capacity: usize,
     cache: Mutex<PlanCache>,
+    /// Whether chains measured to run slower fused are fused anyway.
+    unprofitable: bool,
 }
 
 /// A [`ClosureFusion`]'s cached plans and counters (counted under the cache's lock,
@@ -282,7 +284,42 @@ impl ClosureFusion {
     /// capacity of 0 caches nothing: every fusion is planned anew.
     pub fn with_capacity(plans: usize) -> Self {
         let cache = PlanCache { plans: FxHashMap::default(), stats: CacheStats::default(), tick: 0 };
-        Self { capacity: plans, cache: Mutex::new(cache) }
+        Self { capacity: plans, cache: Mutex::new(cache), unprofitable: false }
+    }
+
+    /// The same compiler, fusing chains it would refuse as slower than their kernels
+    /// unfused ([`FusionError::Unprofitable`]): for tests of those fused forms, and for
+    /// a caller that fuses for what internalization saves (the intermediates' global
+    /// memory traffic on a device with other costs) rather than for CPU time.
+    ///
+    /// ```
+    /// # use gantry_host::fusion::ClosureFusion;
+    /// let compiler = ClosureFusion::new().fusing_unprofitable();
+    /// assert!(compiler.fuses_unprofitable());
+    /// ```
+    pub fn fusing_unprofitable(mut self) -> Self {
+        self.unprofitable = true;
+        self
+    }
+
+    /// Whether it fuses chains measured to be slower fused ([`Self::fusing_unprofitable`]).
+    pub fn fuses_unprofitable(&self) -> bool {
+        self.unprofitable
+    }
+
+    /// This compiler, with its cache, fusing every form it accepts: for devices whose
+    /// time is not the host's (the simulated device models a GPU's), where the CPU's
+    /// measurements say nothing.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use gantry_host::fusion::ClosureFusion;
+    /// let compiler = Arc::new(ClosureFusion::new());
+    /// let everything = ClosureFusion::every_form(&compiler);
+    /// # drop(everything);
+    /// ```
+    pub fn every_form(this: &Arc<Self>) -> Arc<dyn FusionCompiler> {
+        Arc::new(EveryForm(this.clone()))
     }
 
     /// The most plans the cache keeps (0: caching is off).
@@ -352,12 +389,33 @@ impl ClosureFusion {
     }
 }
 
+/// A [`ClosureFusion`] (sharing its cache) that fuses every form it accepts
+/// ([`ClosureFusion::every_form`]).
+struct EveryForm(Arc<ClosureFusion>);
+
+impl FusionCompiler for EveryForm {
+    fn image_kind(&self) -> ImageKind {
+        ImageKind::Closure
+    }
+
+    fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
+        self.0.fuse_forms(request, true)
+    }
+}
+
 impl FusionCompiler for ClosureFusion {
     fn image_kind(&self) -> ImageKind {
         ImageKind::Closure
     }
 
     fn fuse(&self, request: &FusionRequest) -> Result<Fused, FusionError> {
+        self.fuse_forms(request, self.unprofitable)
+    }
+}
+
+impl ClosureFusion {
+    /// [`FusionCompiler::fuse`], fusing chains measured slower fused if `unprofitable`.
+    fn fuse_forms(&self, request: &FusionRequest, unprofitable: bool) -> Result<Fused, FusionError> {
         if let Some(k) = request.kernels.iter().find(|k| k.kernel.closure().is_none()) {
             return Err(FusionError::MissingImage {
                 kernel: k.kernel.name.to_string(),
@@ -366,7 +424,7 @@ impl FusionCompiler for ClosureFusion {
         }
         // A phase that makes any chain slower (a reduction's) refuses the chain: its
         // kernels run unfused.
-        for k in &request.kernels {
+        for k in request.kernels.iter().filter(|_| !unprofitable) {
             if let Some(reason) = closure_of(&k.kernel).phases.iter().find_map(|p| p.unprofitable) {
                 return Err(FusionError::Unprofitable { kernel: k.kernel.name.to_string(), reason });
             }
@@ -379,6 +437,14 @@ impl FusionCompiler for ClosureFusion {
         let shared = body::shared_reads(request, &plan);
         for (k, shared) in request.kernels.iter().zip(shared) {
             parts.push(Part { kernel: k.kernel.clone(), geometry: k.geometry, deps: k.deps.clone(), shared });
+        }
+        if let Some((k, reason)) =
+            body::unprofitable(&parts, &plan, request.barriers).filter(|_| !unprofitable)
+        {
+            return Err(FusionError::Unprofitable {
+                kernel: request.kernels[k].kernel.name.to_string(),
+                reason,
+            });
         }
         let mut args = SmallVec::new();
         for (c, start, end, uses) in &plan.args {
@@ -433,6 +499,7 @@ impl FusionCompiler for ClosureFusion {
                 code: TypeId::of::<FusedBody>(),
                 elementwise: None,
                 unprofitable: None,
+                runs: true,
             }],
             global_slots,
             scratch,

@@ -10,7 +10,7 @@ use crate::closure::{phase, Arena};
 use crate::elementwise::map_phase;
 use crate::item::Item;
 use crate::snapshot::SnapshotPool;
-use gantry_driver::fusion::{FusionArg, FusionKernel, PromotionMismatch};
+use gantry_driver::fusion::{FusionArg, FusionKernel, PromotionMismatch, Unprofitable};
 use gantry_driver::{panic_message, Binding, ExecError, ItemCost, NdRange, Range, ScratchKind};
 
 /// A single-phase kernel named `name` whose one-slot-per-buffer accessors are
@@ -206,7 +206,7 @@ fn private_internalization_keeps_values_per_work_item() {
             scalars: Default::default(),
         },
     ];
-    let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&request(kernels)).unwrap();
     assert_eq!(fused.internal.len(), 1);
     assert_eq!(
         (fused.internal[0].buffer, fused.internal[0].kind, fused.internal[0].bytes),
@@ -275,7 +275,7 @@ fn only_private_buffers_written_first_skip_clearing() {
             scalars: Default::default(),
         },
     ];
-    let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&request(kernels)).unwrap();
     assert_eq!(fused.internal.iter().map(|i| i.buffer).collect::<Vec<_>>(), vec![11, 13]);
     let zeroed: Vec<bool> = fused.kernel.closure().unwrap().scratch.iter().map(|s| s.zeroed).collect();
     assert_eq!(zeroed, vec![false, true]);
@@ -473,7 +473,7 @@ fn a_private_intermediate_read_after_the_stream_keeps_its_whole_region() {
             scalars: Default::default(),
         },
     ];
-    let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&request(kernels)).unwrap();
     assert_eq!(fused.internal.iter().map(|i| i.buffer).collect::<Vec<_>>(), vec![11, 12]);
     let mut arena = Arena::default();
     for round in 0..2 {
@@ -575,7 +575,7 @@ fn local_internalization_uses_group_scratch() {
             scalars: Default::default(),
         },
     ];
-    let fused = ClosureFusion::new().fuse(&request(kernels)).unwrap();
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&request(kernels)).unwrap();
     assert_eq!(
         (fused.internal[0].kind, fused.internal[0].bytes),
         (Promotion::Local, 32),
@@ -672,7 +672,8 @@ fn no_barriers_runs_bodies_back_to_back() {
                 scalars: Default::default(),
             },
         ];
-        let fused = ClosureFusion::new().fuse(&FusionRequest { kernels, barriers }).unwrap();
+        let fused =
+            ClosureFusion::new().fusing_unprofitable().fuse(&FusionRequest { kernels, barriers }).unwrap();
         let mut bufs = HashMap::from([(1, vec![0; n]), (2, vec![0; n])]);
         run(&fused, &mut bufs);
         bufs.remove(&2).unwrap()
@@ -764,6 +765,7 @@ fn a_rerun_keeps_what_unfused_kernels_would() {
             scalars: Default::default(),
         };
         let fused = ClosureFusion::new()
+            .fusing_unprofitable()
             .fuse(&request(vec![
                 k(one(1, "inc", |v| v + 1), &[whole(1, n)], &[]),
                 k(two(2, "double", |v| v * 2, false), &[whole(1, n), private(2)], &[0]),
@@ -817,7 +819,7 @@ fn a_rerun_keeps_what_unfused_kernels_would() {
 /// a hit names the fused kernel after the request's kernels.
 #[test]
 fn cache_keys_cover_the_layout_and_names_follow_the_request() {
-    let fusion = ClosureFusion::new();
+    let fusion = ClosureFusion::new().fusing_unprofitable();
     let acc = Accessor::<u32, ReadWrite>::new(0, 1, 8);
     let inc =
         move |it: &mut Item<'_>| acc.set(it, it.global_linear_id(), acc.get(it, it.global_linear_id()) + 1);
@@ -982,7 +984,7 @@ fn reads_of_what_another_kernel_writes_are_shared() {
     let shared = body::shared_reads(&req, &plan);
     assert_eq!(shared.iter().map(|s| s.to_vec()).collect::<Vec<_>>(), vec![vec![false], vec![true, false]]);
     // It runs through the shared binding's general path.
-    let fused = ClosureFusion::new().fuse(&req).unwrap();
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&req).unwrap();
     let mut data: HashMap<u64, Vec<u32>> = [(1, vec![0; n]), (2, vec![0; n])].into();
     run(&fused, &mut data);
     assert_eq!(data[&1], vec![7; n]);
@@ -1006,4 +1008,89 @@ fn reads_of_what_another_kernel_writes_are_shared() {
     let plan = plan::plan(&req, &buffers).unwrap();
     assert_eq!(plan.streams, vec![true, true]);
     assert!(body::shared_reads(&req, &plan).iter().flatten().all(|&s| !s));
+}
+
+/// By default the compiler refuses the per-work-item forms measured slower fused
+/// than unfused, naming the kernel and the reason, and fuses what pays: closures
+/// that share only what they read, and elementwise chains through private memory.
+#[test]
+fn forms_slower_fused_are_refused_with_their_reason() {
+    let n = 64;
+    let fk = |kernel: KernelRef, args: smallvec::SmallVec<[FusionArg; 4]>| FusionKernel {
+        kernel,
+        geometry: nd(n, 16),
+        args,
+        deps: Default::default(),
+        scalars: Default::default(),
+    };
+    let step = |name: &str, tag: u64| {
+        let (a, b) = (Accessor::<u32, ReadWrite>::new(0, tag, n), Accessor::<u32, ReadWrite>::new(1, tag, n));
+        kernel(name, tag, 2, move |it| {
+            let i = it.global_linear_id();
+            b.set(it, i, a.get(it, i) + 1)
+        })
+    };
+    let refused = |kernels: Vec<FusionKernel>, barriers: bool| match ClosureFusion::new()
+        .fuse(&FusionRequest { kernels, barriers })
+    {
+        Err(FusionError::Unprofitable { kernel, reason }) => (kernel, reason),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // A closure intermediate promoted to private memory.
+    let private = || {
+        vec![
+            fk(step("first", 1), smallvec::smallvec![whole(1, n), whole(2, n).promoted(Promotion::Private)]),
+            fk(step("second", 2), smallvec::smallvec![whole(2, n).promoted(Promotion::Private), whole(3, n)]),
+        ]
+    };
+    assert_eq!(refused(private(), true), ("first".into(), Unprofitable::MappedAccess));
+    assert!(ClosureFusion::new().fusing_unprofitable().fuse(&request(private())).is_ok());
+    // Closures without barriers would interleave item by item.
+    let apart = || {
+        vec![
+            fk(step("left", 1), smallvec::smallvec![whole(1, n), whole(2, n)]),
+            fk(step("right", 2), smallvec::smallvec![whole(3, n), whole(4, n)]),
+        ]
+    };
+    assert_eq!(refused(apart(), false), ("left".into(), Unprofitable::ItemByItem));
+    // With barriers, closures over separate buffers fuse.
+    assert!(ClosureFusion::new().fuse(&request(apart())).is_ok());
+    // A closure reading what another writes binds it as shared memory.
+    let (x, y) = (Accessor::<u32, Read>::new(0, 2, n), Accessor::<u32, Write>::new(1, 2, n));
+    let reader = ClosureKernel {
+        tag: 2,
+        phases: smallvec::smallvec![phase(move |it| y.set(it, it.global_linear_id(), x.get(it, 0)))],
+        global_slots: 2,
+        scratch: vec![],
+        unfused: None,
+    }
+    .into_kernel("reader", [AccessMode::Read, AccessMode::Write], ItemCost::default());
+    let shared = vec![
+        fk(step("writer", 1), smallvec::smallvec![whole(5, n), whole(1, n)]),
+        fk(reader, smallvec::smallvec![whole(1, n), whole(6, n)]),
+    ];
+    assert_eq!(refused(shared, true), ("reader".into(), Unprofitable::MappedAccess));
+    // Elementwise kernels through private memory stream in runs and fuse.
+    let map = |tag: u64| {
+        let (a, o) =
+            (Accessor::<u32, Read>::new(0, tag, n), ElemAccessor::<u32, DiscardWrite>::new(1, tag, n));
+        ClosureKernel {
+            tag,
+            phases: smallvec::smallvec![map_phase(a, o, |v: u32| v * 3)],
+            global_slots: 2,
+            scratch: vec![],
+            unfused: None,
+        }
+        .into_kernel("map", [AccessMode::Read, AccessMode::DiscardWrite], ItemCost::default())
+    };
+    let maps = vec![
+        fk(map(1), smallvec::smallvec![whole(1, n), whole(2, n).promoted(Promotion::Private)]),
+        fk(map(2), smallvec::smallvec![whole(2, n).promoted(Promotion::Private), whole(3, n)]),
+    ];
+    for barriers in [true, false] {
+        let fused = ClosureFusion::new().fuse(&FusionRequest { kernels: maps.clone(), barriers }).unwrap();
+        let mut bufs = HashMap::from([(1, (0..n as u32).collect()), (3, vec![0; n])]);
+        run(&fused, &mut bufs);
+        assert_eq!(bufs[&3], (0..n as u32).map(|v| v * 9).collect::<Vec<_>>());
+    }
 }

@@ -229,6 +229,17 @@ pub enum Unprofitable {
     /// that one group, and one thread.
     #[error("is a reduction, which runs as one work-group over its whole range")]
     Reduction,
+    /// Fused without barriers, per-work-item kernels that cannot run span by span
+    /// (closures) would run one work-item at a time, each work-item's bodies back to
+    /// back: every work-item pays a kernel launch's set-up on the CPU.
+    #[error("would run one work-item at a time with the chain's other per-work-item kernels (fusion without barriers)")]
+    ItemByItem,
+    /// A kernel reaches memory that fusion would internalize, or that another kernel
+    /// of the chain writes, one access at a time (a closure's accessors): every such
+    /// access would be mapped out of line, a call where the kernel unfused does a
+    /// load. (Elementwise kernels reach private memory as contiguous runs instead.)
+    #[error("would reach internalized or shared memory one mapped access at a time")]
+    MappedAccess,
 }
 
 /// Why a promotion hint was not followed (the buffer stays in global memory).
