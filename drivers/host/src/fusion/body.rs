@@ -163,7 +163,10 @@ impl FusedBody {
             runs.push(StreamRun { input, output, e });
         }
         let contiguous = calls.len() == runs.len();
-        let prefetch = crate::isa::stream_prefetch();
+        // Requests ahead pay only for a chain whose global memory the caches do not
+        // hold; over memory they hold, they are instructions for nothing.
+        let footprint: usize = runs.iter().map(|r| r.input.len + r.output.len).sum();
+        let prefetch = crate::isa::stream_prefetch() && footprint >= PREFETCH_FOOTPRINT;
         let span = span_within(crate::isa::stream_span(), local_bytes);
         for lo in (0..ext).step_by(span) {
             let count = span.min(ext - lo);
@@ -465,6 +468,12 @@ pub(super) fn span_within(span: usize, local_bytes: usize) -> usize {
 /// [`isa::stream_prefetch`](crate::isa::stream_prefetch)): 32 KiB per stream (of
 /// input or output), about what the hardware prefetcher runs ahead of a steady stream.
 const PREFETCH_AHEAD: usize = 32 << 10;
+
+/// The least global memory (bytes of the runs' input and output ranges, counting a
+/// buffer each time a kernel reads or writes it) for which a streamed chain requests
+/// memory ahead: less stays in the caches, where the requests only cost (figures:
+/// `docs/PERFORMANCE.md`).
+const PREFETCH_FOOTPRINT: usize = 16 << 20;
 
 /// Requests the cache lines of a span of `count` elements, `PREFETCH_AHEAD` bytes
 /// on from element `first` of `b` (for writing if `write`), where `b` is ordinary
