@@ -314,19 +314,27 @@ impl<T: Pod, M: Writable> ElemAccessor<T, M> {
         self.inner.len == 0
     }
     /// This work-item's element. Borrowing the item mutably keeps the reference unique.
+    ///
+    /// # Panics
+    /// In a kernel fused with kernels that read this memory from other work-groups
+    /// meanwhile (bound as shared memory, which only the runtime's
+    /// `fuse_unprofitable` setting fuses): the fused kernel fails, and the driver runs
+    /// its kernels unfused.
     #[inline(always)]
     pub fn elem<'i>(&self, it: &'i mut Item<'_>) -> &'i mut T {
         let (slot, tag) = (self.inner.slot, self.inner.tag);
         let glid = it.global_linear_id();
         let p = match it.own_element::<T>(slot, tag).or_else(|| it.direct_element::<T>(slot, tag, glid)) {
             Some(p) => p,
-            None => it.general_element::<T>(slot, tag, glid).0,
+            None => it.exclusive_element::<T>(slot, tag, glid),
         };
         // SAFETY: each work-item has a distinct global linear id and runs once per
         // launch; no other accessor of this command group overlaps a writable range;
         // `it` stays mutably borrowed while the reference lives. Internalized memory
         // (fusion) may map two work-items of one group to one element, but a group's
         // work-items run one at a time on one thread and the borrow ends with the item.
+        // Memory other work-groups of a fused kernel read meanwhile is bound as shared
+        // memory, which gives no reference (`exclusive_element` panics).
         unsafe { &mut *p }
     }
 }

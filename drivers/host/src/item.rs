@@ -423,17 +423,29 @@ impl<'a> Item<'a> {
     /// Element `i` of slot `slot` that is not direct ([`Item::direct_element`]): in a
     /// loop that is not exact, a panic (only an error gets here); otherwise the
     /// general path, out of line and of values only (a call that took the item would
-    /// keep it in memory). The element is direct if the slot is past the table.
+    /// keep it in memory). Also the kind of memory it is in (`Internal::No` for a
+    /// direct element of a slot past the table).
     #[inline(always)]
-    pub(crate) fn general_element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, bool) {
+    pub(crate) fn general_element<T>(&self, slot: u32, tag: u64, i: usize) -> (*mut T, Internal) {
         let own = tag == self.tag;
         if !self.exact {
             let n = self.table_binding(slot, tag).len / std::mem::size_of::<T>().max(1);
             access_error(own, slot, self.all.len(), i, n)
         }
         let local = (self.glid, self.grid, self.group);
-        let (p, direct) = far_element(self.all, own, slot, i, std::mem::size_of::<T>(), local);
-        (p.cast(), direct)
+        let (p, internal) = far_element(self.all, own, slot, i, std::mem::size_of::<T>(), local);
+        (p.cast(), internal)
+    }
+
+    /// [`Item::general_element`] for a reference only this work-item holds: shared
+    /// memory, which other work-groups read meanwhile, cannot give one (the panic
+    /// fails the fused kernel, and the driver runs its kernels unfused).
+    #[inline(always)]
+    pub(crate) fn exclusive_element<T>(&self, slot: u32, tag: u64, i: usize) -> *mut T {
+        match self.general_element::<T>(slot, tag, i) {
+            (_, Internal::Shared) => shared_exclusive(slot),
+            (p, _) => p,
+        }
     }
 
     /// The memory of buffer accessor slot `slot` this work-item sees: the whole range,
@@ -533,19 +545,30 @@ fn far_element(
     i: usize,
     size: usize,
     local: (usize, &Geometry, [usize; 3]),
-) -> (*mut u8, bool) {
+) -> (*mut u8, Internal) {
     let Some(&b) = all.get(slot as usize).filter(|_| own_tag) else {
         invalid_accessor(own_tag, slot, all.len())
     };
     if i < b.len / size.max(1) {
         // SAFETY: in the binding's ordinary range.
-        return (unsafe { b.ptr.add(i * size) }, true);
+        return (unsafe { b.ptr.add(i * size) }, Internal::No);
     }
     let local_linear_id = match b.internal {
         Internal::Private => local_linear_id_of(local),
         _ => 0,
     };
-    (mapped_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), false)
+    (mapped_element((b.ptr, b.len, b.wrap, b.internal), i, size, local_linear_id), b.internal)
+}
+
+/// The panic of an element accessor ([`ElemAccessor::elem`](crate::ElemAccessor::elem))
+/// whose slot fusion bound as shared memory.
+#[cold]
+#[inline(never)]
+fn shared_exclusive(slot: u32) -> ! {
+    panic!(
+        "element accessor slot {slot} is memory other work-groups of the fused kernel read meanwhile; \
+         a reference to it would race with them"
+    )
 }
 
 /// The local linear id of the work-item with grid linear id `glid` in group `group`

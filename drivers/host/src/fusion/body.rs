@@ -22,8 +22,9 @@ pub(super) struct Part {
     pub(super) geometry: Geometry,
     /// The earlier parts it depends on ([`FusionKernel::deps`](gantry_driver::fusion::FusionKernel::deps)).
     pub(super) deps: SmallVec<[u32; 2]>,
-    /// Per slot: whether it is a read-only slot that another kernel of the chain may
-    /// write meanwhile, bound as [`Internal::Shared`] ([`shared_reads`]).
+    /// Per slot: whether it is on memory that one kernel of the chain reads while
+    /// another may write it from other work-groups, bound as [`Internal::Shared`]
+    /// ([`shared_reads`]).
     pub(super) shared: SmallVec<[bool; 4]>,
 }
 
@@ -265,9 +266,11 @@ pub(super) fn unprofitable(
 /// kernels stream ([`FusionPlan::streams`]: elementwise kernels whose work-item `i`
 /// touches only element `i` of the argument, at one offset and element size, so a
 /// group reads only what its own work-items write). Other work-groups of the fused
-/// kernel may write what such a slot reads, so it is bound as shared memory
-/// ([`Internal::Shared`]), whose reads are relaxed atomics. Internal (scratch) slots
-/// are each group's own and are not shared.
+/// kernel may write what such a slot reads, so every slot on that argument (its
+/// writers' too) is bound as shared memory ([`Internal::Shared`]): reads and writes
+/// through it are relaxed atomics, and an element accessor, whose `&mut` would race
+/// with them, panics there. Internal (scratch) slots are each group's own and are not
+/// shared.
 pub(super) fn shared_reads(request: &FusionRequest, plan: &FusionPlan) -> SmallVec<[SmallVec<[bool; 4]>; 4]> {
     let mode = |k: u32, s: u32| {
         let sig = &request.kernels[k as usize].kernel.signature;
@@ -280,11 +283,16 @@ pub(super) fn shared_reads(request: &FusionRequest, plan: &FusionPlan) -> SmallV
         .map(|(k, _)| SmallVec::from_elem(false, plan.slot_start[k + 1] - plan.slot_start[k]))
         .collect();
     for (.., uses) in &plan.args {
-        for &(k, s) in uses.iter() {
+        let read_while_written = uses.iter().any(|&(k, s)| {
             let own_elements = |k2: u32| plan.streams[k as usize] && plan.streams[k2 as usize];
             let racing =
                 |&(k2, s2): &(u32, u32)| (k2, s2) != (k, s) && mode(k2, s2).writes() && !own_elements(k2);
-            if !mode(k, s).writes() && uses.iter().any(racing) {
+            !mode(k, s).writes() && uses.iter().any(racing)
+        });
+        // Every slot on such an argument, its writers' included: a write that another
+        // work-group may read meanwhile must be atomic too.
+        if read_while_written {
+            for &(k, s) in uses.iter() {
                 shared[k as usize][s as usize] = true;
             }
         }

@@ -982,12 +982,35 @@ fn reads_of_what_another_kernel_writes_are_shared() {
     let buffers = gantry_driver::fusion::rules::buffers_in_order(&req.kernels);
     let plan = plan::plan(&req, &buffers).unwrap();
     let shared = body::shared_reads(&req, &plan);
-    assert_eq!(shared.iter().map(|s| s.to_vec()).collect::<Vec<_>>(), vec![vec![false], vec![true, false]]);
+    assert_eq!(shared.iter().map(|s| s.to_vec()).collect::<Vec<_>>(), vec![vec![true], vec![true, false]]);
     // It runs through the shared binding's general path.
     let fused = ClosureFusion::new().fusing_unprofitable().fuse(&req).unwrap();
     let mut data: HashMap<u64, Vec<u32>> = [(1, vec![0; n]), (2, vec![0; n])].into();
     run(&fused, &mut data);
     assert_eq!(data[&1], vec![7; n]);
+
+    // A writer through an element accessor would hold a `&mut` to memory that other
+    // work-groups read: it panics instead (the driver then runs the kernels unfused).
+    let xe = ElemAccessor::<u32, DiscardWrite>::new(0, 5, n);
+    let elem_writer =
+        with_modes("elem_writer", 5, vec![AccessMode::DiscardWrite], phase(move |it| *xe.elem(it) = 7));
+    let (xr, y) = (Accessor::<u32, Read>::new(0, 6, n), ElemAccessor::<u32, DiscardWrite>::new(1, 6, n));
+    let reader = with_modes(
+        "reader",
+        6,
+        vec![AccessMode::Read, AccessMode::DiscardWrite],
+        phase(move |it| *y.elem(it) = xr.get(it, (it.global_linear_id() + 1024) % n)),
+    );
+    let req = request(vec![
+        k(elem_writer, smallvec::smallvec![whole(1, n)], &[]),
+        k(reader, smallvec::smallvec![whole(1, n), whole(2, n)], &[0]),
+    ]);
+    let fused = ClosureFusion::new().fusing_unprofitable().fuse(&req).unwrap();
+    let mut data: HashMap<u64, Vec<u32>> = [(1, vec![0; n]), (2, vec![0; n])].into();
+    let message = panic_message(
+        &*std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&fused, &mut data))).unwrap_err(),
+    );
+    assert!(message.contains("element accessor slot 0 is memory other work-groups"), "{message}");
 
     // A streamed chain of maps through a global intermediate shares nothing.
     let map = |name: &str, tag: u64| {
@@ -1069,7 +1092,7 @@ fn forms_slower_fused_are_refused_with_their_reason() {
         fk(step("writer", 1), smallvec::smallvec![whole(5, n), whole(1, n)]),
         fk(reader, smallvec::smallvec![whole(1, n), whole(6, n)]),
     ];
-    assert_eq!(refused(shared, true), ("reader".into(), Unprofitable::MappedAccess));
+    assert_eq!(refused(shared, true), ("writer".into(), Unprofitable::MappedAccess));
     // Elementwise kernels through private memory stream in runs and fuse.
     let map = |tag: u64| {
         let (a, o) =
