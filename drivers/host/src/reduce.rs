@@ -177,13 +177,15 @@ impl<T: Number + 'static> Reduction<T> for Max {
 #[inline(always)]
 fn fold_chunk<T: Copy, U: Copy, M: Fn(T) -> U, R: Reduction<U>>(map: &M, op: &R, chunk: &[T]) -> U {
     let mut lanes = [op.identity(); LANES];
-    let mut blocks = chunk.chunks_exact(LANES);
-    for block in &mut blocks {
+    // Blocks as arrays: their length is in the type, so each block's lanes are
+    // straight-line code the compiler turns into whole-vector loads.
+    let (blocks, rest) = chunk.as_chunks::<LANES>();
+    for block in blocks {
         for (lane, &x) in lanes.iter_mut().zip(block) {
             *lane = op.combine(*lane, map(x));
         }
     }
-    for (lane, &x) in lanes.iter_mut().zip(blocks.remainder()) {
+    for (lane, &x) in lanes.iter_mut().zip(rest) {
         *lane = op.combine(*lane, map(x));
     }
     lanes.into_iter().fold(op.identity(), |a, b| op.combine(a, b))
