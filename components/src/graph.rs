@@ -33,7 +33,7 @@ pub type NodeId = u32;
 pub type NodeList = SmallVec<[NodeId; 4]>;
 
 /// A host task a graph runs once per submission: it must be callable again.
-pub type GraphHostFn = Arc<Mutex<HostFn>>;
+pub type GraphHostFn = gantry_driver::SharedHostFn;
 
 /// What a node does.
 #[derive(Clone)]
@@ -129,13 +129,15 @@ pub struct GraphNode {
 }
 
 impl GraphNode {
-    /// Whether partitioning isolates it (the SYCL graph extension's implementation
-    /// design: host tasks get a partition of their own). Nodes of other devices are
-    /// not isolated: partitions split where the device changes instead, so a chain
-    /// recorded from one device's queue stays one command buffer (and one chain for
-    /// graph fusion) whichever device the graph was made for.
-    pub fn is_isolated(&self) -> bool {
-        self.kind == CommandKind::HostTask
+    /// Whether partitioning isolates it on a device whose command buffers do not
+    /// record host tasks (the SYCL graph extension's implementation design: host
+    /// tasks get a partition of their own; `records_host_tasks` says whether the
+    /// device's driver keeps them in its command buffers instead). Nodes of other
+    /// devices are not isolated: partitions split where the device changes instead,
+    /// so a chain recorded from one device's queue stays one command buffer (and one
+    /// chain for graph fusion) whichever device the graph was made for.
+    pub fn is_isolated(&self, records_host_tasks: bool) -> bool {
+        self.kind == CommandKind::HostTask && !records_host_tasks
     }
 }
 

@@ -299,6 +299,7 @@ fn inline_driver(
             in_driver_waits: false,
             image_kinds: &[ImageKind::Closure, STACK_VM],
             host_tasks: true,
+            records_host_tasks: false,
             max_local_memory: 64 << 10,
             max_private_memory: 1 << 20,
             virtual_time: false,

@@ -22,6 +22,13 @@ fn manual() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).build()
 }
 
+/// [`manual`] whose CPU device gives host tasks partitions of their own (the SYCL
+/// graph extension's implementation design), as a device that cannot record them
+/// does: what the partitioning tests check.
+fn manual_isolating() -> Runtime {
+    Runtime::builder().mode(Mode::Manual).worker_threads(0).record_host_tasks(false).build()
+}
+
 /// [`manual`] with a simulated device (device 1).
 fn manual_sim() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).sim(SimConfig::default()).build()
@@ -213,7 +220,7 @@ fn fills_empty_nodes_and_copies_replay() {
 
 #[test]
 fn multiple_roots_with_host_tasks_run_as_independent_partitions() {
-    for rt in [manual(), Runtime::new()] {
+    for rt in [manual_isolating(), Runtime::builder().record_host_tasks(false).build()] {
         let (x, y) = (rt.buffer(&[0u32; 128]), rt.buffer(&[0u32; 128]));
         let (rx, ry) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let graph = rt.graph();
@@ -246,6 +253,95 @@ fn multiple_roots_with_host_tasks_run_as_independent_partitions() {
     }
 }
 
+/// On the CPU device a host task is recorded into its neighbours' command buffer and
+/// runs in place at each replay, in order with the kernels around it: the six
+/// partitions of `multiple_roots_with_host_tasks_run_as_independent_partitions` become
+/// one, with the same results. Between a simulated device's kernels the host task
+/// (which runs on the host, the CPU device) is a CPU command buffer of its own.
+#[test]
+fn host_tasks_run_inside_cpu_command_buffers() {
+    for rt in [manual(), Runtime::new()] {
+        let (x, y) = (rt.buffer(&[0u32; 128]), rt.buffer(&[0u32; 128]));
+        let (rx, ry) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let graph = rt.graph();
+        let a = affine(&graph, &x, 2, 0, &[]);
+        let b = affine(&graph, &y, 3, 0, &[]);
+        let hx = counting_host(&graph, &x, &rx, &[a]);
+        let hy = counting_host(&graph, &y, &ry, &[b]);
+        affine(&graph, &x, 1, 5, &[hx]);
+        affine(&graph, &y, 1, 7, &[hy]);
+        let exec = graph.finalize(GraphProps::default()).unwrap();
+        let parts = exec.partitions();
+        assert_eq!(parts.len(), 1, "no host task splits the graph: {parts:?}");
+        assert!(!parts[0].host_task && parts[0].nodes.len() == 6, "{parts:?}");
+        let q = rt.queue();
+        let (mut ex, mut ey) = (0u32, 0u32);
+        for i in 0..4 {
+            q.submit_graph(&exec).unwrap().wait().unwrap();
+            ex = (ex * 2 + 1) + 5;
+            ey = (ey * 3 + 1) + 7;
+            assert_eq!((rx.load(Ordering::SeqCst), ry.load(Ordering::SeqCst)), (i + 1, i + 1));
+            assert_eq!(x.to_vec().unwrap(), vec![ex; 128]);
+            assert_eq!(y.to_vec().unwrap(), vec![ey; 128]);
+        }
+    }
+    let rt = manual_sim();
+    let x = rt.buffer(&[0u32; 128]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let graph = rt.graph_on(1);
+    let a = affine(&graph, &x, 2, 0, &[]);
+    let h = counting_host(&graph, &x, &runs, &[a]);
+    affine(&graph, &x, 1, 5, &[h]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    let parts = exec.partitions();
+    assert_eq!(
+        parts.iter().map(|p| (p.device, p.host_task)).collect::<Vec<_>>(),
+        [(1, false), (0, false), (1, false)]
+    );
+    rt.queue_with(gantry::QueueOptions { device: 1, in_order: false })
+        .unwrap()
+        .submit_graph(&exec)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(x.to_vec().unwrap(), vec![6; 128]);
+}
+
+/// A host task that panics inside a CPU command buffer fails the graph's submission
+/// with the task's name and message; the kernel before it keeps its result and the one
+/// after it does not run, as eager commands would; the next replay runs them all.
+#[test]
+fn a_failing_recorded_host_task_fails_its_partition() {
+    let rt = manual();
+    let x = rt.buffer(&[1u32; 16]);
+    let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let graph = rt.graph();
+    let a = affine(&graph, &x, 2, 0, &[]);
+    let f = fail.clone();
+    let h = graph
+        .add(
+            |cg| {
+                cg.name("check");
+                let b = cg.host_read(&x);
+                cg.host_task(move |ctx| {
+                    assert!(!f.load(Ordering::SeqCst), "check failed at {}", b.as_slice(ctx)[0]);
+                });
+            },
+            &[a],
+        )
+        .unwrap();
+    affine(&graph, &x, 1, 5, &[h]);
+    let exec = graph.finalize(GraphProps::default()).unwrap();
+    assert_eq!(exec.partitions().len(), 1);
+    let q = rt.queue();
+    let err = q.submit_graph(&exec).unwrap().wait().unwrap_err().to_string();
+    assert!(err.contains("check") && err.contains("check failed at 2"), "{err}");
+    assert_eq!(x.to_vec().unwrap(), vec![2; 16], "the kernel before it ran, the one after it did not");
+    fail.store(false, Ordering::SeqCst);
+    q.submit_graph(&exec).unwrap().wait().unwrap();
+    assert_eq!(x.to_vec().unwrap(), vec![9; 16]);
+}
+
 /// The SYCL graph extension's implementation design's worked examples (reconstructed
 /// from the algorithm they illustrate): A → HT1 → B and C → HT2 → E give six
 /// partitions; adding `make_edge(E, HT1)` makes HT1 depend on the second branch, HT1 is
@@ -253,7 +349,7 @@ fn multiple_roots_with_host_tasks_run_as_independent_partitions() {
 /// group of HT1's (A).
 #[test]
 fn partitions_of_the_seed_worked_examples() {
-    let rt = manual();
+    let rt = manual_isolating();
     let bufs: Vec<Buffer<u32>> = (0..6).map(|_| rt.buffer(&[1u32; 8])).collect();
     let runs = Arc::new(AtomicUsize::new(0));
     let build = || {
@@ -471,8 +567,14 @@ fn branches(
 /// simulated device; the first graph's buffers are left alone.
 #[test]
 fn an_update_over_other_buffers_runs_as_a_fresh_finalize() {
-    let sim = manual_sim();
-    for (rt, device) in [(manual(), 0), (sim, 1)] {
+    // (Host tasks run on the CPU device, which here gives each a partition.)
+    let sim = Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .sim(SimConfig::default())
+        .record_host_tasks(false)
+        .build();
+    for (rt, device) in [(manual_isolating(), 0), (sim, 1)] {
         let sets: Vec<[Buffer<u32>; 2]> =
             (0..2).map(|_| [rt.buffer(&[1u32; 64]), rt.buffer(&[2u32; 64])]).collect();
         let runs = Arc::new(AtomicUsize::new(0));

@@ -51,6 +51,7 @@ impl Config {
             worker_threads: self.workers,
             host_threads: self.host_threads,
             inline_items: self.inline_items,
+            ..CpuConfig::default()
         });
         if self.sim {
             b = b.sim(SimConfig::default());

@@ -84,6 +84,7 @@ fn scripted(
                 in_driver_waits,
                 image_kinds: &[gantry_driver::ImageKind::Closure],
                 host_tasks: true,
+                records_host_tasks: false,
                 max_local_memory: 0,
                 max_private_memory: 0,
                 virtual_time: false,

@@ -52,6 +52,13 @@ pub struct CpuConfig {
     /// made them ready (often the scheduler's): work this small costs less than a
     /// thread hop. Keep it small; a long inline kernel delays scheduling.
     pub inline_items: usize,
+    /// Whether command graphs keep host tasks in their neighbours' command buffers,
+    /// run in place on the thread replaying the buffer (a host task then replays at
+    /// the cost of a recorded operation), instead of giving each one a partition of
+    /// its own that runs on the host-task threads like an eager host task (the SYCL
+    /// graph extension's implementation design). Off suits host tasks that block
+    /// for long: in a buffer they hold its thread.
+    pub record_host_tasks: bool,
 }
 
 impl Default for CpuConfig {
@@ -60,6 +67,7 @@ impl Default for CpuConfig {
             worker_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             host_threads: 2,
             inline_items: 256,
+            record_host_tasks: true,
         }
     }
 }
@@ -128,6 +136,7 @@ impl CpuDriver {
                 in_driver_waits: true,
                 image_kinds: gantry_host::IMAGE_KINDS,
                 host_tasks: true,
+                records_host_tasks: config.record_host_tasks,
                 max_local_memory: 1 << 20,
                 max_private_memory: MAX_PRIVATE_MEMORY,
                 virtual_time: false,
@@ -608,7 +617,7 @@ mod tests {
     fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {
         let (tx, rx) = unbounded();
         let d = CpuDriver::new(
-            CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64 },
+            CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64, record_host_tasks: true },
             DriverContext { completions: tx, epoch: Instant::now() },
         );
         (d, rx)

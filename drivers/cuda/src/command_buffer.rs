@@ -81,7 +81,9 @@ pub(crate) struct Recorder {
 impl Recorder {
     /// Starts recording a command buffer.
     pub(crate) fn start(&self, desc: CommandBufferDesc) -> Box<dyn CommandBufferBuilder> {
-        let plan = PlanBuilder::new(desc, self.device.clone(), |_| true, |plan| Arc::new(plan));
+        // Host tasks are not recorded: a graph gives each one a partition of its own.
+        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::HostTask { .. });
+        let plan = PlanBuilder::new(desc, self.device.clone(), accepts, |plan| Arc::new(plan));
         Box::new(Recording { plan, recorder: self.clone() })
     }
 
@@ -134,6 +136,7 @@ impl Recorder {
                 Ok(Payload::Read(Arc::new(ReadBack { staging, dst: dst.clone() })))
             }
             RecordedOp::Copy { .. } | RecordedOp::Fill { .. } | RecordedOp::Marker => Ok(Payload::Plain),
+            RecordedOp::HostTask { .. } => Err(invalid(device, "a host task in a command buffer".into())),
         }
     }
 

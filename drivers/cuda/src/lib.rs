@@ -261,6 +261,7 @@ impl CudaDriver {
             in_driver_waits: true,
             image_kinds: if images.has_nvrtc() { WITH_NVRTC } else { PTX_ONLY },
             host_tasks: false,
+            records_host_tasks: false,
             max_local_memory: props.max_shared,
             max_private_memory: 0,
             virtual_time: false,

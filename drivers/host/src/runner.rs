@@ -250,8 +250,9 @@ impl Runner {
 
     /// Runs one recorded operation of a command buffer over its bound arguments
     /// (in [`RecordedOp::args`] order; `bindings` may run on past them): a kernel as
-    /// [`Runner::run_kernel`] runs it, copies, writes of recorded host data, fills
-    /// and markers. Reads into host memory are not run (no host driver records them).
+    /// [`Runner::run_kernel`] runs it, a host task as [`Runner::run_host_task`] runs it
+    /// (in place, on this thread), copies, writes of recorded host data, fills and
+    /// markers. Reads into host memory are not run (no host driver records them).
     ///
     /// # Safety
     /// As for [`Runner::run_kernel`]; a copy's two ranges must have equal lengths and
@@ -296,6 +297,21 @@ impl Runner {
                 Ok(())
             }
             RecordedOp::Marker => Ok(()),
+            RecordedOp::HostTask { name, run, tag, args } => {
+                let (bindings, modes) = (&bindings[..args.len()], args.iter().map(|a| a.mode));
+                let task = || {
+                    // A destructor panic another closure left on this thread is not
+                    // this task's.
+                    let _ = take_drop_panic();
+                    catch_unwind(AssertUnwindSafe(|| (run.0.lock())(&HostCtx::new(bindings, *tag))))
+                        .map_err(|p| panic_message(&*p))
+                        .and_then(|()| take_drop_panic().map_or(Ok(()), Err))
+                        .map_err(|message| ExecError::HostTaskPanicked { task: name.clone(), message })
+                };
+                // SAFETY: live bindings, exclusive to this task by scheduling (the
+                // caller's contract).
+                unsafe { self.preserving(modes, bindings, preserve, task) }
+            }
             RecordedOp::Read { .. } => {
                 Err(ExecError::Unsupported { device: self.device.clone(), what: op.label() })
             }

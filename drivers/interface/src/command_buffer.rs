@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 use crate::error::ExecError;
 use crate::kernel::{KernelRef, ScalarBlock};
 use crate::memory::{AccessMode, Binding, HostStorage};
+use crate::op::SharedHostFn;
 use crate::op::{fill_fits, MemArg};
 use crate::range::Geometry;
 
@@ -57,6 +58,16 @@ impl RecordedArg {
         }
         // SAFETY: `offset + len` lies within the entry's memory (checked above).
         Ok(Binding::new(unsafe { entry.ptr.add(self.offset) }, self.len))
+    }
+}
+
+/// A recorded host task's closure, shared with the graph node it came from.
+#[derive(Clone)]
+pub struct RecordedHostFn(pub SharedHostFn);
+
+impl std::fmt::Debug for RecordedHostFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordedHostFn(..)")
     }
 }
 
@@ -107,6 +118,20 @@ pub enum RecordedOp {
     },
     /// Nothing: a synchronization point (empty nodes, barriers).
     Marker,
+    /// A host task run in place, between the operations it depends on and those that
+    /// depend on it: what a driver whose command buffers run on host threads can
+    /// record ([`Capabilities::records_host_tasks`](crate::Capabilities)). Other
+    /// drivers refuse it, and a graph gives each host task a partition of its own.
+    HostTask {
+        /// Its name, in errors.
+        name: Arc<str>,
+        /// The closure, shared by every replay.
+        run: RecordedHostFn,
+        /// Its command group's tag.
+        tag: u64,
+        /// One argument per host accessor slot.
+        args: SmallVec<[RecordedArg; 4]>,
+    },
 }
 
 impl RecordedOp {
@@ -119,6 +144,7 @@ impl RecordedOp {
             RecordedOp::Read { .. } => "memory buffer read",
             RecordedOp::Fill { .. } => "fill",
             RecordedOp::Marker => "marker",
+            RecordedOp::HostTask { .. } => "host task",
         }
     }
 
@@ -126,6 +152,7 @@ impl RecordedOp {
     fn name(&self) -> Arc<str> {
         match self {
             RecordedOp::Kernel { kernel, .. } => kernel.name.clone(),
+            RecordedOp::HostTask { name, .. } => name.clone(),
             op => op.label().into(),
         }
     }
@@ -143,7 +170,7 @@ impl RecordedOp {
     pub fn args(&self) -> impl Iterator<Item = &RecordedArg> {
         use std::slice::from_ref;
         let slices: [&[RecordedArg]; 2] = match self {
-            RecordedOp::Kernel { args, .. } => [args, &[]],
+            RecordedOp::Kernel { args, .. } | RecordedOp::HostTask { args, .. } => [args, &[]],
             RecordedOp::Copy { src, dst } => [from_ref(src), from_ref(dst)],
             RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => [from_ref(dst), &[]],
             RecordedOp::Read { src, .. } => [from_ref(src), &[]],

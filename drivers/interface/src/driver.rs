@@ -60,6 +60,12 @@ pub struct Capabilities {
     pub image_kinds: &'static [ImageKind],
     /// Runs host tasks.
     pub host_tasks: bool,
+    /// Records host tasks into its command buffers
+    /// ([`RecordedOp::HostTask`](crate::RecordedOp)), run in place at each replay:
+    /// a command graph then keeps a host task in its neighbours' partition instead
+    /// of giving it one of its own (a driver whose command buffers run on host
+    /// threads).
+    pub records_host_tasks: bool,
     /// Largest local (work-group) memory per group, in bytes.
     pub max_local_memory: usize,
     /// Largest private memory per work-group (each work-item's private bytes times

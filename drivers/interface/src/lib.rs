@@ -42,7 +42,7 @@ pub mod sync;
 pub use bytemuck::{Pod, Zeroable};
 pub use command_buffer::{
     patch_buffer, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan,
-    PlanBuilder, PlannedOp, RecordedArg, RecordedOp, SyncPoint,
+    PlanBuilder, PlannedOp, RecordedArg, RecordedHostFn, RecordedOp, SyncPoint,
 };
 pub use driver::{Capabilities, DeviceInfo, DeviceKind, Driver, DriverContext, DriverFactory};
 pub use error::{panic_message, BackendStatus, ExecError, RangeError};
@@ -57,7 +57,7 @@ pub use memory::{
 };
 pub use op::{
     fill_bytes, fill_fits, Accepted, Completion, DeviceOp, HostCtx, HostFn, HostTask, KernelLaunch, MemArg,
-    OpHandle, OpId, Submission,
+    OpHandle, OpId, SharedHostFn, Submission,
 };
 pub use range::{
     delinearize, linearize, Geometry, NdRange, Range, MAX_RANGE_CHUNK, RANGE_CHUNK, RANGE_GROUPS,

@@ -72,6 +72,10 @@ impl<'a> HostCtx<'a> {
 /// once per submission.
 pub type HostFn = Box<dyn FnMut(&HostCtx<'_>) + Send>;
 
+/// A host task's closure as a command graph keeps it: shared by the graph's node,
+/// its partitions and every replay, each of which runs it under the lock.
+pub type SharedHostFn = std::sync::Arc<crate::sync::Mutex<HostFn>>;
+
 /// A host task: a closure run once on a host thread with host access to its arguments.
 pub struct HostTask {
     /// Name used in errors and traces.

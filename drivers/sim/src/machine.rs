@@ -218,6 +218,7 @@ impl SimDriver {
                 in_driver_waits: true,
                 image_kinds: if host_pool { &[] } else { gantry_host::IMAGE_KINDS },
                 host_tasks: host_pool,
+                records_host_tasks: false,
                 max_local_memory: if host_pool { 0 } else { MAX_LOCAL_MEMORY },
                 max_private_memory: if host_pool { 0 } else { MAX_PRIVATE_MEMORY },
                 virtual_time: true,

@@ -83,7 +83,9 @@ impl SimDriver {
         if self.host_pool {
             return Err(self.unsupported("command buffers"));
         }
-        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. });
+        let accepts = |op: &RecordedOp| {
+            !matches!(op, RecordedOp::Write { .. } | RecordedOp::Read { .. } | RecordedOp::HostTask { .. })
+        };
         let wrap = |plan| -> CommandBuffer { Arc::new(SimPlan::new(plan)) };
         Ok(Box::new(PlanBuilder::new(desc, self.info.name.clone(), accepts, wrap)))
     }
@@ -199,6 +201,7 @@ impl SimDriver {
         };
         match op {
             RecordedOp::Marker => Ok((Engine::None, 0)),
+            RecordedOp::HostTask { .. } => Err(self.unsupported("host tasks in command buffers")),
             RecordedOp::Kernel { kernel, geometry, args, .. } => {
                 self.check_kernel(kernel, args.len())?;
                 for a in args {

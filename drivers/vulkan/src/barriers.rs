@@ -70,7 +70,8 @@ fn accesses(op: &RecordedOp) -> Vec<(RecordedArg, bool, bool)> {
         RecordedOp::Copy { src, dst } => vec![(*src, true, false), (*dst, false, true)],
         RecordedOp::Write { dst, .. } | RecordedOp::Fill { dst, .. } => vec![(*dst, false, true)],
         RecordedOp::Read { src, .. } => vec![(*src, true, false)],
-        RecordedOp::Marker => Vec::new(),
+        // (Host tasks are refused when recorded.)
+        RecordedOp::Marker | RecordedOp::HostTask { .. } => Vec::new(),
     }
 }
 

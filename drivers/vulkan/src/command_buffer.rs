@@ -62,7 +62,9 @@ struct PlanOnly(Plan);
 
 impl Recorder {
     pub(crate) fn start(&self, desc: CommandBufferDesc) -> Box<dyn CommandBufferBuilder> {
-        let inner = PlanBuilder::new(desc, self.dev.name.clone(), |_| true, |p| Arc::new(PlanOnly(p)));
+        // Host tasks are not recorded: a graph gives each one a partition of its own.
+        let accepts = |op: &RecordedOp| !matches!(op, RecordedOp::HostTask { .. });
+        let inner = PlanBuilder::new(desc, self.dev.name.clone(), accepts, |p| Arc::new(PlanOnly(p)));
         Box::new(Builder { inner: Box::new(inner), images: self.images.clone(), dev: self.dev.clone() })
     }
 
@@ -455,7 +457,8 @@ impl VulkanCommandBuffer {
                         }
                         instance.reads.push((stage, dst.clone(), src.len.min(dst.len())));
                     }
-                    RecordedOp::Marker => {}
+                    // Refused when recorded.
+                    RecordedOp::Marker | RecordedOp::HostTask { .. } => {}
                 }
             }
             if !instance.reads.is_empty() {

@@ -280,6 +280,7 @@ impl VulkanDriver {
             in_driver_waits: true,
             image_kinds: IMAGE_KINDS,
             host_tasks: false,
+            records_host_tasks: false,
             max_local_memory: dev.limits.max_shared,
             max_private_memory: 0,
             virtual_time: false,

@@ -142,6 +142,13 @@ impl RuntimeBuilder {
         self.cpu.host_threads = n;
         self
     }
+    /// Whether command graphs keep host tasks in the CPU device's command buffers,
+    /// run in place (default `true`), or give each a partition of its own
+    /// ([`CpuConfig::record_host_tasks`]).
+    pub fn record_host_tasks(mut self, on: bool) -> Self {
+        self.cpu.record_host_tasks = on;
+        self
+    }
     /// The whole CPU driver configuration.
     pub fn cpu(mut self, config: CpuConfig) -> Self {
         self.cpu = config;

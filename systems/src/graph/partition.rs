@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use gantry_components::{ExecPlan, FinalizeError, FinalizeJob, NodeId};
+use gantry_components::{ExecPlan, FinalizeError, FinalizeJob, GraphNode, NodeId};
 use smallvec::SmallVec;
 
 use super::linearize::{check_order, find_cycle, successors};
@@ -271,7 +271,10 @@ impl Finalize<'_> {
                 None => FinalizeError::BadOrder { policy: self.linearizer.name().to_string(), why },
             });
         }
-        let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated()).collect();
+        let records_host_tasks = |n: &GraphNode| {
+            self.devices.get(n.device as usize).is_some_and(|(_, info)| info.caps.records_host_tasks)
+        };
+        let isolated: Vec<bool> = nodes.iter().map(|n| n.is_isolated(records_host_tasks(n))).collect();
         let device = |n: NodeId| nodes[n as usize].device;
         let groups = split_at_device_changes(&assign_groups(&preds, &succs, &isolated), &order, device);
         let Partitions { members, preds: part_preds, part_of } =

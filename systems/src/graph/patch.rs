@@ -234,6 +234,7 @@ mod tests {
             in_driver_waits: false,
             image_kinds: &[gantry_driver::ImageKind::Closure],
             host_tasks: true,
+            records_host_tasks: false,
             max_local_memory: 0,
             max_private_memory: 0,
             virtual_time: false,

@@ -7,7 +7,9 @@ use gantry_components::{
     CommandKind, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, GraphNode, NodeId, NodeUse,
     NodeWork, PartitionBody, PartitionPlan,
 };
-use gantry_driver::{AccessMode, CommandBufferDesc, ExecError, RecordedArg, RecordedOp, SyncPoint};
+use gantry_driver::{
+    AccessMode, CommandBufferDesc, ExecError, RecordedArg, RecordedHostFn, RecordedOp, SyncPoint,
+};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -71,7 +73,11 @@ impl Finalize<'_> {
         for (p, Laid { name, nodes: members, preds, in_order }) in parts.into_iter().enumerate() {
             let first = members[0] as usize;
             let device = nodes[first].device;
-            let body = if nodes[first].kind == CommandKind::HostTask {
+            // A host task alone in its partition: one the device does not record.
+            let body = if members.len() == 1
+                && nodes[first].kind == CommandKind::HostTask
+                && !self.devices[device as usize].1.caps.records_host_tasks
+            {
                 PartitionBody::HostTask { node: members[0] }
             } else {
                 let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of);
@@ -203,7 +209,7 @@ impl Finalize<'_> {
         }
         internal.retain(|i| !entry_of.contains_key(&i.source));
 
-        let (driver, info) = &self.devices[device as usize];
+        let (driver, _) = &self.devices[device as usize];
         let first_node = steps.first().map_or(0, |s| s.nodes[0]);
         let unsupported = |node: NodeId, e: ExecError| match e {
             ExecError::Unsupported { device, what } => FinalizeError::Unsupported {
@@ -237,13 +243,9 @@ impl Finalize<'_> {
                     NodeWork::CopyToHost(out) => RecordedOp::Read { src: args[0], dst: out.clone() },
                     NodeWork::Fill(pattern) => RecordedOp::Fill { dst: args[0], pattern: pattern.clone() },
                     NodeWork::Empty => RecordedOp::Marker,
-                    NodeWork::HostTask { .. } => {
-                        return Err(FinalizeError::Unsupported {
-                            node: step.nodes[0],
-                            name: nodes[step.nodes[0] as usize].name.to_string(),
-                            device: info.name.to_string(),
-                            what: "a host task inside a device partition".into(),
-                        })
+                    NodeWork::HostTask { run, tag, .. } => {
+                        let name = nodes[step.nodes[0] as usize].name.clone();
+                        RecordedOp::HostTask { name, run: RecordedHostFn(run.clone()), tag: *tag, args }
                     }
                 },
             };
