@@ -5,11 +5,16 @@
 //!
 //! * `elementwise_for`: `cg.parallel_for(n, |it| *o.elem(it) = step(a.get(it, i)))`,
 //!   a per-work-item closure over `f32`;
+//! * `elementwise_for_twice`: the same kernel through `gantry::parallel_for!`, its
+//!   input read with `a.at(it)` (the closure compiled twice, one copy for groups of
+//!   ordinary memory, which the compiler vectorizes);
 //! * `map`: the same arithmetic as `cg.map(&a, &o, step)`;
 //! * `stencil`: the main job's 5-point stencil, a 2-D `parallel_for([n, n])` reading
 //!   through `get` and writing through an element accessor (size `n` is the side);
+//! * `stencil_twice`: the same body through `gantry::parallel_for!`;
 //! * `particles_for`: a two-input particle step over 16-byte structs
 //!   (`out[i] = integrate(p[i], f[i])`) as a per-work-item closure;
+//! * `particles_for_twice`: the same step through `gantry::parallel_for!` and `at`;
 //! * `particles_map2`: the same step as `cg.map2`;
 //! * `reduce_sum`: the sum of `f32`s into one buffer element (`cg.reduce`, `Sum`);
 //! * `map_reduce_sum`: the sum of `step(x)` (`cg.map_reduce`).
@@ -70,6 +75,17 @@ const ALPHA: f32 = 0.1;
 #[inline(always)]
 fn stencil(c: f32, n: f32, s: f32, w: f32, e: f32) -> f32 {
     c + ALPHA * (n + s + w + e - 4.0 * c)
+}
+
+/// How a form's kernel is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// `cg.parallel_for` with a per-item closure.
+    Closure,
+    /// `gantry::parallel_for!`: the closure twice, own elements through `at`/`elem`.
+    Twice,
+    /// `cg.map` / `cg.map2`.
+    Map,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -188,7 +204,7 @@ fn elementwise(c: &mut Criterion) {
                 *o = step(v);
             }
         };
-        let setup = |per_item: bool| {
+        let setup = |form: Form| {
             let (x, want) = (x.clone(), want.clone());
             move |rt: &Runtime| {
                 let q = rt.queue();
@@ -198,12 +214,14 @@ fn elementwise(c: &mut Criterion) {
                     move || {
                         q.submit(|cg| {
                             let (a, o) = (cg.read(&a), cg.elements_out(&o));
-                            if per_item {
-                                cg.parallel_for(n, move |it| {
+                            match form {
+                                Form::Closure => cg.parallel_for(n, move |it| {
                                     *o.elem(it) = step(a.get(it, it.global_linear_id()))
-                                });
-                            } else {
-                                cg.map(&a, &o, step);
+                                }),
+                                Form::Twice => {
+                                    gantry::parallel_for!(cg, n, move |it| *o.elem(it) = step(a.at(it)))
+                                }
+                                Form::Map => cg.map(&a, &o, step),
                             }
                         })
                         .expect("submit")
@@ -222,8 +240,9 @@ fn elementwise(c: &mut Criterion) {
                 (submit, check)
             }
         };
-        form(c, "elementwise_for", n, n, || hand(&mut out), setup(true));
-        form(c, "map", n, n, || hand(&mut out), setup(false));
+        form(c, "elementwise_for", n, n, || hand(&mut out), setup(Form::Closure));
+        form(c, "elementwise_for_twice", n, n, || hand(&mut out), setup(Form::Twice));
+        form(c, "map", n, n, || hand(&mut out), setup(Form::Map));
     }
 }
 
@@ -250,43 +269,72 @@ fn stencil_bench(c: &mut Criterion) {
         let mut want = vec![0f32; n];
         stencil_loop(&cur, &mut want, side);
         let mut next = vec![0f32; n];
-        let setup = |rt: &Runtime| {
-            let q = rt.queue();
-            let (a, o) = (rt.buffer(&cur), rt.buffer_zeroed::<f32>(n));
-            let submit = {
-                let (q, a, o) = (q.clone(), a.clone(), o.clone());
-                move || {
-                    q.submit(|cg| {
-                        let (src, dst) = (cg.read(&a), cg.elements_out(&o));
-                        let (h, w) = (side, side);
-                        cg.parallel_for([h, w], move |it| {
-                            let (y, x) = (it.global_id(0), it.global_id(1));
-                            let i = y * w + x;
-                            let c = src.get(it, i);
-                            *dst.elem(it) = if y == 0 || x == 0 || y == h - 1 || x == w - 1 {
-                                c
-                            } else {
-                                let (n, s) = (src.get(it, i - w), src.get(it, i + w));
-                                stencil(c, n, s, src.get(it, i - 1), src.get(it, i + 1))
-                            };
-                        });
+        let setup = |twice: bool| {
+            let (cur, want) = (cur.clone(), want.clone());
+            move |rt: &Runtime| {
+                let q = rt.queue();
+                let (a, o) = (rt.buffer(&cur), rt.buffer_zeroed::<f32>(n));
+                let submit = {
+                    let (q, a, o) = (q.clone(), a.clone(), o.clone());
+                    move || {
+                        q.submit(|cg| {
+                            let (src, dst) = (cg.read(&a), cg.elements_out(&o));
+                            let (h, w) = (side, side);
+                            // The body as a macro: each expansion is a closure type of
+                            // its own, so the plain kernel and the two copies of
+                            // `parallel_for!` each have one call site.
+                            macro_rules! body {
+                                () => {
+                                    move |it: &mut gantry::Item<'_>| {
+                                        let (y, x) = (it.global_id(0), it.global_id(1));
+                                        let i = y * w + x;
+                                        let c = src.get(it, i);
+                                        *dst.elem(it) = if y == 0 || x == 0 || y == h - 1 || x == w - 1 {
+                                            c
+                                        } else {
+                                            let (n, s) = (src.get(it, i - w), src.get(it, i + w));
+                                            stencil(c, n, s, src.get(it, i - 1), src.get(it, i + 1))
+                                        };
+                                    }
+                                };
+                            }
+                            match twice {
+                                false => cg.parallel_for([h, w], body!()),
+                                true => gantry::parallel_for!(cg, [h, w], body!()),
+                            }
+                        })
+                        .expect("submit")
+                        .wait()
+                        .expect("wait")
+                    }
+                };
+                let want = want.clone();
+                let check: Box<dyn Fn()> = {
+                    let submit = submit.clone();
+                    Box::new(move || {
+                        submit();
+                        assert_same("stencil", &o.to_vec().expect("read"), &want);
                     })
-                    .expect("submit")
-                    .wait()
-                    .expect("wait")
-                }
-            };
-            let want = want.clone();
-            let check: Box<dyn Fn()> = {
-                let submit = submit.clone();
-                Box::new(move || {
-                    submit();
-                    assert_same("stencil", &o.to_vec().expect("read"), &want);
-                })
-            };
-            (submit, check)
+                };
+                (submit, check)
+            }
         };
-        form(c, "stencil", side, n, || stencil_loop(black_box(&cur), black_box(&mut next), side), setup);
+        form(
+            c,
+            "stencil",
+            side,
+            n,
+            || stencil_loop(black_box(&cur), black_box(&mut next), side),
+            setup(false),
+        );
+        form(
+            c,
+            "stencil_twice",
+            side,
+            n,
+            || stencil_loop(black_box(&cur), black_box(&mut next), side),
+            setup(true),
+        );
     }
 }
 
@@ -300,7 +348,7 @@ fn particles_bench(c: &mut Criterion) {
                 *o = integrate(p, f);
             }
         };
-        let setup = |map2: bool| {
+        let setup = |form: Form| {
             let (p, f, want) = (p.clone(), f.clone(), want.clone());
             move |rt: &Runtime| {
                 let q = rt.queue();
@@ -310,13 +358,15 @@ fn particles_bench(c: &mut Criterion) {
                     move || {
                         q.submit(|cg| {
                             let (p, f, o) = (cg.read(&pb), cg.read(&fb), cg.elements_out(&o));
-                            if map2 {
-                                cg.map2(&p, &f, &o, integrate);
-                            } else {
-                                cg.parallel_for(n, move |it| {
+                            match form {
+                                Form::Map => cg.map2(&p, &f, &o, integrate),
+                                Form::Closure => cg.parallel_for(n, move |it| {
                                     let i = it.global_linear_id();
                                     *o.elem(it) = integrate(p.get(it, i), f.get(it, i));
-                                });
+                                }),
+                                Form::Twice => gantry::parallel_for!(cg, n, move |it| {
+                                    *o.elem(it) = integrate(p.at(it), f.at(it))
+                                }),
                             }
                         })
                         .expect("submit")
@@ -335,8 +385,9 @@ fn particles_bench(c: &mut Criterion) {
                 (submit, check)
             }
         };
-        form(c, "particles_for", n, n, &mut hand, setup(false));
-        form(c, "particles_map2", n, n, &mut hand, setup(true));
+        form(c, "particles_for", n, n, &mut hand, setup(Form::Closure));
+        form(c, "particles_for_twice", n, n, &mut hand, setup(Form::Twice));
+        form(c, "particles_map2", n, n, &mut hand, setup(Form::Map));
     }
 }
 

@@ -13,7 +13,7 @@ use gantry_driver::{
     ScalarBlock, ScalarMismatch, Scratch, ScratchKind,
 };
 use gantry_host::{
-    phase, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, HostAccessor, Item,
+    phase, phase_twice, Accessor, BufferSlot, ClosureKernel, DiscardWrite, ElemAccessor, HostAccessor, Item,
     LocalAccessor, Mode, Phase, PrivateAccessor, Read, ReadWrite, Write,
 };
 use smallvec::SmallVec;
@@ -406,6 +406,27 @@ impl Handler {
             name: self.kernel_name(static_name!("parallel_for")),
             geometry,
             phases: smallvec::smallvec![phase(f)],
+        });
+    }
+
+    /// [`Handler::parallel_for`] with the body given twice, the same code as two
+    /// closures: [`parallel_for!`](crate::parallel_for) writes it. On the CPU the
+    /// first copy runs the work-groups whose memory is all ordinary, in a loop with
+    /// nothing that calls out and goes on, so that a body of own-element accesses
+    /// ([`Accessor::at`], [`ElemAccessor::elem`]) is vectorized; the second runs the
+    /// rest (a fused kernel's internalized or shared memory). Each copy has one call
+    /// site, so each is inlined into its loop: a single closure in two loops would
+    /// not be.
+    pub fn parallel_for_twice<F, G>(&mut self, range: impl Into<Range>, ordinary: F, general: G)
+    where
+        F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+        G: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    {
+        let geometry = Geometry::for_range(range.into()).map_err(Error::from);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("parallel_for")),
+            geometry,
+            phases: smallvec::smallvec![phase_twice(ordinary, general)],
         });
     }
 

@@ -120,3 +120,30 @@ pub use gantry_components as components;
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// `parallel_for!(cg, range, closure)`: [`Handler::parallel_for`] whose per-work-item
+/// body the CPU runs at loop speed where it can. The closure is expanded twice
+/// ([`Handler::parallel_for_twice`]): one copy for work-groups whose memory is all
+/// ordinary, compiled to a loop with no call in it, which the compiler vectorizes when
+/// the body reads its own elements ([`Accessor::at`]) and writes them
+/// ([`ElemAccessor::elem`]); one for the rest. The closure must be a closure
+/// expression whose captures are `Copy` (accessors, numbers): each copy moves them.
+///
+/// ```
+/// let rt = gantry::Runtime::new();
+/// let q = rt.queue();
+/// let (x, y) = (rt.buffer(&[1.0f32; 4096]), rt.buffer_zeroed::<f32>(4096));
+/// q.submit(|cg| {
+///     let (x, y) = (cg.read(&x), cg.elements_out(&y));
+///     gantry::parallel_for!(cg, 4096, move |it| *y.elem(it) = x.at(it) * 2.0 + 1.0);
+/// })?
+/// .wait()?;
+/// assert_eq!(y.to_vec()?, vec![3.0; 4096]);
+/// # Ok::<(), gantry::Error>(())
+/// ```
+#[macro_export]
+macro_rules! parallel_for {
+    ($cg:expr, $range:expr, $body:expr $(,)?) => {
+        $cg.parallel_for_twice($range, $body, $body)
+    };
+}

@@ -209,3 +209,59 @@ fn kernels_with_many_accessors_reach_every_slot() {
         assert_eq!(out.to_vec().unwrap(), vec![want; n]);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// `parallel_for!` (the body compiled twice) gives what the plain closure gives,
+    /// bit for bit: own elements through `at` and `elem`, a neighbour through `get`,
+    /// over 1-D and 2-D ranges with partial groups; fused with a private intermediate
+    /// (the general copy of the body, `fuse_unprofitable`) too.
+    #[test]
+    fn twice_compiled_bodies_equal_plain_closures(n in 1usize..6000, w in 1usize..70, seed in any::<u32>()) {
+        let x: Vec<f32> = (0..n).map(|i| ((i as u32).wrapping_mul(seed | 1) % 997) as f32 * 0.25).collect();
+        let want: Vec<f32> = (0..n).map(|i| x[i] * 1.5 + x[(i + 1) % n]).collect();
+        let h = n.div_ceil(w);
+        let want2: Vec<f32> = (0..h * w).map(|i| x[i % n] - (i / w) as f32 + (i % w) as f32).collect();
+        for rt in runtimes() {
+            let q = rt.queue();
+            let (xb, yb, y2) = (rt.buffer(&x), rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(h * w));
+            q.submit(|cg| {
+                let (a, y) = (cg.read(&xb), cg.elements_out(&yb));
+                gantry::parallel_for!(cg, n, move |it| {
+                    *y.elem(it) = a.at(it) * 1.5 + a.get(it, (it.global_linear_id() + 1) % n)
+                });
+            }).unwrap();
+            q.submit(|cg| {
+                let (a, y) = (cg.read(&xb), cg.elements_out(&y2));
+                gantry::parallel_for!(cg, [h, w], move |it| {
+                    let (r, c) = (it.global_id(0), it.global_id(1));
+                    *y.elem(it) = a.get(it, (r * w + c) % n) - r as f32 + c as f32
+                });
+            }).unwrap();
+            q.wait().unwrap();
+            prop_assert_eq!(yb.to_vec().unwrap(), want.clone());
+            prop_assert_eq!(y2.to_vec().unwrap(), want2.clone());
+        }
+        // Fused with a private intermediate: the groups run the general copy.
+        let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).fuse_unprofitable(true).build();
+        let q = rt.queue();
+        let (xb, tb, yb) = (rt.buffer(&x), rt.buffer(&vec![-1.0f32; n]), rt.buffer_zeroed::<f32>(n));
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let (a, t) = (cg.read(&xb), cg.elements_out(&tb));
+            cg.promote(&t, gantry::Promotion::Private);
+            gantry::parallel_for!(cg, n, move |it| *t.elem(it) = a.at(it) * 1.5);
+        }).unwrap();
+        q.submit(|cg| {
+            let (t, y) = (cg.read(&tb), cg.elements_out(&yb));
+            cg.promote(&t, gantry::Promotion::Private);
+            gantry::parallel_for!(cg, n, move |it| *y.elem(it) = t.at(it) + 1.0);
+        }).unwrap();
+        q.complete_fusion(gantry::FusionProps::default()).unwrap().wait().unwrap();
+        let fused = matches!(q.fusion_outcome(), Some(gantry::FusionOutcome::Fused { kernels: 2, .. }));
+        prop_assert!(fused, "fused: {:?}", q.fusion_outcome());
+        prop_assert_eq!(yb.to_vec().unwrap(), x.iter().map(|v| v * 1.5 + 1.0).collect::<Vec<_>>());
+        prop_assert_eq!(tb.to_vec().unwrap(), vec![-1.0f32; n], "internalized");
+    }
+}

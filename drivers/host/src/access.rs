@@ -228,6 +228,42 @@ impl<T: Pod, M: Readable> Accessor<T, M> {
         }
     }
 
+    /// Reads this work-item's own element: element [`Item::global_linear_id`] of the
+    /// range, as `get(it, it.global_linear_id())`, with the range's length checked
+    /// once per launch instead of per access. In a kernel whose body runs as two
+    /// copies (`parallel_for!`), a body of such reads and of
+    /// [`ElemAccessor::elem`] writes compiles to a loop the compiler vectorizes.
+    ///
+    /// # Panics
+    /// If the range holds no element at the linear id (the panic fails the command).
+    ///
+    /// ```
+    /// # use gantry_host::{Accessor, ElemAccessor, DiscardWrite, Read, GroupCtx};
+    /// # use gantry_driver::{Binding, Geometry, Range};
+    /// let (mut x, mut y) = ([1.0f32, 2.0, 3.0], [0.0f32; 3]);
+    /// let bindings = [Binding::new(x.as_mut_ptr().cast(), 12), Binding::new(y.as_mut_ptr().cast(), 12)];
+    /// let (a, o) = (Accessor::<f32, Read>::new(0, 7, 3), ElemAccessor::<f32, DiscardWrite>::new(1, 7, 3));
+    /// let geometry = Geometry::for_range(Range::d1(3)).unwrap();
+    /// GroupCtx::new(&geometry, [0; 3], &bindings, &[], 7).for_each_item(&|it| *o.elem(it) = 2.0 * a.at(it));
+    /// assert_eq!(y, [2.0, 4.0, 6.0]);
+    /// ```
+    #[inline(always)]
+    pub fn at(&self, it: &Item<'_>) -> T {
+        let glid = it.global_linear_id();
+        let direct = it
+            .own_element::<T>(self.slot, self.tag)
+            .or_else(|| it.direct_element::<T>(self.slot, self.tag, glid));
+        match direct {
+            // SAFETY: as in `get`.
+            Some(p) if M::READ_ONLY => unsafe { p.read() },
+            // SAFETY: in bounds and aligned; relaxed atomics make concurrent access
+            // race-free.
+            Some(p) => unsafe { load_relaxed(p) },
+            // SAFETY: as above (the general path returns an element in bounds).
+            None => unsafe { load_relaxed(it.general_element::<T>(self.slot, self.tag, glid).0) },
+        }
+    }
+
     /// The whole range as a slice.
     ///
     /// # Safety

@@ -181,6 +181,28 @@ where
     }
 }
 
+/// Wraps one per-work-item body given twice (the same code, two closure types) as a
+/// phase: `ordinary` runs the groups whose memory is all ordinary, `general` the
+/// others ([`GroupCtx::for_each_item_twice`]). Each copy has one call site, so each
+/// is inlined into its loop, and the first is vectorized where its accesses allow.
+/// Made by `parallel_for!` in the engine.
+pub fn phase_twice<F, G>(ordinary: F, general: G) -> Phase
+where
+    F: Fn(&mut Item<'_>) + Send + Sync + 'static,
+    G: Fn(&mut Item<'_>) + Send + Sync + 'static,
+{
+    let (f, g) =
+        (gantry_driver::contain::Contained::new(ordinary), gantry_driver::contain::Contained::new(general));
+    Phase {
+        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item_twice(&*f, &*g)),
+        per_item: true,
+        code: TypeId::of::<F>(),
+        elementwise: None,
+        unprofitable: None,
+        runs: false,
+    }
+}
+
 /// A kernel image that is Rust code: its phases run in order for a whole work-group,
 /// so a barrier between them holds. Cloning shares the phases. A [`Kernel`] carries
 /// it as its native image ([`ClosureKernel::into_kernel`], [`ClosureImage::closure`]).

@@ -79,8 +79,61 @@ impl<'a> GroupCtx<'a> {
             _ => (0, usize::MAX),
         };
         let ids = Ids { group: self.group, span, only: self.only, remap: self.remap };
-        items(f, self.geometry, ids, self.bindings, self.scratch, self.tag)
+        let (table, copied, exact) = table_of(self.bindings);
+        let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
+        run_items::<F, ByGroup>(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
     }
+
+    /// [`GroupCtx::for_each_item`] with two copies of one kernel body (the same
+    /// code, two closure types): `ordinary` runs the groups whose memory is all
+    /// ordinary (bindings the loop's table holds), in a loop where an access past
+    /// its range can only panic, so that each copy of the body has one call site
+    /// and the first, with nothing in its loop that calls out and goes on, is
+    /// vectorized where its accesses allow (own elements: [`Accessor::at`],
+    /// [`ElemAccessor::elem`]); `general` runs the others (fused kernels'
+    /// internalized or shared memory).
+    ///
+    /// [`Accessor::at`]: crate::Accessor::at
+    /// [`ElemAccessor::elem`]: crate::ElemAccessor::elem
+    #[inline(always)]
+    pub fn for_each_item_twice<F: Fn(&mut Item<'_>), G: Fn(&mut Item<'_>)>(&self, ordinary: &F, general: &G) {
+        let span = match (self.span, self.only) {
+            (Some(span), None) => span,
+            _ => (0, usize::MAX),
+        };
+        let ids = Ids { group: self.group, span, only: self.only, remap: self.remap };
+        let (table, copied, exact) = table_of(self.bindings);
+        let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
+        // Each closure type is called from one copy of the loop only: a body with
+        // two call sites is no longer inlined whatever its size.
+        match exact {
+            false => run_items::<F, Ordinary>(
+                ordinary, geometry, ids, &table, copied, false, bindings, scratch, tag,
+            ),
+            true => {
+                run_items::<G, ByGroup>(general, geometry, ids, &table, copied, true, bindings, scratch, tag)
+            }
+        }
+    }
+}
+
+/// How a copy of the group loop treats an access past its binding's ordinary range.
+trait Exactness {
+    /// `Some` where fixed for the copy (a constant of it), `None` where it is the
+    /// group's.
+    const FIXED: Option<bool>;
+}
+
+/// The group decides ([`table_of`]).
+struct ByGroup;
+impl Exactness for ByGroup {
+    const FIXED: Option<bool> = None;
+}
+
+/// Every binding is ordinary memory in the table: an access past its range panics.
+struct Ordinary;
+impl Exactness for Ordinary {
+    const FIXED: Option<bool> = Some(false);
 }
 
 /// Entries of the binding table [`items`] copies: the first `TABLE - 1` buffer slots
@@ -98,30 +151,23 @@ struct Ids<'a> {
     remap: Option<&'a Geometry>,
 }
 
-/// The loop of [`GroupCtx::for_each_item`]: copies the binding table and runs
-/// [`run_items`] over it.
+/// The binding table of a group loop ([`run_items`]), the bindings it holds, and
+/// whether the loop must be exact.
 ///
 /// The copy holds the first `TABLE - 1` bindings and empty ones after them (from
 /// index `copied`). An access looks its slot up at `min(slot, copied)`, or at
 /// `copied` for an accessor of another command group: a lookup that needs no flag
 /// kept beside it, and that reaches an empty binding (whose ordinary range is empty,
 /// so the general path reports the access) for every slot the table does not hold.
+/// Exact where an access may need the general path and go on: internalized or shared
+/// memory, or a slot past the table.
 #[inline(always)]
-fn items<F: Fn(&mut Item<'_>)>(
-    f: &F,
-    geometry: &Geometry,
-    ids: Ids<'_>,
-    bindings: &[Binding],
-    scratch: &[Binding],
-    tag: u64,
-) {
+fn table_of(bindings: &[Binding]) -> ([Binding; TABLE], usize, bool) {
     let copied = bindings.len().min(TABLE - 1);
     let mut table = [Binding::EMPTY; TABLE];
     table[..copied].copy_from_slice(&bindings[..copied]);
-    // Exact where an access may need the general path and go on: internalized or
-    // shared memory, or a slot past the table.
     let exact = copied < bindings.len() || bindings.iter().any(|b| b.internal != Internal::No);
-    run_items(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
+    (table, copied, exact)
 }
 
 /// Every work-item of a group, in local linear order.
@@ -162,7 +208,7 @@ fn items<F: Fn(&mut Item<'_>)>(
 /// kernels with a work-group size.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn run_items<F: Fn(&mut Item<'_>)>(
+fn run_items<F: Fn(&mut Item<'_>), E: Exactness>(
     f: &F,
     geometry: &Geometry,
     ids: Ids<'_>,
@@ -214,7 +260,7 @@ fn run_items<F: Fn(&mut Item<'_>)>(
         geometry,
         table,
         empty: copied,
-        exact,
+        exact: E::FIXED.unwrap_or(exact),
         total,
         all: bindings,
         scratch,
@@ -659,6 +705,25 @@ mod tests {
         }
         let want: Vec<u32> = (0..16).map(|i| i + 100 + ((i / 8) * 4 + i % 4) * 1000).collect();
         assert_eq!(out.to_vec(), want);
+    }
+
+    /// A body given twice runs its first copy where every binding is ordinary memory
+    /// the table holds, and its second elsewhere, for every work-item.
+    #[test]
+    fn a_body_given_twice_runs_the_copy_its_memory_asks_for() {
+        let mut data = [0u32; 8];
+        let ordinary = [Binding::new(data.as_mut_ptr().cast(), 32)];
+        let mut region = [0u32; 8];
+        let private =
+            [Binding { ptr: region.as_mut_ptr().cast(), len: 0, internal: Internal::Private, wrap: 4 }];
+        let many: Vec<Binding> = (0..TABLE).map(|_| Binding::new(data.as_mut_ptr().cast(), 32)).collect();
+        let geometry = Geometry::for_range(Range::d1(8)).unwrap();
+        for (bindings, want) in [(&ordinary[..], (8, 0)), (&private[..], (0, 8)), (&many[..], (0, 8))] {
+            let (first, second) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+            let ctx = GroupCtx::new(&geometry, [0; 3], bindings, &[], 0);
+            ctx.for_each_item_twice(&|_| first.set(first.get() + 1), &|_| second.set(second.get() + 1));
+            assert_eq!((first.get(), second.get()), want);
+        }
     }
 
     /// A kernel run on a larger grid (fusion's remapping) sees its own global ids,

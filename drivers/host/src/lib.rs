@@ -51,7 +51,8 @@ pub use access::{
     Read, ReadWrite, Readable, Writable, Write,
 };
 pub use closure::{
-    phase, Arena, ClosureImage, ClosureKernel, Elementwise, ElementwisePhase, MapLoop, Phase, ResolvedMap,
+    phase, phase_twice, Arena, ClosureImage, ClosureKernel, Elementwise, ElementwisePhase, MapLoop, Phase,
+    ResolvedMap,
 };
 pub use elementwise::map_phase;
 pub use fusion::{CacheStats, ClosureFusion, Unfused};

@@ -486,14 +486,14 @@ impl Sim {
             return images.submit(&self.q, (cur, next, &self.rows), (h, w), ALPHA, events);
         }
 
-        // 1. Stencil: next = diffuse(cur).
+        // 1. Stencil: next = diffuse(cur). Through `parallel_for!`, whose body is
+        //    compiled once for work-groups of ordinary memory with nothing in the
+        //    loop that calls out (the stencil's accesses then cost a compare each).
         events.push(self.q.submit(|cg| {
             cg.name("stencil");
             let src = cg.read(cur);
             let dst = cg.elements_out(next);
-            cg.parallel_for([h, w], move |it| {
-                *dst.elem(it) = diffuse_at(&src, it, h, w);
-            });
+            gantry::parallel_for!(cg, [h, w], move |it| *dst.elem(it) = diffuse_at(&src, it, h, w));
         })?);
 
         // 2. Per-row sum and max of the new grid. An ND-range with small groups: a
