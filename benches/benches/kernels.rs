@@ -147,6 +147,22 @@ fn assert_same<T: Pod + std::fmt::Debug>(label: &str, got: &[T], want: &[T]) {
     }
 }
 
+/// A form's round (`submit`: a submit and a wait) and its check: a round, then the
+/// output compared bit for bit with `want`.
+fn round_and_check<T: Pod + std::fmt::Debug, R: Fn() + Clone + 'static>(
+    label: &'static str,
+    submit: R,
+    out: gantry::Buffer<T>,
+    want: Vec<T>,
+) -> (R, Box<dyn Fn()>) {
+    let round = submit.clone();
+    let check = Box::new(move || {
+        submit();
+        assert_same(label, &out.to_vec().expect("read"), &want);
+    });
+    (round, check)
+}
+
 fn input(n: usize) -> Vec<f32> {
     (0..n).map(|j| (j % 1000) as f32 * 0.001 - 0.25).collect()
 }
@@ -229,15 +245,7 @@ fn elementwise(c: &mut Criterion) {
                         .expect("wait")
                     }
                 };
-                let want = want.clone();
-                let check: Box<dyn Fn()> = {
-                    let submit = submit.clone();
-                    Box::new(move || {
-                        submit();
-                        assert_same("elementwise", &o.to_vec().expect("read"), &want);
-                    })
-                };
-                (submit, check)
+                round_and_check("elementwise", submit, o, want.clone())
             }
         };
         form(c, "elementwise_for", n, n, || hand(&mut out), setup(Form::Closure));
@@ -308,15 +316,7 @@ fn stencil_bench(c: &mut Criterion) {
                         .expect("wait")
                     }
                 };
-                let want = want.clone();
-                let check: Box<dyn Fn()> = {
-                    let submit = submit.clone();
-                    Box::new(move || {
-                        submit();
-                        assert_same("stencil", &o.to_vec().expect("read"), &want);
-                    })
-                };
-                (submit, check)
+                round_and_check("stencil", submit, o, want.clone())
             }
         };
         form(
@@ -374,15 +374,7 @@ fn particles_bench(c: &mut Criterion) {
                         .expect("wait")
                     }
                 };
-                let want = want.clone();
-                let check: Box<dyn Fn()> = {
-                    let submit = submit.clone();
-                    Box::new(move || {
-                        submit();
-                        assert_same("particles", &o.to_vec().expect("read"), &want);
-                    })
-                };
-                (submit, check)
+                round_and_check("particles", submit, o, want.clone())
             }
         };
         form(c, "particles_for", n, n, &mut hand, setup(Form::Closure));

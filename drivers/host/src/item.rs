@@ -69,16 +69,22 @@ impl<'a> GroupCtx<'a> {
         [l[0].min(g[0] - b[0]), l[1].min(g[1] - b[1]), l[2].min(g[2] - b[2])]
     }
 
+    /// Which of the group's work-items run, and how their ids map.
+    #[inline(always)]
+    fn ids(&self) -> Ids<'a> {
+        let span = match (self.span, self.only) {
+            (Some(span), None) => span,
+            _ => (0, usize::MAX),
+        };
+        Ids { group: self.group, span, only: self.only, remap: self.remap }
+    }
+
     /// Calls `f` for every work-item of the group, in local linear order. The item is
     /// built once and only its ids change, so the loop around an inlined kernel body
     /// is as tight as a hand-written one.
     #[inline(always)]
     pub fn for_each_item<F: Fn(&mut Item<'_>)>(&self, f: &F) {
-        let span = match (self.span, self.only) {
-            (Some(span), None) => span,
-            _ => (0, usize::MAX),
-        };
-        let ids = Ids { group: self.group, span, only: self.only, remap: self.remap };
+        let ids = self.ids();
         let (table, copied, exact) = table_of(self.bindings);
         let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
         run_items::<F, ByGroup>(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
@@ -97,11 +103,7 @@ impl<'a> GroupCtx<'a> {
     /// [`ElemAccessor::elem`]: crate::ElemAccessor::elem
     #[inline(always)]
     pub fn for_each_item_twice<F: Fn(&mut Item<'_>), G: Fn(&mut Item<'_>)>(&self, ordinary: &F, general: &G) {
-        let span = match (self.span, self.only) {
-            (Some(span), None) => span,
-            _ => (0, usize::MAX),
-        };
-        let ids = Ids { group: self.group, span, only: self.only, remap: self.remap };
+        let ids = self.ids();
         let (table, copied, exact) = table_of(self.bindings);
         let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
         // Each closure type is called from one copy of the loop only: a body with
