@@ -494,19 +494,8 @@ impl Handler {
         MO: gantry_host::Writable,
         F: Fn(T) -> U + Send + Sync + 'static,
     {
-        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
-            self.fail(Error::ForeignObject("an accessor"));
-        }
-        let geometry = if input.len() < output.len() {
-            Err(Error::MapInputTooShort { input: input.len(), output: output.len() })
-        } else {
-            Geometry::for_range(Range::d1(output.len())).map_err(Error::from)
-        };
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("map")),
-            geometry,
-            phases: smallvec::smallvec![gantry_host::map_phase(*input, *output, f)],
-        });
+        let phase = gantry_host::map_phase(*input, *output, f);
+        self.elementwise(static_name!("map"), &[(input.slot_and_tag().1, input.len())], output, phase);
     }
 
     /// A two-input elementwise kernel: work-item `i` writes `f(a[i], b[i])` to element
@@ -542,13 +531,8 @@ impl Handler {
         F: Fn(A, B) -> U + Send + Sync + 'static,
     {
         let inputs = [(a.slot_and_tag().1, a.len()), (b.slot_and_tag().1, b.len())];
-        let geometry = self.elementwise_geometry(&inputs, output);
         let phase = gantry_host::map2_phase(*a, *b, *output, f);
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("map2")),
-            geometry,
-            phases: smallvec::smallvec![phase],
-        });
+        self.elementwise(static_name!("map2"), &inputs, output, phase);
     }
 
     /// A three-input elementwise kernel: `output[i] = f(a[i], b[i], c[i])` (see
@@ -573,13 +557,8 @@ impl Handler {
     {
         let inputs =
             [(a.slot_and_tag().1, a.len()), (b.slot_and_tag().1, b.len()), (c.slot_and_tag().1, c.len())];
-        let geometry = self.elementwise_geometry(&inputs, output);
         let phase = gantry_host::map3_phase(*a, *b, *c, *output, f);
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("map3")),
-            geometry,
-            phases: smallvec::smallvec![phase],
-        });
+        self.elementwise(static_name!("map3"), &inputs, output, phase);
     }
 
     /// A four-input elementwise kernel: `output[i] = f(a[i], b[i], c[i], d[i])` (see
@@ -612,34 +591,35 @@ impl Handler {
             (c.slot_and_tag().1, c.len()),
             (d.slot_and_tag().1, d.len()),
         ];
-        let geometry = self.elementwise_geometry(&inputs, output);
         let phase = gantry_host::map4_phase(*a, *b, *c, *d, *output, f);
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("map4")),
-            geometry,
-            phases: smallvec::smallvec![phase],
-        });
+        self.elementwise(static_name!("map4"), &inputs, output, phase);
     }
 
-    /// The geometry of an elementwise kernel over `output` with `inputs` (tag,
-    /// length): a plain range of the output's length; a foreign accessor or a short
-    /// input fails the group.
-    fn elementwise_geometry<U, MO>(
+    /// Sets an elementwise kernel `name` running `phase` over `output` with `inputs`
+    /// (tag, length): a plain range of the output's length; a foreign accessor or a
+    /// short input fails the group.
+    fn elementwise<U, MO>(
         &mut self,
+        name: Arc<str>,
         inputs: &[(u64, usize)],
         output: &ElemAccessor<U, MO>,
-    ) -> std::result::Result<Geometry, Error>
-    where
+        phase: gantry_host::Phase,
+    ) where
         U: Pod,
         MO: gantry_host::Writable,
     {
         if inputs.iter().any(|&(tag, _)| tag != self.tag) || output.slot_and_tag().1 != self.tag {
             self.fail(Error::ForeignObject("an accessor"));
         }
-        match inputs.iter().find(|&&(_, len)| len < output.len()) {
+        let geometry = match inputs.iter().find(|&&(_, len)| len < output.len()) {
             Some(&(_, len)) => Err(Error::MapInputTooShort { input: len, output: output.len() }),
             None => Geometry::for_range(Range::d1(output.len())).map_err(Error::from),
-        }
+        };
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(name),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
     }
 
     /// A reduction: element 0 of `output` becomes the combination by `op` of every
