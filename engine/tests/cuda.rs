@@ -214,25 +214,11 @@ fn a_buffer_moves_between_two_gpus() {
 fn a_chain_of_ir_kernels_fuses_on_the_gpu() {
     let Some((rt, q)) = cuda_runtime("a_chain_of_ir_kernels_fuses_on_the_gpu") else { return };
     let image = gantry::jit::from_llvm_ir(JIT_KERNELS.as_bytes(), "step").unwrap();
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::DiscardWrite)
-        .scalar::<u32>()
-        .scalar::<f32>()
-        .scalar::<f32>();
-    let step = Kernel::new("step", sig).with_image(image).into_ref();
+    use gantry_conformance::step_chain::{self, coefficients};
+    let step = Kernel::new("step", step_chain::signature()).with_image(image).into_ref();
     let n = 1_000_003usize;
     let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
-    let coefficients = |k: usize| (1.0 + k as f32 / 8.0, k as f32 - 3.5);
-    let expected: Vec<f32> = x
-        .iter()
-        .map(|&v| {
-            (0..8).fold(v, |v, k| {
-                let (a, b) = coefficients(k);
-                a * v + b
-            })
-        })
-        .collect();
+    let expected = step_chain::reference(&x, 8);
     for barriers in [true, false] {
         let mut buffers = vec![rt.buffer(&x)];
         buffers.extend((0..8).map(|_| rt.buffer(&vec![-1f32; n])));
@@ -268,13 +254,8 @@ fn a_chain_of_ir_kernels_fuses_on_the_gpu() {
         // Internalized, the intermediate is not written back: the buffer holds no
         // step-4 values (a device copy of a discarded buffer starts zeroed).
         let middle = buffers[4].to_vec().unwrap();
-        let step4 = |v: f32| {
-            (0..4).fold(v, |v, k| {
-                let (a, b) = coefficients(k);
-                a * v + b
-            })
-        };
-        let written = (0..n).filter(|&i| middle[i] == step4(x[i])).count();
+        let step4 = step_chain::reference(&x, 4);
+        let written = (0..n).filter(|&i| middle[i] == step4[i]).count();
         assert!(written < n / 100, "an internalized intermediate holds {written} computed values");
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use gantry::driver::ExecError;
 use gantry::jit::{from_llvm_ir, from_opencl_c, signature_of};
 use gantry::{AccessMode, Error, Kernel, KernelRef, NdRange, QueueOptions, Runtime, Signature};
+use gantry_conformance::step_chain;
 
 const SAXPY: &str = "kernel void saxpy(global const float* x, global float* y, uint n, float a) {
     size_t i = get_global_id(0);
@@ -153,20 +154,14 @@ kernel void step(global const float* in, global float* out, uint n, float a, flo
 
 fn step_kernel() -> KernelRef {
     let image = from_opencl_c(STEP, "step").unwrap_or_else(|e| panic!("{e}"));
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::DiscardWrite)
-        .scalar::<u32>()
-        .scalar::<f32>()
-        .scalar::<f32>();
-    Kernel::new("step", sig).with_image(image).into_ref()
+    Kernel::new("step", step_chain::signature()).with_image(image).into_ref()
 }
 
 /// `out = step7(…step0(x))` with `step_k(v) = a_k·v + b_k`, through `buffers` (the
 /// input, seven intermediates, the output), each intermediate hinted private.
 fn submit_chain(q: &gantry::Queue, kernel: &KernelRef, buffers: &[gantry::Buffer<f32>], n: usize) {
     for k in 0..buffers.len() - 1 {
-        let (a, b) = (1.0 + k as f32 / 8.0, k as f32 - 3.5);
+        let (a, b) = step_chain::coefficients(k);
         q.submit(|cg| {
             let input = cg.read(&buffers[k]);
             let output = cg.discard_write(&buffers[k + 1]);
@@ -182,10 +177,6 @@ fn submit_chain(q: &gantry::Queue, kernel: &KernelRef, buffers: &[gantry::Buffer
     }
 }
 
-fn chain_reference(x: &[f32], steps: usize) -> Vec<f32> {
-    x.iter().map(|&v| (0..steps).fold(v, |v, k| (1.0 + k as f32 / 8.0) * v + (k as f32 - 3.5))).collect()
-}
-
 /// Eight OpenCL C kernels fused by the queue (the JIT's fusion compiler, with a
 /// barrier between kernels and without): one fused kernel, the intermediates
 /// internalized (never written back), the output bit-identical to the unfused chain
@@ -194,7 +185,7 @@ fn chain_reference(x: &[f32], steps: usize) -> Vec<f32> {
 fn a_chain_of_opencl_c_kernels_fuses_on_the_cpu() {
     let n = 100_003usize;
     let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
-    let expected = chain_reference(&x, 8);
+    let expected = step_chain::reference(&x, 8);
     let kernel = step_kernel();
     let rt = Runtime::builder().worker_threads(2).build();
     let q = rt.in_order_queue();
@@ -239,7 +230,7 @@ fn graph_fusion_fuses_opencl_c_kernels() {
     assert_eq!(exec.fused_chains().len(), 1, "{:?} / not fused: {:?}", exec.fused_chains(), exec.not_fused());
     for _ in 0..3 {
         q.submit_graph(&exec).unwrap().wait().unwrap();
-        assert_eq!(buffers[4].to_vec().unwrap(), chain_reference(&x, 4));
+        assert_eq!(buffers[4].to_vec().unwrap(), step_chain::reference(&x, 4));
     }
 }
 

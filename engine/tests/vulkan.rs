@@ -98,39 +98,11 @@ fn a_command_graph_replays_as_a_vulkan_command_buffer_and_updates() {
     gpu_scenarios::a_command_graph_replays_and_updates(&rt, &q, &saxpy());
 }
 
-const STEP: &str = "
-struct S { n: u32, a: f32, b: f32 }
-var<immediate> s: S;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn step(@builtin(global_invocation_id) id: vec3<u32>) {
-    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
-}";
+use gantry_conformance::step_chain::{coefficients, reference as chain_reference};
 
 fn step_kernel() -> KernelRef {
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::DiscardWrite)
-        .scalar::<u32>()
-        .scalar::<f32>()
-        .scalar::<f32>();
-    Kernel::new("step", sig).with_image(CodeImage::new(ImageKind::Wgsl, "step", STEP.as_bytes())).into_ref()
-}
-
-fn coefficients(k: usize) -> (f32, f32) {
-    (1.0 + k as f32 / 8.0, k as f32 - 3.5)
-}
-
-fn chain_reference(x: &[f32], steps: usize) -> Vec<f32> {
-    x.iter()
-        .map(|&v| {
-            (0..steps).fold(v, |v, k| {
-                let (a, b) = coefficients(k);
-                a * v + b
-            })
-        })
-        .collect()
+    let image = CodeImage::new(ImageKind::Wgsl, "step", gantry_conformance::step_chain::WGSL.as_bytes());
+    Kernel::new("step", gantry_conformance::step_chain::signature()).with_image(image).into_ref()
 }
 
 /// Submits `buffers.len() - 1` chained steps, promoting the intermediates to

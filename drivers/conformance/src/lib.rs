@@ -55,6 +55,7 @@ pub mod checks;
 pub mod device;
 pub mod harness;
 mod kernels;
+pub mod step_chain;
 mod suite;
 
 pub use gantry_driver::{Driver, DriverContext, ExecError};

@@ -17,15 +17,7 @@ use gantry_driver::{
 };
 use gantry_vulkan::WgslFusion;
 
-const STEP: &str = "
-struct S { n: u32, a: f32, b: f32 }
-var<immediate> s: S;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn step(@builtin(global_invocation_id) id: vec3<u32>) {
-    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
-}";
+use gantry_conformance::step_chain::{self, coefficients, WGSL as STEP};
 
 /// A step that reads its input's length (`arrayLength`): not internalizable.
 const STEP_LEN: &str = "
@@ -61,13 +53,7 @@ fn neighbour(@builtin(global_invocation_id) id: vec3<u32>) {
 }";
 
 fn step_kernel(name: &str, source: &str) -> KernelRef {
-    let sig =
-        Signature::new().global(Read).global(DiscardWrite).scalar::<u32>().scalar::<f32>().scalar::<f32>();
-    kernel(name, sig, ImageKind::Wgsl, name, source)
-}
-
-fn coefficients(k: usize) -> (f32, f32) {
-    (1.0 + k as f32 / 8.0, k as f32 - 3.5)
+    kernel(name, step_chain::signature(), ImageKind::Wgsl, name, source)
 }
 
 fn step_scalars(n: usize, k: usize) -> ScalarBlock {
@@ -170,15 +156,7 @@ fn a_fused_chain_computes_the_unfused_chain_bit_for_bit() {
     let Some(mut g) = gpu("a_fused_chain_computes_the_unfused_chain_bit_for_bit") else { return };
     let n = 100_003usize;
     let x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 / 7.0).collect();
-    let expected: Vec<f32> = x
-        .iter()
-        .map(|&v| {
-            (0..8).fold(v, |v, k| {
-                let (a, b) = coefficients(k);
-                a * v + b
-            })
-        })
-        .collect();
+    let expected = step_chain::reference(&x, 8);
     let step = step_kernel("step", STEP);
     let kernels = vec![step; 8];
     let geometry = Geometry::for_range(Range::d1(n)).unwrap();
