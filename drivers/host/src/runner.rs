@@ -233,16 +233,36 @@ impl Runner {
         bindings: &[Binding],
         preserve: bool,
     ) -> Result<(), ExecError> {
+        let body = move || {
+            run(&HostCtx::new(bindings, tag));
+            drop(run);
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.host_task(name, body, modes, bindings, preserve) }
+    }
+
+    /// Runs a host task's `body` over `bindings`: a panic in it, or in a destructor
+    /// it ran (which [`Contained`](gantry_driver::contain::Contained) caught), fails
+    /// it with [`ExecError::HostTaskPanicked`]; with `preserve`, its written ranges are
+    /// then restored.
+    ///
+    /// # Safety
+    /// As [`Runner::run_host_task`].
+    unsafe fn host_task(
+        &self,
+        name: Arc<str>,
+        body: impl FnOnce(),
+        modes: impl Iterator<Item = AccessMode>,
+        bindings: &[Binding],
+        preserve: bool,
+    ) -> Result<(), ExecError> {
         let task = move || {
             // A destructor panic another closure left on this thread is not this task's.
             let _ = take_drop_panic();
-            catch_unwind(AssertUnwindSafe(move || {
-                run(&HostCtx::new(bindings, tag));
-                drop(run);
-            }))
-            .map_err(|p| panic_message(&*p))
-            .and_then(|()| take_drop_panic().map_or(Ok(()), Err))
-            .map_err(|message| ExecError::HostTaskPanicked { task: name, message })
+            catch_unwind(AssertUnwindSafe(body))
+                .map_err(|p| panic_message(&*p))
+                .and_then(|()| take_drop_panic().map_or(Ok(()), Err))
+                .map_err(|message| ExecError::HostTaskPanicked { task: name, message })
         };
         // SAFETY: live bindings, exclusive to this task (the caller's contract).
         unsafe { self.preserving(modes, bindings, preserve, task) }
@@ -299,18 +319,10 @@ impl Runner {
             RecordedOp::Marker => Ok(()),
             RecordedOp::HostTask { name, run, tag, args } => {
                 let (bindings, modes) = (&bindings[..args.len()], args.iter().map(|a| a.mode));
-                let task = || {
-                    // A destructor panic another closure left on this thread is not
-                    // this task's.
-                    let _ = take_drop_panic();
-                    catch_unwind(AssertUnwindSafe(|| (run.0.lock())(&HostCtx::new(bindings, *tag))))
-                        .map_err(|p| panic_message(&*p))
-                        .and_then(|()| take_drop_panic().map_or(Ok(()), Err))
-                        .map_err(|message| ExecError::HostTaskPanicked { task: name.clone(), message })
-                };
+                let body = || (run.0.lock())(&HostCtx::new(bindings, *tag));
                 // SAFETY: live bindings, exclusive to this task by scheduling (the
                 // caller's contract).
-                unsafe { self.preserving(modes, bindings, preserve, task) }
+                unsafe { self.host_task(name.clone(), body, modes, bindings, preserve) }
             }
             RecordedOp::Read { .. } => {
                 Err(ExecError::Unsupported { device: self.device.clone(), what: op.label() })

@@ -4,8 +4,8 @@
 use std::borrow::Cow;
 
 use gantry_components::{
-    CommandKind, Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, GraphNode, NodeId, NodeUse,
-    NodeWork, PartitionBody, PartitionPlan,
+    Entry, EntrySource, ExecPlan, FinalizeError, FinalizeJob, GraphNode, NodeId, NodeUse, NodeWork,
+    PartitionBody, PartitionPlan,
 };
 use gantry_driver::{
     AccessMode, CommandBufferDesc, ExecError, RecordedArg, RecordedHostFn, RecordedOp, SyncPoint,
@@ -73,11 +73,8 @@ impl Finalize<'_> {
         for (p, Laid { name, nodes: members, preds, in_order }) in parts.into_iter().enumerate() {
             let first = members[0] as usize;
             let device = nodes[first].device;
-            // A host task alone in its partition: one the device does not record.
-            let body = if members.len() == 1
-                && nodes[first].kind == CommandKind::HostTask
-                && !self.devices[device as usize].1.caps.records_host_tasks
-            {
+            // A host task isolated in its partition: one the device does not record.
+            let body = if nodes[first].is_isolated(self.devices[device as usize].1.caps.records_host_tasks) {
                 PartitionBody::HostTask { node: members[0] }
             } else {
                 let steps = self.steps(job, p as u32, &members, &part_of, &mut plan, &mut scratch.step_of);
