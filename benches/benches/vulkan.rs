@@ -404,30 +404,17 @@ mod wgpu_frame {
     }
 }
 
-const STEP: &str = "struct S { n: u32, a: f32, b: f32 }
-var<immediate> s: S;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn step(@builtin(global_invocation_id) id: vec3<u32>) {
-    if id.x < s.n { y[id.x] = s.a * x[id.x] + s.b; }
-}";
+use gantry_conformance::step_chain::{self, WGSL as STEP};
 
 fn fused_chain(c: &mut Criterion) {
     let Some(gpu) = Gpu::open() else { return };
     let n: usize =
         std::env::var("GANTRY_VULKAN_FUSION_N").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20);
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::DiscardWrite)
-        .scalar::<u32>()
-        .scalar::<f32>()
-        .scalar::<f32>();
-    let step = wgsl_kernel("step", STEP_WG256, sig);
+    let step = wgsl_kernel("step", STEP_WG256, step_chain::signature());
     let geometry = Geometry::for_range(Range::d1(n)).expect("a valid range");
     let table: Vec<AllocId> = (0..9).map(|_| gpu.alloc(4 * n)).collect();
     let coefficients = |k: usize| -> ScalarBlock {
-        let (a, b) = (1.0f32 + k as f32 / 8.0, k as f32 - 3.5);
+        let (a, b) = step_chain::coefficients(k);
         [(n as u32).to_ne_bytes(), a.to_ne_bytes(), b.to_ne_bytes()].concat().into_iter().collect()
     };
     let slot = |buffer: usize, internal: bool| {
@@ -517,14 +504,6 @@ fn step_bandwidth(c: &mut Criterion) {
     let Some(gpu) = Gpu::open() else { return };
     let n: usize =
         std::env::var("GANTRY_VULKAN_FUSION_N").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20);
-    let sig = || {
-        Signature::new()
-            .global(AccessMode::Read)
-            .global(AccessMode::DiscardWrite)
-            .scalar::<u32>()
-            .scalar::<f32>()
-            .scalar::<f32>()
-    };
     let (x, y) = (gpu.alloc(4 * n), gpu.alloc(4 * n));
     let mem = |id: AllocId| MemArg {
         mem: MemSlice { mem: MemRef::Device(id), offset: 0, len: 4 * n },
@@ -536,7 +515,7 @@ fn step_bandwidth(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(8 * n as u64));
     g.sample_size(10);
     for (name, source, items) in variants {
-        let kernel = wgsl_kernel("step", source, sig());
+        let kernel = wgsl_kernel("step", source, step_chain::signature());
         let scalars: ScalarBlock = [(items as u32).to_ne_bytes(), 1.5f32.to_ne_bytes(), 0.5f32.to_ne_bytes()]
             .concat()
             .into_iter()
