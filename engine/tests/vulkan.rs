@@ -170,19 +170,24 @@ fn a_chain_of_wgsl_kernels_fuses_on_vulkan() {
     assert_eq!(unfused[8].to_vec().unwrap(), expected, "unfused");
 }
 
-/// A fusion list the WGSL compiler refuses (different local sizes) is cancelled
-/// with the shared rules' typed reason, and the kernels run unfused, correctly.
-#[test]
-fn a_refused_wgsl_fusion_runs_the_kernels_unfused() {
-    let Some((rt, q)) = vulkan_runtime("a_refused_wgsl_fusion_runs_the_kernels_unfused") else { return };
+/// `y = 2y + 1` in WGSL, its workgroup width an override the launch sets.
+fn scale_kernel() -> KernelRef {
     const SCALE: &str = "
         override wx: u32 = 64;
         @group(0) @binding(0) var<storage, read_write> y: array<f32>;
         @compute @workgroup_size(wx)
         fn scale(@builtin(global_invocation_id) id: vec3<u32>) { y[id.x] = 2.0 * y[id.x] + 1.0; }";
-    let scale = Kernel::new("scale", Signature::new().global(AccessMode::ReadWrite))
+    Kernel::new("scale", Signature::new().global(AccessMode::ReadWrite))
         .with_image(CodeImage::new(ImageKind::Wgsl, "scale", SCALE.as_bytes()))
-        .into_ref();
+        .into_ref()
+}
+
+/// A fusion list the WGSL compiler refuses (different local sizes) is cancelled
+/// with the shared rules' typed reason, and the kernels run unfused, correctly.
+#[test]
+fn a_refused_wgsl_fusion_runs_the_kernels_unfused() {
+    let Some((rt, q)) = vulkan_runtime("a_refused_wgsl_fusion_runs_the_kernels_unfused") else { return };
+    let scale = scale_kernel();
     let y = rt.buffer(&[1f32; 256]);
     q.start_fusion().unwrap();
     for local in [64, 32] {
@@ -259,14 +264,7 @@ fn a_refused_graph_chain_on_vulkan_keeps_the_typed_reason_and_runs_unfused() {
     else {
         return;
     };
-    const SCALE: &str = "
-        override wx: u32 = 64;
-        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
-        @compute @workgroup_size(wx)
-        fn scale(@builtin(global_invocation_id) id: vec3<u32>) { y[id.x] = 2.0 * y[id.x] + 1.0; }";
-    let scale = Kernel::new("scale", Signature::new().global(AccessMode::ReadWrite))
-        .with_image(CodeImage::new(ImageKind::Wgsl, "scale", SCALE.as_bytes()))
-        .into_ref();
+    let scale = scale_kernel();
     let y = rt.buffer(&[1f32; 256]);
     let graph = rt.graph();
     graph.begin_recording(&q).unwrap();

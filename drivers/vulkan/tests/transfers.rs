@@ -6,7 +6,9 @@ mod common;
 use std::time::Instant;
 
 use common::{bytes, gpu, kernel, scalars, u32s, whole};
-use gantry_driver::{AccessMode, DeviceOp, Geometry, ImageKind, MemRef, MemSlice, Range, Signature};
+use gantry_driver::{
+    AccessMode, DeviceOp, Geometry, ImageKind, KernelRef, MemRef, MemSlice, Range, Signature,
+};
 
 fn noise(len: usize, seed: u32) -> Vec<u8> {
     let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
@@ -103,6 +105,16 @@ fn add(@builtin(global_invocation_id) id: vec3<u32>) {
     if id.x < s.n { out[id.x] = out[id.x] * 2u + a[id.x] + s.k; }
 }";
 
+/// [`ADD`] as a kernel.
+fn add_kernel() -> KernelRef {
+    let sig = Signature::new()
+        .global(AccessMode::Read)
+        .global(AccessMode::ReadWrite)
+        .scalar::<u32>()
+        .scalar::<u32>();
+    kernel("add", sig, ImageKind::Wgsl, "add", ADD)
+}
+
 /// A whole dependent batch handed over at once, nothing waited for in between:
 /// two independent chains (on different lanes) of kernels, uploads and fills, then
 /// a kernel waiting on both chains' ends, then the read-back waiting on it. The
@@ -110,12 +122,7 @@ fn add(@builtin(global_invocation_id) id: vec3<u32>) {
 #[test]
 fn waits_across_operations_and_lanes() {
     let Some(mut g) = gpu("waits_across_operations_and_lanes") else { return };
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::ReadWrite)
-        .scalar::<u32>()
-        .scalar::<u32>();
-    let k = kernel("add", sig, ImageKind::Wgsl, "add", ADD);
+    let k = add_kernel();
     let n = 4096usize;
     let geometry = Geometry::for_range(Range::d1(n)).unwrap();
     let (x, y, z) = (g.alloc(4 * n), g.alloc(4 * n), g.alloc(4 * n));
@@ -175,12 +182,7 @@ fn waits_across_operations_and_lanes() {
 #[test]
 fn host_memory_between_operations_keeps_their_order() {
     let Some(mut g) = gpu("host_memory_between_operations_keeps_their_order") else { return };
-    let sig = Signature::new()
-        .global(AccessMode::Read)
-        .global(AccessMode::ReadWrite)
-        .scalar::<u32>()
-        .scalar::<u32>();
-    let k = kernel("add", sig, ImageKind::Wgsl, "add", ADD);
+    let k = add_kernel();
     let n = 1 << 16;
     let (a, b) = (g.alloc(4 * n), g.alloc(4 * n));
     let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
@@ -220,12 +222,7 @@ fn transfers_run_on_the_transfer_queue_where_there_is_one_ordered_against_kernel
         let Some(mut g) = common::Gpu::open("Vulkan", test, |ctx| VulkanDriver::new(config, ctx)) else {
             return;
         };
-        let sig = Signature::new()
-            .global(AccessMode::Read)
-            .global(AccessMode::ReadWrite)
-            .scalar::<u32>()
-            .scalar::<u32>();
-        let k = kernel("add", sig, ImageKind::Wgsl, "add", ADD);
+        let k = add_kernel();
         let n = 1 << 16;
         let geometry = Geometry::for_range(Range::d1(n)).unwrap();
         let (x, y, z) = (g.alloc(4 * n), g.alloc(4 * n), g.alloc(4 * n));
