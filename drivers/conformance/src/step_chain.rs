@@ -2,7 +2,7 @@
 //! of a chain computes `y[i] = a_k * x[i] + b_k` for `i < n`, over arguments
 //! (`x` read, `y` discarded and written) and scalars (`n: u32`, `a: f32`, `b: f32`),
 //! with `(a_k, b_k)` from [`coefficients`]. Every backend's image of it (WGSL here,
-//! OpenCL C or LLVM IR in the JIT's tests) computes the [`reference`]'s bits: one
+//! OpenCL C or LLVM IR in the JIT's tests) computes the [`reference()`]'s bits: one
 //! multiply and one add per step, never contracted.
 //!
 //! ```
