@@ -9,7 +9,7 @@ use bytemuck::Pod;
 use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
 use gantry_driver::fusion::Promotion;
 use gantry_driver::{
-    AccessMode, Geometry, HostCtx, HostStorage, ImageKind, KernelRef, NdRange, Range, ScalarArgs,
+    AccessMode, Geometry, HostCtx, HostStorage, ImageKind, KernelRef, NdRange, Range, RangeDims, ScalarArgs,
     ScalarBlock, ScalarMismatch, Scratch, ScratchKind,
 };
 use gantry_host::{
@@ -417,8 +417,9 @@ impl Handler {
     /// rest (a fused kernel's internalized or shared memory). Each copy has one call
     /// site, so each is inlined into its loop: a single closure in two loops would
     /// not be.
-    pub fn parallel_for_twice<F, G>(&mut self, range: impl Into<Range>, ordinary: F, general: G)
+    pub fn parallel_for_twice<R, F, G>(&mut self, range: R, ordinary: F, general: G)
     where
+        R: RangeDims,
         F: Fn(&mut Item<'_>) + Send + Sync + 'static,
         G: Fn(&mut Item<'_>) + Send + Sync + 'static,
     {
@@ -426,7 +427,7 @@ impl Handler {
         self.set_action(Action::Kernel {
             name: self.kernel_name(static_name!("parallel_for")),
             geometry,
-            phases: smallvec::smallvec![phase_twice(ordinary, general)],
+            phases: smallvec::smallvec![phase_twice::<R, F, G>(ordinary, general)],
         });
     }
 

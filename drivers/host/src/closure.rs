@@ -185,8 +185,9 @@ where
 /// phase: `ordinary` runs the groups whose memory is all ordinary, `general` the
 /// others ([`GroupCtx::for_each_item_twice`]). Each copy has one call site, so each
 /// is inlined into its loop, and the first is vectorized where its accesses allow.
+/// `R`: the type of the kernel's range, which may tell its number of dimensions.
 /// Made by `parallel_for!` in the engine.
-pub fn phase_twice<F, G>(ordinary: F, general: G) -> Phase
+pub fn phase_twice<R: gantry_driver::RangeDims, F, G>(ordinary: F, general: G) -> Phase
 where
     F: Fn(&mut Item<'_>) + Send + Sync + 'static,
     G: Fn(&mut Item<'_>) + Send + Sync + 'static,
@@ -194,7 +195,7 @@ where
     let (f, g) =
         (gantry_driver::contain::Contained::new(ordinary), gantry_driver::contain::Contained::new(general));
     Phase {
-        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item_twice(&*f, &*g)),
+        group: Arc::new(move |ctx: &GroupCtx<'_>| ctx.for_each_item_twice::<R, F, G>(&*f, &*g)),
         per_item: true,
         code: TypeId::of::<F>(),
         elementwise: None,

@@ -4,7 +4,7 @@
 //!
 //! [`HostCtx`]: gantry_driver::HostCtx
 
-use gantry_driver::{delinearize, linearize, Binding, Geometry, Internal};
+use gantry_driver::{delinearize, linearize, Binding, Geometry, Internal, Range, RangeDims};
 
 /// What a driver passes to a kernel phase for one work-group: the launch geometry,
 /// which group this is, and the resolved memory of every accessor slot.
@@ -87,55 +87,66 @@ impl<'a> GroupCtx<'a> {
         let ids = self.ids();
         let (table, copied, exact) = table_of(self.bindings);
         let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
-        run_items::<F, ByGroup>(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
+        run_items::<F, ByGroup, Range>(f, geometry, ids, &table, copied, exact, bindings, scratch, tag)
     }
 
     /// [`GroupCtx::for_each_item`] with two copies of one kernel body (the same
     /// code, two closure types): `ordinary` runs the groups whose memory is all
-    /// ordinary (bindings the loop's table holds), in a loop where an access past
-    /// its range can only panic, so that each copy of the body has one call site
-    /// and the first, with nothing in its loop that calls out and goes on, is
-    /// vectorized where its accesses allow (own elements: [`Accessor::at`],
-    /// [`ElemAccessor::elem`]); `general` runs the others (fused kernels'
-    /// internalized or shared memory).
+    /// ordinary (bindings the loop's table holds) and whose grid is the kernel's own,
+    /// in a loop where an access past its range can only panic, so that each copy of
+    /// the body has one call site and the first, with nothing in its loop that calls
+    /// out and goes on, is vectorized where its accesses allow (own elements:
+    /// [`Accessor::at`], [`ElemAccessor::elem`]); `general` runs the others (fused
+    /// kernels' internalized or shared memory, or remapped grids).
+    ///
+    /// `R` is the type of the kernel's range: where it tells the number of dimensions
+    /// ([`RangeDims::DIMS`]), the ordinary loop
+    /// runs along the fastest dimension, and the compiler sees every id of the other
+    /// dimensions constant along a run: a body's row-wise work (`y * w`, a test of
+    /// `y`) leaves the loop.
     ///
     /// [`Accessor::at`]: crate::Accessor::at
     /// [`ElemAccessor::elem`]: crate::ElemAccessor::elem
     #[inline(always)]
-    pub fn for_each_item_twice<F: Fn(&mut Item<'_>), G: Fn(&mut Item<'_>)>(&self, ordinary: &F, general: &G) {
+    pub fn for_each_item_twice<R: RangeDims, F: Fn(&mut Item<'_>), G: Fn(&mut Item<'_>)>(
+        &self,
+        ordinary: &F,
+        general: &G,
+    ) {
         let ids = self.ids();
         let (table, copied, exact) = table_of(self.bindings);
         let (geometry, bindings, scratch, tag) = (self.geometry, self.bindings, self.scratch, self.tag);
         // Each closure type is called from one copy of the loop only: a body with
         // two call sites is no longer inlined whatever its size.
-        match exact {
-            false => run_items::<F, Ordinary>(
+        match exact || self.remap.is_some() {
+            false => run_items::<F, Ordinary, R>(
                 ordinary, geometry, ids, &table, copied, false, bindings, scratch, tag,
             ),
-            true => {
-                run_items::<G, ByGroup>(general, geometry, ids, &table, copied, true, bindings, scratch, tag)
-            }
+            true => run_items::<G, ByGroup, Range>(
+                general, geometry, ids, &table, copied, exact, bindings, scratch, tag,
+            ),
         }
     }
 }
 
-/// How a copy of the group loop treats an access past its binding's ordinary range.
+/// What a copy of the group loop knows of its groups.
 trait Exactness {
-    /// `Some` where fixed for the copy (a constant of it), `None` where it is the
-    /// group's.
-    const FIXED: Option<bool>;
+    /// Every binding is ordinary memory in the table (an access past its range can
+    /// only panic) and the grid is the kernel's own (no remapping): constants of the
+    /// copy. Otherwise the group decides ([`table_of`], [`GroupCtx::remap`]).
+    const ORDINARY: bool;
 }
 
-/// The group decides ([`table_of`]).
+/// The group decides.
 struct ByGroup;
 impl Exactness for ByGroup {
-    const FIXED: Option<bool> = None;
+    const ORDINARY: bool = false;
 }
 
-/// Every binding is ordinary memory in the table: an access past its range panics.
+/// Ordinary memory, the kernel's own grid.
 struct Ordinary;
 impl Exactness for Ordinary {
-    const FIXED: Option<bool> = Some(false);
+    const ORDINARY: bool = true;
 }
 
 /// Entries of the binding table [`items`] copies: the first `TABLE - 1` buffer slots
@@ -210,7 +221,7 @@ fn table_of(bindings: &[Binding]) -> ([Binding; TABLE], usize, bool) {
 /// kernels with a work-group size.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn run_items<F: Fn(&mut Item<'_>), E: Exactness>(
+fn run_items<F: Fn(&mut Item<'_>), E: Exactness, R: RangeDims>(
     f: &F,
     geometry: &Geometry,
     ids: Ids<'_>,
@@ -241,13 +252,18 @@ fn run_items<F: Fn(&mut Item<'_>), E: Exactness>(
     if ext.contains(&0) {
         return;
     }
-    // The inner dimension: the fastest with more than one work-item; its step.
-    let inner = (0..3).rev().find(|&d| ext[d] > 1).unwrap_or(2);
+    // The inner dimension: the fastest with more than one work-item, or the
+    // kernel's fastest where the copy knows it (its other ids then constant along a
+    // run, as the compiler sees); its step.
+    let inner = match (E::ORDINARY, R::DIMS) {
+        (true, dims @ 1..=3) => dims - 1,
+        _ => (0..3).rev().find(|&d| ext[d] > 1).unwrap_or(2),
+    };
     let unit = [0, 1, 2].map(|d| usize::from(d == inner));
     let mut outer_ext = ext;
     outer_ext[inner] = 1;
     let (grid_global, total) = (grid.global_range(), geometry.global_size());
-    let remapped = ids.remap.is_some();
+    let remapped = !E::ORDINARY && ids.remap.is_some();
     // The grid's linear id advances by this per step along the inner dimension.
     let glid_step = [grid_global[1] * grid_global[2], grid_global[2], 1][inner];
     let mut item = Item {
@@ -262,7 +278,7 @@ fn run_items<F: Fn(&mut Item<'_>), E: Exactness>(
         geometry,
         table,
         empty: copied,
-        exact: E::FIXED.unwrap_or(exact),
+        exact: !E::ORDINARY && exact,
         total,
         all: bindings,
         scratch,
@@ -307,12 +323,12 @@ fn run_items<F: Fn(&mut Item<'_>), E: Exactness>(
 /// ```
 /// # use gantry_driver::{Geometry, Range};
 /// # use gantry_host::GroupCtx;
-/// let geometry = Geometry::for_range(Range::d2(2, 3)).unwrap();
-/// let group = GroupCtx::new(&geometry, [1, 0, 0], &[], &[], 0);
+/// let geometry = Geometry::for_range(Range::d2(2, 3)).unwrap(); // one group of 2 × 3
+/// let group = GroupCtx::new(&geometry, [0, 0, 0], &[], &[], 0);
 /// let ids = std::cell::RefCell::new(Vec::new());
 /// group.for_each_item(&|it| ids.borrow_mut().push((it.global_id(0), it.global_id(1), it.global_linear_id())));
 /// let ids = ids.into_inner();
-/// assert_eq!(ids, vec![(1, 0, 3), (1, 1, 4), (1, 2, 5)]);
+/// assert_eq!(ids, vec![(0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 3), (1, 1, 4), (1, 2, 5)]);
 /// ```
 pub struct Item<'a> {
     /// Global ids (without offset) of the first work-item of the run along `unit`
@@ -723,7 +739,9 @@ mod tests {
         for (bindings, want) in [(&ordinary[..], (8, 0)), (&private[..], (0, 8)), (&many[..], (0, 8))] {
             let (first, second) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
             let ctx = GroupCtx::new(&geometry, [0; 3], bindings, &[], 0);
-            ctx.for_each_item_twice(&|_| first.set(first.get() + 1), &|_| second.set(second.get() + 1));
+            ctx.for_each_item_twice::<usize, _, _>(&|_| first.set(first.get() + 1), &|_| {
+                second.set(second.get() + 1)
+            });
             assert_eq!((first.get(), second.get()), want);
         }
     }
@@ -742,5 +760,57 @@ mod tests {
         });
         let want: Vec<_> = (0..9).map(|i| (i, i / 3, i % 3)).collect();
         assert_eq!(seen.into_inner(), want);
+    }
+
+    /// Every id a work-item reads (global, local, group, linear ones).
+    fn ids_of(it: &Item<'_>) -> [usize; 11] {
+        let g = it.global_ids();
+        let l = [0, 1, 2].map(|d| if d < it.dims() { it.local_id(d) } else { 0 });
+        [
+            g[0],
+            g[1],
+            g[2],
+            l[0],
+            l[1],
+            l[2],
+            it.group_id(0),
+            it.group_id(1),
+            it.global_linear_id(),
+            it.local_linear_id(),
+            it.group_linear_id(),
+        ]
+    }
+
+    /// The ordinary copy of a body whose range's type tells its dimensions runs
+    /// along the fastest dimension even where a group's extent there is 1; every
+    /// work-item still runs once, with the ids the general loop gives it.
+    #[test]
+    fn a_known_dimensionality_runs_every_item_with_its_ids() {
+        fn check<R: RangeDims>(geometry: Geometry) {
+            let (mut ordinary, mut general) = (Vec::new(), Vec::new());
+            for group in 0..geometry.group_count() {
+                let ctx = GroupCtx::new(&geometry, geometry.group_id(group), &[], &[], 0);
+                let seen = std::cell::RefCell::new(Vec::new());
+                ctx.for_each_item_twice::<R, _, _>(
+                    &|it| seen.borrow_mut().push(ids_of(it)),
+                    &|_| unreachable!(),
+                );
+                ordinary.extend(seen.into_inner());
+                let seen = std::cell::RefCell::new(Vec::new());
+                ctx.for_each_item(&|it| seen.borrow_mut().push(ids_of(it)));
+                general.extend(seen.into_inner());
+            }
+            ordinary.sort_unstable();
+            general.sort_unstable();
+            assert_eq!(ordinary.len(), geometry.global_size());
+            assert_eq!(ordinary, general);
+        }
+        check::<usize>(Geometry::for_range(Range::d1(2500)).unwrap());
+        check::<[usize; 2]>(Geometry::for_range(Range::d2(7, 5)).unwrap());
+        check::<[usize; 2]>(Geometry::for_range(Range::d2(300, 700)).unwrap());
+        check::<[usize; 3]>(Geometry::for_range_with_offset(Range::d3(5, 3, 9), [1, 2, 3]).unwrap());
+        check::<[usize; 2]>(gantry_driver::NdRange::new([8, 6], [4, 1]).geometry().unwrap());
+        check::<[usize; 3]>(gantry_driver::NdRange::new([4, 6, 8], [2, 3, 1]).geometry().unwrap());
+        check::<Range>(gantry_driver::NdRange::new([4, 6, 8], [2, 1, 1]).geometry().unwrap());
     }
 }

@@ -60,5 +60,5 @@ pub use op::{
     OpHandle, OpId, SharedHostFn, Submission,
 };
 pub use range::{
-    delinearize, linearize, Geometry, NdRange, Range, MAX_RANGE_CHUNK, RANGE_CHUNK, RANGE_GROUPS,
+    delinearize, linearize, Geometry, NdRange, Range, RangeDims, MAX_RANGE_CHUNK, RANGE_CHUNK, RANGE_GROUPS,
 };

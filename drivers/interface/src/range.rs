@@ -6,9 +6,10 @@
 
 use crate::error::RangeError;
 
-/// Fewest work-items a plain (non-ND) range kernel puts in one driver work-group,
-/// along its fastest dimension (fewer only when the range is shorter). Plain ranges
-/// carry no work-group semantics; a group is only the unit of parallel scheduling.
+/// Fewest work-items a plain (non-ND) range kernel puts in one driver work-group
+/// (fewer only when the range is smaller): along its fastest dimension, and where
+/// that is shorter, whole rows of it. Plain ranges carry no work-group semantics; a
+/// group is only the unit of parallel scheduling.
 pub const RANGE_CHUNK: usize = 1024;
 
 /// Most work-items a plain range kernel puts in one group: ranges long enough to
@@ -85,6 +86,33 @@ impl Range {
         }
         self.checked_size().map(|_| ()).ok_or(RangeError::Overflow)
     }
+}
+
+/// A range value whose number of dimensions its type tells (`usize` and `[usize; N]`),
+/// or that only the value tells (`Range`: `DIMS` 0). A host loop over work-items
+/// specialized for a known dimensionality runs along the fastest dimension with ids
+/// the compiler sees are constant along it.
+///
+/// ```
+/// use gantry_driver::RangeDims;
+/// assert_eq!(<[usize; 2] as RangeDims>::DIMS, 2);
+/// assert_eq!(<gantry_driver::Range as RangeDims>::DIMS, 0);
+/// ```
+pub trait RangeDims: Into<Range> {
+    /// The number of dimensions, or 0 where only the value knows it.
+    const DIMS: usize;
+}
+impl RangeDims for usize {
+    const DIMS: usize = 1;
+}
+impl<const N: usize> RangeDims for [usize; N]
+where
+    [usize; N]: Into<Range>,
+{
+    const DIMS: usize = N;
+}
+impl RangeDims for Range {
+    const DIMS: usize = 0;
 }
 
 impl From<usize> for Range {
@@ -179,9 +207,10 @@ pub struct Geometry {
 const _: () = assert!(std::mem::size_of::<Geometry>() <= 80);
 
 impl Geometry {
-    /// The geometry of a plain range kernel: groups of [`RANGE_CHUNK`] items along the
-    /// fastest dimension, or of a multiple of it up to [`MAX_RANGE_CHUNK`] where that
-    /// still leaves [`RANGE_GROUPS`] groups (fewer items where the range is shorter).
+    /// The geometry of a plain range kernel: groups of [`RANGE_CHUNK`] items, or of a
+    /// multiple of it up to [`MAX_RANGE_CHUNK`] where that still leaves
+    /// [`RANGE_GROUPS`] groups (fewer items where the range is smaller), taken along
+    /// the fastest dimension and, where it is shorter than a group, as whole rows.
     pub fn for_range(global: Range) -> Result<Self, RangeError> {
         Self::for_range_with_offset(global, [0; 3])
     }
@@ -191,10 +220,20 @@ impl Geometry {
         global.validate()?;
         let dims = global.dims();
         let mut local = [1; 3];
-        let last = dims - 1;
-        let extent = global.get(last);
-        let chunk = (extent / RANGE_GROUPS / RANGE_CHUNK * RANGE_CHUNK).clamp(RANGE_CHUNK, MAX_RANGE_CHUNK);
-        local[last] = extent.min(chunk);
+        let chunk =
+            (global.size() / RANGE_GROUPS / RANGE_CHUNK * RANGE_CHUNK).clamp(RANGE_CHUNK, MAX_RANGE_CHUNK);
+        // A group takes `chunk` items along the fastest dimension, and where that
+        // dimension fits whole, as many of its rows (then planes) as fit in `chunk`:
+        // a short fastest dimension does not make many tiny groups.
+        let mut items = 1;
+        for d in (0..dims).rev() {
+            let extent = global.get(d);
+            local[d] = (chunk / items).clamp(1, extent);
+            items *= local[d];
+            if local[d] < extent {
+                break;
+            }
+        }
         Ok(Self { dims: global.dims, global: global.extent, local, offset, nd: false })
     }
 
@@ -308,8 +347,17 @@ mod tests {
         assert_eq!(g.local_range(), [RANGE_CHUNK, 1, 1]);
         assert_eq!(g.group_range(), [3, 1, 1]);
         let g = Geometry::for_range(Range::d2(7, 5)).unwrap();
-        assert_eq!(g.local_range(), [1, 5, 1]);
-        assert_eq!(g.group_count(), 7);
+        assert_eq!(g.local_range(), [7, 5, 1]);
+        assert_eq!(g.group_count(), 1);
+        // A short fastest dimension: whole rows per group, as many as fit.
+        let g = Geometry::for_range(Range::d2(4000, 500)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([61, 500, 1], 66));
+        let g = Geometry::for_range(Range::d2(512, 512)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([8, 512, 1], 64));
+        let g = Geometry::for_range(Range::d3(40, 30, 20)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([1, 30, 20], 40));
+        let g = Geometry::for_range(Range::d3(400, 30, 20)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([5, 30, 20], 80));
         assert!(!g.is_nd());
         // Long ranges get larger groups while they keep `RANGE_GROUPS` of them.
         let chunk = |n: usize| Geometry::for_range(Range::d1(n)).unwrap().local_range()[0];
