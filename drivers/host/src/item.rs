@@ -265,7 +265,16 @@ fn run_items<F: Fn(&mut Item<'_>), E: Exactness, R: RangeDims>(
     let (grid_global, total) = (grid.global_range(), geometry.global_size());
     let remapped = !E::ORDINARY && ids.remap.is_some();
     // The grid's linear id advances by this per step along the inner dimension.
-    let glid_step = [grid_global[1] * grid_global[2], grid_global[2], 1][inner];
+    let glid_step = match (E::ORDINARY, R::DIMS) {
+        // Along the kernel's fastest dimension the linear id steps by 1, as the
+        // compiler then sees (a unit stride it vectorizes): the dimensions past it
+        // are 1, a range's unused ones.
+        (true, dims @ 1..=3) => {
+            assert!(grid_global[dims..].iter().all(|&e| e == 1), "a {dims}-D range type for a larger range");
+            1
+        }
+        _ => [grid_global[1] * grid_global[2], grid_global[2], 1][inner],
+    };
     let mut item = Item {
         run_rel: base,
         run_local: first,
