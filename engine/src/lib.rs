@@ -72,7 +72,7 @@ pub use gantry_driver::fusion::{
 };
 pub use gantry_driver::{
     AccessMode, BackendStatus, CodeImage, DeviceInfo, DeviceKind, ExecError, HostCtx, ImageKind, Kernel,
-    KernelRef, NdRange, Pod, Range, Signature, Zeroable,
+    KernelRef, NdRange, Pod, Range, RangeDims, Signature, Zeroable,
 };
 pub use gantry_host::fusion::{CacheStats, ClosureFusion};
 pub use gantry_host::{
@@ -128,6 +128,9 @@ pub struct ReadmeDoctests;
 /// the body reads its own elements ([`Accessor::at`]) and writes them
 /// ([`ElemAccessor::elem`]); one for the rest. The closure must be a closure
 /// expression whose captures are `Copy` (accessors, numbers): each copy moves them.
+/// Give the range as a `usize` or `[usize; N]` (not a [`Range`] value): its type then
+/// tells the loop the kernel's dimensions, and a multi-dimensional body's row work
+/// (`y * w`, tests of `y`) runs once per row instead of per work-item.
 ///
 /// ```
 /// let rt = gantry::Runtime::new();
