@@ -96,8 +96,10 @@ impl std::fmt::Debug for Compiler {
 /// `GANTRY_FUSION_WARNINGS` says.
 const DEFAULT_FUSION_WARNINGS: usize = 16;
 
-/// How many submitted commands may wait for the scheduler before `submit` waits.
-const DEFAULT_MAX_PENDING: usize = 1 << 16;
+/// How many submitted messages may wait for the scheduler before `submit` waits
+/// (in manual mode, flushes): a batch whose records stay in cache until the stages
+/// reach them.
+const DEFAULT_MAX_PENDING: usize = 1024;
 
 /// The most messages one flush ingests.
 const INGEST_LIMIT: usize = 4096;
@@ -278,9 +280,12 @@ impl RuntimeBuilder {
         self.linearizer = Some(Policy(policy));
         self
     }
-    /// How many commands may be submitted and not yet finished before `submit` waits
-    /// for the scheduler to catch up (default 65,536): a producer that submits faster
-    /// than the devices run keeps memory bounded instead of queueing without end.
+    /// How many submitted messages may wait for the scheduler to ingest them before
+    /// `submit` waits for it (in manual mode, runs a flush itself), default 1,024: a
+    /// producer that submits faster than the scheduler keeps memory bounded instead
+    /// of queueing without end, and the stages take its commands in batches that stay
+    /// in cache. A larger window lets a bursty producer run further ahead, at a higher
+    /// cost per command once the batch outgrows the caches.
     /// Submissions from inside a host task or kernel never wait (the work they wait
     /// for could be blocked behind that very task).
     ///
