@@ -15,12 +15,17 @@
 //!   scheduler blocked on its inputs wakes. Only the ingest stage empties the mailbox,
 //!   and it drains the bell as it takes, so at most a token or two wait between passes:
 //!   the bell never grows with the number of messages.
+//! * A submitter over its window waits for room ([`Mailbox::wait_for_room`]) asleep,
+//!   and the take that makes room wakes it: a producer held back by the scheduler
+//!   costs no core while it waits.
 
 use std::collections::VecDeque;
 
+use std::time::Duration;
+
 use gantry_driver::sync::atomic::{AtomicUsize, Ordering};
 use gantry_driver::sync::channel::{unbounded, Receiver, Sender};
-use gantry_driver::sync::Mutex;
+use gantry_driver::sync::{Condvar, Mutex};
 
 use crate::resources::Message;
 
@@ -36,12 +41,23 @@ pub struct Mailbox {
     len: AtomicUsize,
     bell: Sender<()>,
     bell_rx: Receiver<()>,
+    /// Submitters asleep in [`Mailbox::wait_for_room`] (counted under the lock), and
+    /// where they sleep.
+    waiting: AtomicUsize,
+    room: Condvar,
 }
 
 impl Default for Mailbox {
     fn default() -> Self {
         let (bell, bell_rx) = unbounded();
-        Self { queue: Mutex::new(VecDeque::new()), len: AtomicUsize::new(0), bell, bell_rx }
+        Self {
+            queue: Mutex::new(VecDeque::new()),
+            len: AtomicUsize::new(0),
+            bell,
+            bell_rx,
+            waiting: AtomicUsize::new(0),
+            room: Condvar::new(),
+        }
     }
 }
 
@@ -83,7 +99,24 @@ impl Mailbox {
             queue.shrink_to(RETAINED);
         }
         self.len.store(queue.len(), Ordering::Release);
+        // A waiter counts itself under the lock this take holds, so none is missed.
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.room.notify_all();
+        }
         n
+    }
+
+    /// Sleeps while `limit` or more messages wait, until a take makes room or
+    /// `timeout` passes (the caller re-checks whatever else may end its wait: a
+    /// stopped scheduler takes nothing). Returns whether there is room.
+    pub fn wait_for_room(&self, limit: usize, timeout: Duration) -> bool {
+        let mut queue = self.queue.lock();
+        if queue.len() >= limit {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+            self.room.wait_for(&mut queue, timeout);
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        queue.len() < limit
     }
 
     /// Returns the messages of `taken` (all taken by [`Mailbox::take`] and not
@@ -175,6 +208,29 @@ mod tests {
         assert_eq!(mailbox.bell().len(), 0);
         mailbox.post(synced(0));
         assert_eq!(mailbox.bell().len(), 1, "posting into an empty mailbox rings again");
+    }
+
+    /// A submitter waiting for room sleeps until a take makes it, and not longer.
+    #[test]
+    fn a_take_wakes_a_submitter_waiting_for_room() {
+        let mailbox = std::sync::Arc::new(Mailbox::new());
+        (0..8).for_each(|i| mailbox.post(synced(i)));
+        assert!(!mailbox.wait_for_room(8, Duration::from_millis(1)), "full, and nobody takes");
+        assert!(mailbox.wait_for_room(9, Duration::ZERO), "room below a larger limit");
+        let waiter = {
+            let m = mailbox.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                (m.wait_for_room(8, Duration::from_secs(60)), start.elapsed())
+            })
+        };
+        while mailbox.waiting.load(Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        let mut out = VecDeque::new();
+        assert_eq!(mailbox.take(3, &mut out), 3);
+        let (room, waited) = waiter.join().unwrap();
+        assert!(room && waited < Duration::from_secs(30), "woken by the take ({waited:?})");
     }
 
     #[test]

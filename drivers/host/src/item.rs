@@ -100,10 +100,9 @@ impl<'a> GroupCtx<'a> {
     /// kernels' internalized or shared memory, or remapped grids).
     ///
     /// `R` is the type of the kernel's range: where it tells the number of dimensions
-    /// ([`RangeDims::DIMS`]), the ordinary loop
-    /// runs along the fastest dimension, and the compiler sees every id of the other
-    /// dimensions constant along a run: a body's row-wise work (`y * w`, a test of
-    /// `y`) leaves the loop.
+    /// ([`RangeDims::DIMS`]), the ordinary loop runs along the fastest dimension, and
+    /// the compiler sees every id of the other dimensions constant along a run: a
+    /// body's row-wise work (`y * w`, a test of `y`) leaves the loop.
     ///
     /// [`Accessor::at`]: crate::Accessor::at
     /// [`ElemAccessor::elem`]: crate::ElemAccessor::elem
@@ -130,7 +129,7 @@ impl<'a> GroupCtx<'a> {
 }
 
 /// What a copy of the group loop knows of its groups.
-trait Exactness {
+trait CopyKind {
     /// Every binding is ordinary memory in the table (an access past its range can
     /// only panic) and the grid is the kernel's own (no remapping): constants of the
     /// copy. Otherwise the group decides ([`table_of`], [`GroupCtx::remap`]).
@@ -139,13 +138,13 @@ trait Exactness {
 
 /// The group decides.
 struct ByGroup;
-impl Exactness for ByGroup {
+impl CopyKind for ByGroup {
     const ORDINARY: bool = false;
 }
 
 /// Ordinary memory, the kernel's own grid.
 struct Ordinary;
-impl Exactness for Ordinary {
+impl CopyKind for Ordinary {
     const ORDINARY: bool = true;
 }
 
@@ -221,7 +220,7 @@ fn table_of(bindings: &[Binding]) -> ([Binding; TABLE], usize, bool) {
 /// kernels with a work-group size.
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn run_items<F: Fn(&mut Item<'_>), E: Exactness, R: RangeDims>(
+fn run_items<F: Fn(&mut Item<'_>), E: CopyKind, R: RangeDims>(
     f: &F,
     geometry: &Geometry,
     ids: Ids<'_>,

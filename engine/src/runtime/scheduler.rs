@@ -18,6 +18,10 @@ use gantry_host::ClosureFusion;
 
 use crate::error::{Error, Result};
 
+/// How often a submitter asleep for room in the mailbox looks whether the scheduler
+/// stopped (failed, or the runtime is being dropped): a take wakes it otherwise.
+const ROOM_RECHECK: Duration = Duration::from_millis(1);
+
 use super::{DeviceId, Mode};
 
 /// The world and its schedule.
@@ -208,9 +212,11 @@ impl Shared {
                     }
                 }
             }
+            // Asleep until the scheduler's next take makes room; the timeout only
+            // lets it see a scheduler that stopped taking.
             Mode::Threaded => {
                 while over() && self.failure.get().is_none() && !self.senders.gate.is_closed() {
-                    thread::yield_now();
+                    self.mailbox.wait_for_room(self.max_pending as usize, ROOM_RECHECK);
                 }
             }
         }
