@@ -207,9 +207,16 @@ impl Requirement {
     }
 }
 
+/// A command's buffer ranges, in argument order: inline up to the count most
+/// commands use, since the list moves with the command from stage to stage.
+pub type RequirementList = SmallVec<[Requirement; REQUIREMENTS_INLINE]>;
+
+/// Requirements a [`RequirementList`] holds without allocating.
+pub const REQUIREMENTS_INLINE: usize = 4;
+
 /// The buffer ranges a command uses, in argument order.
 #[derive(Component, Debug, Default)]
-pub struct Requirements(pub SmallVec<[Requirement; 4]>);
+pub struct Requirements(pub RequirementList);
 
 /// An outgoing dependency edge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,7 +282,7 @@ pub struct CommandDesc {
     /// The executing device.
     pub device: DeviceId,
     /// Buffer ranges used, in argument order.
-    pub requirements: SmallVec<[Requirement; 4]>,
+    pub requirements: RequirementList,
     /// The work.
     pub work: Work,
     /// Explicit event dependencies.

@@ -20,7 +20,7 @@ use gantry_driver::{
 };
 use smallvec::SmallVec;
 
-use crate::command::{CommandDesc, CommandKind, Requirement, SyncCell, Work};
+use crate::command::{CommandDesc, CommandKind, Requirement, RequirementList, SyncCell, Work};
 use crate::event::EventShared;
 use crate::handle::{BufferCore, QueueCore};
 use crate::memory::ByteRange;
@@ -478,11 +478,11 @@ fn partition_command_buffer(
     plan: &ExecPlan,
     params: &ParamTable,
     partition: usize,
-) -> (SmallVec<[Requirement; 4]>, Work) {
+) -> (RequirementList, Work) {
     let PartitionBody::Commands { buffer, entries, internal } = &plan.partitions[partition].body else {
         panic!("partition {} is not a command buffer", partition)
     };
-    let mut reqs: SmallVec<[Requirement; 4]> = SmallVec::with_capacity(entries.len() + internal.len());
+    let mut reqs: RequirementList = SmallVec::with_capacity(entries.len() + internal.len());
     let mut args: SmallVec<[(u32, AccessMode); 4]> = SmallVec::with_capacity(entries.len());
     let core = |s: EntrySource| match s {
         EntrySource::Buffer(b) => &plan.buffers[b as usize],
@@ -508,7 +508,7 @@ fn partition_command_buffer(
 /// when `may_alias`); returns its index. Ordering-only (`internal`) requirements come
 /// after all the others.
 fn add_requirement(
-    reqs: &mut SmallVec<[Requirement; 4]>,
+    reqs: &mut RequirementList,
     buffer: &Arc<BufferCore>,
     mode: AccessMode,
     range: ByteRange,

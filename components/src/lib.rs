@@ -33,8 +33,8 @@ pub mod stage;
 pub mod timeline;
 
 pub use command::{
-    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, Requirements, Status, Successor,
-    SyncCell, Work,
+    Command, CommandDesc, CommandKind, Edges, Execution, Requirement, RequirementList, Requirements, Status,
+    Successor, SyncCell, Work,
 };
 pub use event::{EventShared, EventStatus, Timestamps};
 pub use fusion::{

@@ -6,7 +6,7 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, SyncCell, Work};
+use gantry_components::{ByteRange, CommandKind, EventShared, Requirement, RequirementList, SyncCell, Work};
 use gantry_driver::fusion::Promotion;
 use gantry_driver::{
     AccessMode, Geometry, HostCtx, HostStorage, ImageKind, KernelRef, NdRange, Range, RangeDims, ScalarArgs,
@@ -109,7 +109,7 @@ struct ElemCheck {
 pub struct Handler {
     runtime: u64,
     tag: u64,
-    pub(crate) requirements: SmallVec<[Requirement; 4]>,
+    pub(crate) requirements: RequirementList,
     scratch: Vec<Scratch>,
     elems: SmallVec<[ElemCheck; 2]>,
     pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
@@ -1020,7 +1020,7 @@ pub(crate) struct Built {
     pub(crate) kind: CommandKind,
     pub(crate) work: Work,
     pub(crate) name: Arc<str>,
-    pub(crate) requirements: SmallVec<[Requirement; 4]>,
+    pub(crate) requirements: RequirementList,
     pub(crate) waits: SmallVec<[Arc<EventShared>; 1]>,
     /// Where a copy to the host delivers, once its event exists.
     pub(crate) readback: Option<(ReadbackSlot, Arc<HostStorage>)>,

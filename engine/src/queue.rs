@@ -434,7 +434,7 @@ impl Queue {
         kind: CommandKind,
         name: Arc<str>,
         work: Work,
-        requirements: SmallVec<[gantry_components::Requirement; 4]>,
+        requirements: gantry_components::RequirementList,
         waits: SmallVec<[Arc<EventShared>; 1]>,
         on_host: bool,
         fusion: Option<Arc<FusionShared>>,

@@ -46,7 +46,7 @@ use bevy_ecs::world::World;
 use gantry_components::{
     fuse_with, warn_fusion, ByteRange, CancelReason, Command, CommandKind, Devices, Edges, EventShared,
     Execution, FusionOutcome, FusionProps, Fusions, InFusion, Leaf, ListRef, ListStatus, Requirement,
-    Requirements, Stats, Status, Successor, Work, WorkLists,
+    RequirementList, Requirements, Stats, Status, Successor, Work, WorkLists,
 };
 use gantry_driver::fusion::{Fused, FusionArg, FusionError, FusionKernel, FusionRequest};
 use gantry_driver::AccessMode;
@@ -554,11 +554,11 @@ fn union_requirement(reqs: &[&Requirement], start: usize, end: usize, internal: 
 /// The fused kernel's requirements: one per argument (the union of the slots it
 /// stands for), then one ordering-only requirement per internalized buffer.
 /// `reqs[k]` are kernel `k`'s requirements.
-pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> SmallVec<[Requirement; 4]> {
+pub(crate) fn fused_requirements(fused: &Fused, reqs: &[&[Requirement]]) -> RequirementList {
     let pick = |uses: &[(u32, u32)]| -> SmallVec<[&Requirement; 4]> {
         pushed(uses.iter().map(|&(k, s)| &reqs[k as usize][s as usize]))
     };
-    let mut out: SmallVec<[Requirement; 4]> =
+    let mut out: RequirementList =
         pushed(fused.args.iter().map(|a| union_requirement(&pick(&a.uses), a.start, a.end, false)));
     for i in &fused.internal {
         let uses = pick(&i.uses);
