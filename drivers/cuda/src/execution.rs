@@ -169,7 +169,10 @@ struct OpState {
     /// The operations it waits on, until its completion (then dropped, so a long
     /// chain does not keep every predecessor alive).
     waits: Vec<Arc<Op>>,
-    /// Its error where it failed when submitted.
+    /// Its error where it failed when submitted. Kept until the op is gone: a
+    /// submission that waits on it reads it (`Op::failure`) to run nothing, and
+    /// taking it before the result is set would let one in between see no failure
+    /// and run.
     preset: Option<ExecError>,
     /// What must outlive its work (a loaded module, scratch memory).
     keep: Vec<Box<dyn Any + Send + Sync>>,
@@ -437,7 +440,7 @@ fn finish(reporter: &Reporter, op: &Op, last_ended: u64) -> u64 {
     let synced = op.event.as_ref().map(|e| e.synchronize(&reporter.wait));
     let (preset, keep) = {
         let mut s = lock(&op.state);
-        (s.preset.take(), std::mem::take(&mut s.keep))
+        (s.preset.clone(), std::mem::take(&mut s.keep))
     };
     let result = match (preset, dependency, synced) {
         (Some(e), _, _) => Err(e),
@@ -467,4 +470,48 @@ fn finish(reporter: &Reporter, op: &Op, last_ended: u64) -> u64 {
         lane: op.lane as u32 + 1,
     });
     ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure known when the op was submitted stays visible while its completion
+    /// thread reports it, and after: a submission that waits on the op in between
+    /// must see it and run nothing. (The completion once took the failure out before
+    /// setting the result, and a dependent submitted in that window saw neither and
+    /// ran: the conformance check `dependency_failure_propagates` failed about one
+    /// run in twenty on the H100.) Needs no GPU: the op enqueued nothing.
+    #[test]
+    fn a_failure_known_at_submission_stays_visible_through_its_completion() {
+        let (tx, rx) = unbounded();
+        let reporter = Reporter {
+            device: "cuda:test".into(),
+            ctx: DriverContext { completions: tx, epoch: std::time::Instant::now() },
+            lost: OnceLock::new(),
+            wait: Waiting { spin: Duration::ZERO, poll: Duration::ZERO },
+        };
+        let refused = ExecError::Driver { device: "cuda:test".into(), message: "launch refused".into() };
+        for i in 0..200 {
+            let op = Arc::new(Op {
+                id: OpId(i),
+                label: "kernel `refused`".into(),
+                lane: 0,
+                seq: i,
+                submitted_ns: 0,
+                event: None,
+                state: Mutex::new(OpState { preset: Some(refused.clone()), ..Default::default() }),
+                done: Condvar::new(),
+            });
+            let reader = {
+                let op = op.clone();
+                std::thread::spawn(move || (0..2_000).all(|_| op.failure().is_some()))
+            };
+            finish(&reporter, &op, 0);
+            assert!(reader.join().unwrap(), "a reader saw the failed op as not failed");
+            assert_eq!(op.failure(), Some(refused.clone()));
+            assert!(lock(&op.state).preset.is_some(), "the completion cleared the failure");
+            assert_eq!(rx.try_recv().expect("one completion").result, Err(refused.clone()));
+        }
+    }
 }

@@ -90,7 +90,10 @@ pub(crate) struct Op {
 struct OpState {
     /// The operations it waits on, until its completion.
     waits: Vec<Arc<Op>>,
-    /// Its error where it failed when submitted.
+    /// Its error where it failed when submitted. Kept until the op is gone: a
+    /// submission that waits on it reads it (`Op::failure`) to run nothing, and
+    /// taking it before the result is set would let one in between see no failure
+    /// and run.
     preset: Option<ExecError>,
     /// What must outlive its work (buffers, a pipeline, staging memory).
     keep: Vec<Box<dyn Any + Send + Sync>>,
@@ -516,7 +519,7 @@ fn finish(
     let waited = op.submitted.then(|| wait_value(dev, sem, op.value, reporter.spin));
     let (preset, keep, finish, cmd) = {
         let mut s = lock(&op.state);
-        (s.preset.take(), std::mem::take(&mut s.keep), s.finish.take(), s.cmd.take())
+        (s.preset.clone(), std::mem::take(&mut s.keep), s.finish.take(), s.cmd.take())
     };
     let result = match (preset, dependency, waited) {
         (Some(e), _, _) => Err(e),

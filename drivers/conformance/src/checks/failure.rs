@@ -113,11 +113,14 @@ pub fn dependency_failure_propagates(factory: &Factory) -> Outcome {
     assert_eq!(ran.load(Ordering::Relaxed), 0, "{}: a kernel waiting on a failed operation ran", h.name());
     for (buf, t) in [(&y, &b), (&z, &c), (&w, &d)] {
         let got = h.download_u32(buf);
+        let written = got.iter().enumerate().find(|&(_, &v)| v != 0);
         assert!(
-            got.iter().all(|&v| v == 0),
-            "{}: {} waits on a failed operation but wrote its output",
+            written.is_none(),
+            "{}: {} waits on a failed operation but wrote its output (element {:?} of {})",
             h.name(),
-            t.label()
+            t.label(),
+            written.map(|(i, v)| (i, format!("{v:#x}"))),
+            got.len()
         );
     }
     h.finish()
