@@ -20,7 +20,6 @@
 //!   costs no core while it waits.
 
 use std::collections::VecDeque;
-
 use std::time::Duration;
 
 use gantry_driver::sync::atomic::{AtomicUsize, Ordering};

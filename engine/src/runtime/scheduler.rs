@@ -18,11 +18,11 @@ use gantry_host::ClosureFusion;
 
 use crate::error::{Error, Result};
 
+use super::{DeviceId, Mode};
+
 /// How often a submitter asleep for room in the mailbox looks whether the scheduler
 /// stopped (failed, or the runtime is being dropped): a take wakes it otherwise.
 const ROOM_RECHECK: Duration = Duration::from_millis(1);
-
-use super::{DeviceId, Mode};
 
 /// The world and its schedule.
 pub(crate) struct Core {
