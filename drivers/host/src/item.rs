@@ -251,29 +251,26 @@ fn run_items<F: Fn(&mut Item<'_>), E: CopyKind, R: RangeDims>(
     if ext.contains(&0) {
         return;
     }
-    // The inner dimension: the fastest with more than one work-item, or the
-    // kernel's fastest where the copy knows it (its other ids then constant along a
-    // run, as the compiler sees); its step.
-    let inner = match (E::ORDINARY, R::DIMS) {
-        (true, dims @ 1..=3) => dims - 1,
-        _ => (0..3).rev().find(|&d| ext[d] > 1).unwrap_or(2),
+    let (grid_global, total) = (grid.global_range(), geometry.global_size());
+    // The inner dimension and the grid's linear-id step along it: the fastest
+    // dimension with more than one work-item, or the kernel's fastest where the copy
+    // knows it. There the other ids are constant along a run, and the linear id steps
+    // by 1 (a unit stride the compiler vectorizes), as the compiler sees: the
+    // dimensions past it are 1, a range's unused ones.
+    let (inner, glid_step) = match (E::ORDINARY, R::DIMS) {
+        (true, dims @ 1..=3) => {
+            assert!(grid_global[dims..].iter().all(|&e| e == 1), "a {dims}-D range type for a larger range");
+            (dims - 1, 1)
+        }
+        _ => {
+            let inner = (0..3).rev().find(|&d| ext[d] > 1).unwrap_or(2);
+            (inner, [grid_global[1] * grid_global[2], grid_global[2], 1][inner])
+        }
     };
     let unit = [0, 1, 2].map(|d| usize::from(d == inner));
     let mut outer_ext = ext;
     outer_ext[inner] = 1;
-    let (grid_global, total) = (grid.global_range(), geometry.global_size());
     let remapped = !E::ORDINARY && ids.remap.is_some();
-    // The grid's linear id advances by this per step along the inner dimension.
-    let glid_step = match (E::ORDINARY, R::DIMS) {
-        // Along the kernel's fastest dimension the linear id steps by 1, as the
-        // compiler then sees (a unit stride it vectorizes): the dimensions past it
-        // are 1, a range's unused ones.
-        (true, dims @ 1..=3) => {
-            assert!(grid_global[dims..].iter().all(|&e| e == 1), "a {dims}-D range type for a larger range");
-            1
-        }
-        _ => [grid_global[1] * grid_global[2], grid_global[2], 1][inner],
-    };
     let mut item = Item {
         run_rel: base,
         run_local: first,
