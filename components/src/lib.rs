@@ -22,6 +22,7 @@ pub mod command;
 pub mod event;
 pub mod fusion;
 pub mod graph;
+pub mod hand_back;
 pub mod handle;
 pub mod mailbox;
 pub mod memory;
@@ -46,6 +47,7 @@ pub use graph::{
     GraphLaunch, GraphNode, GraphNodes, GraphOrder, GraphPolicy, GraphProps, GraphShape, GraphSubmission,
     KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionPlan,
 };
+pub use hand_back::{HandBack, Returned};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use mailbox::Mailbox;
 pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord};

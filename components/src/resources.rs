@@ -75,6 +75,9 @@ pub struct Inbox {
     pub messages: Arc<crate::mailbox::Mailbox>,
     /// Driver completions.
     pub completions: Receiver<Completion>,
+    /// Where the stages give back the last references to what user threads allocated
+    /// (threaded runtimes; `None`: the stages drop them, on the thread that flushes).
+    pub hand_back: Option<Arc<crate::hand_back::HandBack>>,
 }
 
 /// One device: its driver and memory space.

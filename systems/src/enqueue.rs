@@ -10,7 +10,8 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, Devices, Finished, Requirement, SchedulerConfig, Stats, Status, Work, WorkLists,
+    CommandKind, Devices, Finished, HandBack, Inbox, Requirement, Returned, SchedulerConfig, Stats, Status,
+    Work, WorkLists,
 };
 use gantry_driver::{
     Accepted, CommandBufferLaunch, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice,
@@ -29,6 +30,11 @@ struct Pass {
     finished: Vec<Finished>,
     /// Commands now running on a driver.
     in_driver: u64,
+    /// Where kernels go whose last reference a driver left to this stage (it ran them
+    /// inside `submit`): freed by user threads, where they were allocated (threaded
+    /// mode; see `HandBack`).
+    hand_back: Option<Arc<HandBack>>,
+    returned: Returned,
 }
 
 /// The enqueue stage system.
@@ -49,6 +55,8 @@ pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
         preserve_on_failure: world.resource::<SchedulerConfig>().preserve_on_failure,
         finished: Vec::new(),
         in_driver: 0,
+        hand_back: world.resource::<Inbox>().hand_back.clone(),
+        returned: Returned::default(),
     };
     loop {
         let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
@@ -64,6 +72,9 @@ pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
     }
     if !pass.finished.is_empty() {
         world.resource_mut::<WorkLists>().finished.append(&mut pass.finished);
+    }
+    if let Some(hand_back) = &pass.hand_back {
+        hand_back.give(&mut pass.returned);
     }
 }
 
@@ -142,12 +153,23 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
             (same_device && exec.status == Status::Submitted).then(|| exec.handle.clone()).flatten()
         })
         .collect();
+    // A driver that runs the kernel inside `submit` (it waits for nothing) drops its
+    // reference there; the stage's copy is then the last one, and goes back to user
+    // threads.
+    let kept = match (&work, &pass.hand_back) {
+        (Work::Kernel { kernel, .. }, Some(_)) if waits.is_empty() => Some(kernel.clone()),
+        _ => None,
+    };
     let (op, host_task_ns) = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
     let preserve_on_failure = pass.preserve_on_failure;
     let (driver, virtual_time) = &pass.drivers[device as usize];
     let hint = virtual_time.then_some(SimHint { not_before_ns, host_task_ns });
     let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, hint };
-    match driver.submit(submission) {
+    let accepted = driver.submit(submission);
+    if let Some(kernel) = kept {
+        pass.returned.kernel(kernel);
+    }
+    match accepted {
         Ok(Accepted::Pending(handle)) => {
             q.execution_mut(world, e).expect("execution").handle = Some(handle);
             pass.in_driver += 1;

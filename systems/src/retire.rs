@@ -12,7 +12,7 @@ use bevy_ecs::world::{FromWorld, World};
 use crate::queries::Queries;
 use gantry_components::{
     CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
-    QueueFailure, QueueFailures, Slice, Stats, Status, Timeline, WorkLists,
+    QueueFailure, QueueFailures, Returned, Slice, Stats, Status, Timeline, WorkLists,
 };
 use gantry_driver::fusion::KeptOnFailure;
 use gantry_driver::{ExecError, MemSpace};
@@ -39,11 +39,17 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         world.resource_mut::<Stats>().in_driver -= (finished.len() - before) as u64;
         let mut timeline = world.remove_resource::<Timeline>();
         let virtual_time = world.resource::<Devices>().virtual_time();
+        // The events whose last reference retiring drops, freed where they were
+        // allocated (see `HandBack`).
+        let mut returned = Returned::default();
         for f in finished {
-            finish(world, q, f, &mut timeline, virtual_time.as_deref());
+            finish(world, q, f, &mut timeline, virtual_time.as_deref(), &mut returned);
         }
         if let Some(t) = timeline {
             world.insert_resource(t);
+        }
+        if let Some(hand_back) = &world.resource::<Inbox>().hand_back {
+            hand_back.give(&mut returned);
         }
     }
     release_idle_records(world, q);
@@ -81,6 +87,7 @@ fn finish(
     f: Finished,
     timeline: &mut Option<Timeline>,
     virtual_time: Option<&[bool]>,
+    returned: &mut Returned,
 ) {
     let Some(name) = world_name(world, q, f.cmd) else {
         return;
@@ -99,7 +106,7 @@ fn finish(
     // a wait in manual mode returns after the flush that retired the cascade.
     let mut events = Vec::new();
     let defer = f.result.is_err().then_some(&mut events);
-    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos, defer) else {
+    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos, defer, returned) else {
         return;
     };
     match f.result {
@@ -129,7 +136,7 @@ fn finish(
                     lane: 0,
                 };
                 if let Some(next) =
-                    retire_entity(world, q, &poisoned, timeline, &mut undos, Some(&mut events))
+                    retire_entity(world, q, &poisoned, timeline, &mut undos, Some(&mut events), returned)
                 {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
@@ -165,7 +172,8 @@ fn world_name(world: &World, q: &mut Queries, e: Entity) -> Option<std::sync::Ar
 type Deferred = (Arc<EventShared>, Result<(), ExecError>, u64, u64);
 
 /// Finishes the event (or hands it to `defer`), releases leaves and despawns; returns
-/// the successors, or `None` if the entity was already gone.
+/// the successors, or `None` if the entity was already gone. A finished event goes to
+/// `returned`.
 fn retire_entity(
     world: &mut World,
     q: &mut Queries,
@@ -173,6 +181,7 @@ fn retire_entity(
     timeline: &mut Option<Timeline>,
     undos: &mut Vec<Undo>,
     defer: Option<&mut Vec<Deferred>>,
+    returned: &mut Returned,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
     let e = f.cmd;
     let exec = q.execution(world, e)?;
@@ -224,7 +233,10 @@ fn retire_entity(
     event.command.clear();
     match defer {
         Some(events) => events.push((event, f.result.clone(), f.started_ns, f.ended_ns)),
-        None => event.finish(f.result.clone(), f.started_ns, f.ended_ns),
+        None => {
+            event.finish(f.result.clone(), f.started_ns, f.ended_ns);
+            returned.event(event);
+        }
     }
     let mut stats = world.resource_mut::<Stats>();
     stats.live_commands -= 1;
@@ -403,7 +415,8 @@ pub fn abandon_all(world: &mut World, error: ExecError) {
     let mut timeline = world.remove_resource::<Timeline>();
     for e in live {
         let f = Finished { cmd: e, result: Err(error.clone()), started_ns: 0, ended_ns: 0, lane: 0 };
-        retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None);
+        // Dropped here: the scheduler is stopping.
+        retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None, &mut Returned::default());
     }
     if let Some(t) = timeline {
         world.insert_resource(t);

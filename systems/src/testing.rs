@@ -112,8 +112,11 @@ impl Harness {
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config =
             SchedulerConfig { preserve_on_failure: false, epoch: Instant::now(), ingest_limit: usize::MAX };
-        let world =
-            crate::scheduler_world(devices, Inbox { messages: tx.clone(), completions: done_rx }, config);
+        let world = crate::scheduler_world(
+            devices,
+            Inbox { messages: tx.clone(), completions: done_rx, hand_back: None },
+            config,
+        );
         let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
         Self { world, schedule: crate::flush_schedule(), tx, host, dev, queue }
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gantry_components::{
-    Device, Devices, Fusions, GraphPolicy, Inbox, Linearizer, QueueCore, QueueFailures, SchedulerConfig,
-    Timeline,
+    Device, Devices, Fusions, GraphPolicy, HandBack, Inbox, Linearizer, QueueCore, QueueFailures,
+    SchedulerConfig, Timeline,
 };
 use gantry_cpu::{CpuConfig, CpuDriver};
 use gantry_driver::fusion::FusionCompiler;
@@ -399,7 +399,10 @@ impl RuntimeBuilder {
             .collect();
         let infos = devices.iter().map(|d| d.info.clone()).collect();
         let lost = devices.iter().map(|d| d.lost.clone()).collect();
-        let inbox = Inbox { messages: mailbox.clone(), completions: done_rx.clone() };
+        // Only a scheduler thread of its own frees what user threads allocated.
+        let hand_back = (self.mode == Mode::Threaded).then(|| Arc::new(HandBack::new()));
+        let inbox =
+            Inbox { messages: mailbox.clone(), completions: done_rx.clone(), hand_back: hand_back.clone() };
         let config = SchedulerConfig {
             preserve_on_failure: self.preserve_on_failure,
             epoch,
@@ -452,6 +455,7 @@ impl RuntimeBuilder {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             mode: self.mode,
             mailbox,
+            hand_back,
             core: Mutex::new(Some(Core {
                 world,
                 schedule: gantry_systems::flush_schedule(),

@@ -341,8 +341,14 @@ impl Drop for Runtime {
 }
 
 /// Finishes a runtime's shutdown once its gate is closed: drains what can finish,
-/// stops the scheduler thread and the drivers, and fails what can never run.
+/// stops the scheduler thread and the drivers, fails what can never run, and frees
+/// what the stages gave back (a kernel there may hold a handle of this runtime).
 fn shutdown(shared: &Shared, thread: Option<JoinHandle<()>>) {
+    stop(shared, thread);
+    shared.release();
+}
+
+fn stop(shared: &Shared, thread: Option<JoinHandle<()>>) {
     shared.senders.gate.wait_for_senders();
     let _ = shared.drive_until_idle();
     let _ = shared.wake_tx.send(());

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
-use gantry_components::{EventShared, EventStatus, FailureSync, Mailbox, Message, Stats, WorkLists};
+use gantry_components::{
+    EventShared, EventStatus, FailureSync, HandBack, Mailbox, Message, Stats, WorkLists,
+};
 use gantry_driver::sync::atomic::Ordering;
 use gantry_driver::sync::channel::{Receiver, Select, Sender};
 use gantry_driver::sync::thread;
@@ -38,6 +40,9 @@ pub(crate) struct Shared {
     pub(crate) mode: Mode,
     /// User messages on their way to the ingest stage.
     pub(crate) mailbox: Arc<Mailbox>,
+    /// What the stages give back to user threads to free (threaded mode): freed on
+    /// every send and after every wait ([`Shared::release`]).
+    pub(super) hand_back: Option<Arc<HandBack>>,
     /// `None` once the runtime has shut down.
     pub(crate) core: Mutex<Option<Core>>,
     /// Admits messages until the runtime drops, and counts them.
@@ -174,7 +179,15 @@ impl Shared {
         self.mailbox.post(msg);
         self.senders.sent.fetch_add(1, Ordering::AcqRel);
         self.senders.gate.leave();
+        self.release();
         Ok(())
+    }
+
+    /// Frees, on this thread, what the stages gave back (a load when nothing waits).
+    pub(super) fn release(&self) {
+        if let Some(hand_back) = &self.hand_back {
+            hand_back.release();
+        }
     }
 
     /// The error for work the runtime no longer takes: why the scheduler failed, or
@@ -309,6 +322,7 @@ impl Shared {
     pub(crate) fn wait_for(&self, ev: &EventShared, status: EventStatus) -> Result<()> {
         let waited = self.block_for(ev, status);
         self.synced();
+        self.release();
         waited
     }
 
@@ -356,6 +370,7 @@ impl Shared {
     pub(crate) fn drive_until_idle(&self) -> Result<()> {
         let idle = self.until_idle();
         self.synced();
+        self.release();
         idle
     }
 
@@ -445,6 +460,9 @@ impl Shared {
             // frame) is taken without a sleep and a wake-up.
             let input = || !(self.mailbox.is_empty() && self.done_rx.is_empty() && wake.is_empty());
             if !spin_until(self.spin, input) {
+                // Nobody submits: what no user thread took is freed here, before the
+                // scheduler sleeps.
+                self.release();
                 self.block_for_input(Some(wake), safety_net(Duration::from_millis(100)));
             }
             while wake.try_recv().is_ok() {}
