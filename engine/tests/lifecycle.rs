@@ -65,6 +65,50 @@ fn memory_stays_flat_over_many_commands() {
 }
 
 /// A write guard holds off later commands on the buffer until it drops.
+/// What a threaded runtime's stages would free of a command is handed back: freed on
+/// a user thread, where it was allocated (here the submitting thread, at its wait),
+/// and nothing is kept once the runtime is idle, also when no user thread calls in.
+#[test]
+fn a_threaded_runtime_frees_kernels_on_user_threads_and_keeps_nothing_once_idle() {
+    use std::sync::{Arc, Mutex};
+    use std::thread::{self, ThreadId};
+
+    /// Records the thread its drop ran on.
+    struct Probe(Arc<Mutex<Vec<ThreadId>>>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(thread::current().id());
+        }
+    }
+    let drops = Arc::new(Mutex::new(Vec::new()));
+    let submit = |q: &gantry::Queue| {
+        let probe = Probe(drops.clone());
+        q.submit(move |cg| {
+            cg.single_task(move |_| {
+                let _ = &probe;
+            })
+        })
+        .unwrap()
+    };
+    // A scheduler that spins for the whole test never frees what it gave back.
+    let rt = Runtime::builder().spin_before_blocking(Duration::from_secs(3600)).build();
+    let q = rt.queue();
+    submit(&q).wait().unwrap();
+    assert_eq!(*drops.lock().unwrap(), [thread::current().id()], "freed by the wait, on this thread");
+    drop(rt);
+
+    // A scheduler that goes to sleep frees what no user thread took first.
+    let rt = Runtime::builder().spin_before_blocking(Duration::ZERO).build();
+    let q = rt.queue();
+    let events: Vec<_> = (0..100).map(|_| submit(&q)).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while drops.lock().unwrap().len() < 101 {
+        assert!(std::time::Instant::now() < deadline, "captures still alive with nobody calling in");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(events.iter().all(|e| e.status() == EventStatus::Complete));
+}
+
 #[test]
 fn host_write_guard_blocks_later_work() {
     let rt = Runtime::new();
