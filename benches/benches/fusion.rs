@@ -39,7 +39,7 @@
 //! no copy to restore on failure either (with it, each kernel first copies the
 //! range it writes: 64 MiB per kernel at 16M).
 //!
-//! Sizes: 4,096 elements (one launch of four work-groups: launch-bound), 64K, and 16M
+//! Sizes: 4,096 elements (one launch of one work-group: launch-bound), 64K, and 16M
 //! (`1 << 24`, 64 MiB per buffer: memory-bound), K = 2, 4, 8. Two runtime sets, every
 //! Gantry variant of a set on the same runtime:
 //! * `inline`: manual mode, `worker_threads(0)` (everything on the benchmark thread,

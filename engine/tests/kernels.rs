@@ -204,7 +204,7 @@ fn host_discard_write() {
     assert_eq!(rt.stats().moves, 0, "nothing moved back for a discard-write");
 }
 
-/// A long plain range runs in larger groups (3,072 items here, the last one partial)
+/// A long plain range runs in larger groups (8,192 items here, the last one partial)
 /// on several workers: every element is written once, ids agree with the group
 /// layout, and a fused chain with its intermediate promoted to private memory gives
 /// the serial result.
@@ -213,7 +213,7 @@ fn long_ranges_run_in_larger_groups() {
     use gantry::{FusionProps, Promotion};
     let rt = Runtime::builder().worker_threads(3).build();
     let q = rt.queue();
-    let n = 64 * 3072 + 123;
+    let n = 64 * 8192 + 123;
     let out = rt.buffer_zeroed::<[u32; 2]>(n);
     q.submit(|cg| {
         let o = cg.elements_out(&out);
@@ -226,7 +226,7 @@ fn long_ranges_run_in_larger_groups() {
     .unwrap();
     let v = out.to_vec().unwrap();
     assert!(v.iter().enumerate().all(|(i, &[x, _])| x == i as u32 * 3 + 1));
-    assert!(v.iter().all(|&[_, g]| g == 3072 << 1 | 1), "groups of 3,072 with consistent ids");
+    assert!(v.iter().all(|&[_, g]| g == 8192 << 1 | 1), "groups of 8,192 with consistent ids");
 
     let input: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.5).collect();
     let (x, tmp, y) = (rt.buffer(&input), rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(n));

@@ -352,7 +352,7 @@ mod tests {
     /// The contiguous path, including a partial last group, gives `f` of each element.
     #[test]
     fn maps_every_element_of_a_plain_range() {
-        let n = 3000;
+        let n = 10_000;
         let input: Vec<u32> = (0..n as u32).collect();
         let mut out = vec![0u64; n];
         let a = Accessor::<u32, Read>::new(0, 3, n);

@@ -9,8 +9,9 @@ use crate::error::RangeError;
 /// Fewest work-items a plain (non-ND) range kernel puts in one driver work-group
 /// (fewer only when the range is smaller): along its fastest dimension, and where
 /// that is shorter, whole rows of it. Plain ranges carry no work-group semantics; a
-/// group is only the unit of parallel scheduling.
-pub const RANGE_CHUNK: usize = 1024;
+/// group is only the unit of parallel scheduling, and each has a fixed cost that
+/// this many elementwise items outweigh (figures: `docs/PERFORMANCE.md`).
+pub const RANGE_CHUNK: usize = 4096;
 
 /// Most work-items a plain range kernel puts in one group: ranges long enough to
 /// keep [`RANGE_GROUPS`] groups of more items get groups of up to this many, which
@@ -19,7 +20,7 @@ pub const RANGE_CHUNK: usize = 1024;
 /// memory is the limit (figures: `docs/PERFORMANCE.md`). A streamed chain touches
 /// one span of each private region whatever the group's size
 /// (`Plan::span_local`), so the larger groups cost it no cache.
-pub const MAX_RANGE_CHUNK: usize = 64 * RANGE_CHUNK;
+pub const MAX_RANGE_CHUNK: usize = 64 * 1024;
 
 /// Groups a long plain range keeps at least (see [`MAX_RANGE_CHUNK`]), so that every
 /// worker of a many-core CPU still has several to take.
@@ -343,7 +344,7 @@ mod tests {
 
     #[test]
     fn plain_ranges_chunk_the_fastest_dimension() {
-        let g = Geometry::for_range(Range::d1(2500)).unwrap();
+        let g = Geometry::for_range(Range::d1(10_000)).unwrap();
         assert_eq!(g.local_range(), [RANGE_CHUNK, 1, 1]);
         assert_eq!(g.group_range(), [3, 1, 1]);
         let g = Geometry::for_range(Range::d2(7, 5)).unwrap();
@@ -351,13 +352,13 @@ mod tests {
         assert_eq!(g.group_count(), 1);
         // A short fastest dimension: whole rows per group, as many as fit.
         let g = Geometry::for_range(Range::d2(4000, 500)).unwrap();
-        assert_eq!((g.local_range(), g.group_count()), ([61, 500, 1], 66));
+        assert_eq!((g.local_range(), g.group_count()), ([57, 500, 1], 71));
         let g = Geometry::for_range(Range::d2(512, 512)).unwrap();
         assert_eq!((g.local_range(), g.group_count()), ([8, 512, 1], 64));
         let g = Geometry::for_range(Range::d3(40, 30, 20)).unwrap();
-        assert_eq!((g.local_range(), g.group_count()), ([1, 30, 20], 40));
-        let g = Geometry::for_range(Range::d3(400, 30, 20)).unwrap();
-        assert_eq!((g.local_range(), g.group_count()), ([5, 30, 20], 80));
+        assert_eq!((g.local_range(), g.group_count()), ([6, 30, 20], 7));
+        let g = Geometry::for_range(Range::d3(4000, 30, 20)).unwrap();
+        assert_eq!((g.local_range(), g.group_count()), ([61, 30, 20], 66));
         assert!(!g.is_nd());
         // Long ranges get larger groups while they keep `RANGE_GROUPS` of them.
         let chunk = |n: usize| Geometry::for_range(Range::d1(n)).unwrap().local_range()[0];
@@ -377,9 +378,9 @@ mod tests {
     #[test]
     fn group_ids_walk_the_group_grid() {
         let geometries = [
-            (Geometry::for_range(Range::d1(2500)).unwrap(), [3, 1, 1]),
-            (Geometry::for_range(Range::d2(3, 2100)).unwrap(), [3, 3, 1]),
-            (Geometry::for_range(Range::d3(2, 3, 1500)).unwrap(), [2, 3, 2]),
+            (Geometry::for_range(Range::d1(10_000)).unwrap(), [3, 1, 1]),
+            (Geometry::for_range(Range::d2(3, 9000)).unwrap(), [3, 3, 1]),
+            (Geometry::for_range(Range::d3(2, 3, 6000)).unwrap(), [2, 3, 2]),
             (NdRange::new([8, 6], [2, 3]).geometry().unwrap(), [4, 2, 1]),
             (NdRange::new([4, 6, 8], [2, 3, 4]).geometry().unwrap(), [2, 2, 2]),
         ];

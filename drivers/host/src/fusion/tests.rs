@@ -11,6 +11,7 @@ use crate::elementwise::map_phase;
 use crate::item::Item;
 use crate::snapshot::SnapshotPool;
 use gantry_driver::fusion::{FusionArg, FusionKernel, PromotionMismatch, Unprofitable};
+use gantry_driver::RANGE_CHUNK;
 use gantry_driver::{panic_message, Binding, ExecError, ItemCost, NdRange, Range, ScratchKind};
 
 /// A single-phase kernel named `name` whose one-slot-per-buffer accessors are
@@ -358,7 +359,7 @@ fn counted_map(k: usize, n: usize, f: fn(u32) -> u32, counters: &Arc<Counters>) 
 /// 3); the same holds.
 #[test]
 fn elementwise_chains_stream_span_by_span() {
-    let n = 2500; // groups of 1,024: the last holds 452, a partial last span
+    let n = 10_000; // groups of 4,096: the last holds 1,808, a partial last span
     let counters = Arc::new(Counters::default());
     // `wide`: private buffer 13 holds two elements per work-item.
     let kernels = |wide: usize| {
@@ -432,7 +433,7 @@ fn spans_shrink_to_keep_intermediates_in_l1() {
 /// earlier run filled (so nothing passes by finding zeros).
 #[test]
 fn a_private_intermediate_read_after_the_stream_keeps_its_whole_region() {
-    let n = 2500; // groups of 1,024, the last group and span partial
+    let n = 10_000; // groups of 4,096, the last group and span partial
     let counters = Arc::new(Counters::default());
     let private = |b: u64| FusionArg::new(b, 0..n * 4, 4).promoted(Promotion::Private);
     // 10 -> 11 (private) -> 12 (private) -> 13, streamed; then a per-item kernel
@@ -532,12 +533,12 @@ fn chains_over_shifted_views_do_not_stream() {
 
     // Nor does a kernel over a smaller range than the grid's (remapped: it skips
     // work-items).
-    let (n, short) = (2048, 1500);
+    let (n, short) = (8192, 6000);
     let fused = chain(n, short, vec![whole(11, short), whole(12, short)]);
     let mut bufs = HashMap::from([(10, (0..n as u32).collect()), (11, vec![7; n]), (12, vec![0; short])]);
     counters.reset();
     run(&fused, &mut bufs);
-    assert_eq!(counters.started()[1], 1024, "a shorter kernel starts after the whole group");
+    assert_eq!(counters.started()[1], RANGE_CHUNK, "a shorter kernel starts after the whole group");
     assert_eq!(counters.calls()[1], short, "and maps only its range");
     assert!(bufs[&12] == (0..short as u32).map(|v| v * 2 + 1).collect::<Vec<_>>(), "the serial result");
 }
