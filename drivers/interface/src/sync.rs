@@ -51,7 +51,10 @@ pub const SPIN_WINDOW: Duration = Duration::from_micros(20);
 /// scheduler's hand-offs (message to scheduler, completion to scheduler, event to
 /// waiter) each pay one, which is most of a short frame's latency. The default
 /// window ([`SPIN_WINDOW`]) is short enough that an idle thread gives its core back
-/// quickly; a zero window checks once.
+/// quickly; a zero window checks once. Between rounds of polls the spinner offers
+/// its core (`yield_now`): the thread it waits for (a worker running the kernel, the
+/// scheduler) may need that very core, and where threads outnumber cores a pure spin
+/// kept it from running (figures: `docs/PERFORMANCE.md`, "Spinning that yields").
 ///
 /// Under shuttle it checks once and does not spin: the blocking path behind it is
 /// the one whose interleavings matter.
@@ -75,6 +78,7 @@ pub fn spin_until(window: Duration, mut ready: impl FnMut() -> bool) -> bool {
         if start.elapsed() >= window {
             return false;
         }
+        std::thread::yield_now();
     }
 }
 
