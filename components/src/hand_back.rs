@@ -111,11 +111,11 @@ impl HandBack {
         let overflow = {
             let mut given = self.given.lock();
             given.append(batch);
-            self.waiting.store(true, Ordering::Release);
-            (given.len() > LIMIT).then(|| std::mem::take(&mut *given))
+            let over = given.len() > LIMIT;
+            self.waiting.store(!over, Ordering::Release);
+            over.then(|| std::mem::take(&mut *given))
         };
         if let Some(overflow) = overflow {
-            self.waiting.store(false, Ordering::Release);
             overflow.free();
         }
     }
