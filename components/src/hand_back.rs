@@ -136,13 +136,55 @@ impl HandBack {
     }
 
     /// Items waiting.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.given.lock().len()
     }
 
-    /// Whether none wait.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// One pass of a stage giving back what it would free: collects last references
+/// where the runtime has a hand-back, and drops them at once where it has none
+/// (manual runtimes), so that those pay nothing per command.
+pub struct Returning {
+    to: Option<Arc<HandBack>>,
+    batch: Returned,
+}
+
+impl Returning {
+    /// A pass giving back to `to` (`None`: nothing is collected).
+    pub fn to(to: Option<Arc<HandBack>>) -> Self {
+        Self { to, batch: Returned::default() }
+    }
+
+    /// Whether it collects: where not, a stage need not keep a reference to give.
+    pub fn collects(&self) -> bool {
+        self.to.is_some()
+    }
+
+    /// See [`Returned::kernel`]; dropped at once where nothing is collected.
+    pub fn kernel(&mut self, kernel: KernelRef) {
+        if self.collects() {
+            self.batch.kernel(kernel);
+        }
+    }
+
+    /// See [`Returned::event`]; dropped at once where nothing is collected.
+    pub fn event(&mut self, event: Arc<EventShared>) {
+        if self.collects() {
+            self.batch.event(event);
+        }
+    }
+
+    /// Ends the pass: gives what it collected ([`HandBack::give`]).
+    pub fn give(mut self) {
+        if let Some(to) = &self.to {
+            to.give(&mut self.batch);
+        }
     }
 }
 
@@ -188,6 +230,29 @@ mod tests {
         std::thread::spawn(move || h.release()).join().unwrap();
         assert!(weak.upgrade().is_none() && hand_back.is_empty());
         hand_back.release();
+    }
+
+    /// A pass without a hand-back (a manual runtime) keeps nothing; one with a
+    /// hand-back gives what it collected when it ends.
+    #[test]
+    fn a_pass_collects_only_for_a_hand_back() {
+        let probe = kernel();
+        let weak = Arc::downgrade(&probe);
+        let mut pass = Returning::to(None);
+        assert!(!pass.collects());
+        pass.kernel(probe);
+        assert!(weak.upgrade().is_none(), "dropped at once");
+        let hand_back = Arc::new(HandBack::new());
+        let probe = kernel();
+        let weak = Arc::downgrade(&probe);
+        let mut pass = Returning::to(Some(hand_back.clone()));
+        pass.kernel(probe);
+        pass.event(event());
+        pass.give();
+        assert_eq!(hand_back.len(), 2);
+        assert!(weak.upgrade().is_some(), "kept until a release");
+        hand_back.release();
+        assert!(weak.upgrade().is_none());
     }
 
     #[test]

@@ -10,8 +10,8 @@ use bevy_ecs::world::World;
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, Devices, Finished, HandBack, Inbox, Requirement, Returned, SchedulerConfig, Stats, Status,
-    Work, WorkLists,
+    CommandKind, Devices, Finished, Inbox, Requirement, Returning, SchedulerConfig, Stats, Status, Work,
+    WorkLists,
 };
 use gantry_driver::{
     Accepted, CommandBufferLaunch, DeviceOp, Driver, HostTask, KernelLaunch, MemArg, MemRef, MemSlice,
@@ -33,8 +33,7 @@ struct Pass {
     /// Where kernels go whose last reference a driver left to this stage (it ran them
     /// inside `submit`): freed by user threads, where they were allocated (threaded
     /// mode; see `HandBack`).
-    hand_back: Option<Arc<HandBack>>,
-    returned: Returned,
+    returning: Returning,
 }
 
 /// The enqueue stage system.
@@ -55,8 +54,7 @@ pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
         preserve_on_failure: world.resource::<SchedulerConfig>().preserve_on_failure,
         finished: Vec::new(),
         in_driver: 0,
-        hand_back: world.resource::<Inbox>().hand_back.clone(),
-        returned: Returned::default(),
+        returning: Returning::to(world.resource::<Inbox>().hand_back.clone()),
     };
     loop {
         let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
@@ -73,9 +71,7 @@ pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
     if !pass.finished.is_empty() {
         world.resource_mut::<WorkLists>().finished.append(&mut pass.finished);
     }
-    if let Some(hand_back) = &pass.hand_back {
-        hand_back.give(&mut pass.returned);
-    }
+    pass.returning.give();
 }
 
 /// The memory a placed requirement names.
@@ -156,8 +152,8 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
     // A driver that runs the kernel inside `submit` (it waits for nothing) drops its
     // reference there; the stage's copy is then the last one, and goes back to user
     // threads.
-    let kept = match (&work, &pass.hand_back) {
-        (Work::Kernel { kernel, .. }, Some(_)) if waits.is_empty() => Some(kernel.clone()),
+    let kept = match &work {
+        Work::Kernel { kernel, .. } if pass.returning.collects() && waits.is_empty() => Some(kernel.clone()),
         _ => None,
     };
     let (op, host_task_ns) = build_op(work, &q.requirements(world, e).expect("requirements").0, name);
@@ -167,7 +163,7 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
     let submission = Submission { id: OpId(e.to_bits()), op, waits: &waits, preserve_on_failure, hint };
     let accepted = driver.submit(submission);
     if let Some(kernel) = kept {
-        pass.returned.kernel(kernel);
+        pass.returning.kernel(kernel);
     }
     match accepted {
         Ok(Accepted::Pending(handle)) => {

@@ -12,7 +12,7 @@ use bevy_ecs::world::{FromWorld, World};
 use crate::queries::Queries;
 use gantry_components::{
     CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
-    QueueFailure, QueueFailures, Returned, Slice, Stats, Status, Timeline, WorkLists,
+    QueueFailure, QueueFailures, Returning, Slice, Stats, Status, Timeline, WorkLists,
 };
 use gantry_driver::fusion::KeptOnFailure;
 use gantry_driver::{ExecError, MemSpace};
@@ -41,16 +41,14 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         let virtual_time = world.resource::<Devices>().virtual_time();
         // The events whose last reference retiring drops, freed where they were
         // allocated (see `HandBack`).
-        let mut returned = Returned::default();
+        let mut returning = Returning::to(world.resource::<Inbox>().hand_back.clone());
         for f in finished {
-            finish(world, q, f, &mut timeline, virtual_time.as_deref(), &mut returned);
+            finish(world, q, f, &mut timeline, virtual_time.as_deref(), &mut returning);
         }
         if let Some(t) = timeline {
             world.insert_resource(t);
         }
-        if let Some(hand_back) = &world.resource::<Inbox>().hand_back {
-            hand_back.give(&mut returned);
-        }
+        returning.give();
     }
     release_idle_records(world, q);
     release_dropped_queues(world, q);
@@ -87,7 +85,7 @@ fn finish(
     f: Finished,
     timeline: &mut Option<Timeline>,
     virtual_time: Option<&[bool]>,
-    returned: &mut Returned,
+    returning: &mut Returning,
 ) {
     let Some(name) = world_name(world, q, f.cmd) else {
         return;
@@ -106,7 +104,7 @@ fn finish(
     // a wait in manual mode returns after the flush that retired the cascade.
     let mut events = Vec::new();
     let defer = f.result.is_err().then_some(&mut events);
-    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos, defer, returned) else {
+    let Some(succs) = retire_entity(world, q, &f, timeline, &mut undos, defer, returning) else {
         return;
     };
     match f.result {
@@ -136,7 +134,7 @@ fn finish(
                     lane: 0,
                 };
                 if let Some(next) =
-                    retire_entity(world, q, &poisoned, timeline, &mut undos, Some(&mut events), returned)
+                    retire_entity(world, q, &poisoned, timeline, &mut undos, Some(&mut events), returning)
                 {
                     stack.extend(next.iter().map(|s| (s.entity, err.as_dependency_of(name.clone()))));
                 }
@@ -173,7 +171,7 @@ type Deferred = (Arc<EventShared>, Result<(), ExecError>, u64, u64);
 
 /// Finishes the event (or hands it to `defer`), releases leaves and despawns; returns
 /// the successors, or `None` if the entity was already gone. A finished event goes to
-/// `returned`.
+/// `returning`.
 fn retire_entity(
     world: &mut World,
     q: &mut Queries,
@@ -181,7 +179,7 @@ fn retire_entity(
     timeline: &mut Option<Timeline>,
     undos: &mut Vec<Undo>,
     defer: Option<&mut Vec<Deferred>>,
-    returned: &mut Returned,
+    returning: &mut Returning,
 ) -> Option<smallvec::SmallVec<[gantry_components::Successor; 4]>> {
     let e = f.cmd;
     let exec = q.execution(world, e)?;
@@ -235,7 +233,7 @@ fn retire_entity(
         Some(events) => events.push((event, f.result.clone(), f.started_ns, f.ended_ns)),
         None => {
             event.finish(f.result.clone(), f.started_ns, f.ended_ns);
-            returned.event(event);
+            returning.event(event);
         }
     }
     let mut stats = world.resource_mut::<Stats>();
@@ -416,7 +414,7 @@ pub fn abandon_all(world: &mut World, error: ExecError) {
     for e in live {
         let f = Finished { cmd: e, result: Err(error.clone()), started_ns: 0, ended_ns: 0, lane: 0 };
         // Dropped here: the scheduler is stopping.
-        retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None, &mut Returned::default());
+        retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None, &mut Returning::to(None));
     }
     if let Some(t) = timeline {
         world.insert_resource(t);
