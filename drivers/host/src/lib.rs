@@ -14,6 +14,7 @@
 //! * [`elementwise`]: elementwise kernels, whose loop the runtime owns;
 //! * [`multimap`]: elementwise kernels of two to four inputs;
 //! * [`reduce`]: reductions of a range into one element, optionally of a map;
+//! * [`stencil`]: kernels over a 2-D grid that read each cell's 3×3 neighbourhood;
 //! * [`isa`]: the vector instruction set the runtime's own loops run with, and their
 //!   prefetch policy;
 //! * [`snapshot`]: copies of an operation's writable ranges, for
@@ -45,6 +46,7 @@ pub mod reduce;
 pub mod replay;
 pub mod runner;
 pub mod snapshot;
+pub mod stencil;
 
 pub use access::{
     Accessor, BufferSlot, DiscardWrite, ElemAccessor, HostAccessor, LocalAccessor, Mode, PrivateAccessor,
@@ -62,6 +64,7 @@ pub use reduce::{reduce_phase, Custom, Max, Min, Reduction, Sum};
 pub use replay::{BoundOps, BoundStep, CachedPlan};
 pub use runner::{Groups, KernelCall, Runner};
 pub use snapshot::{Snapshot, SnapshotPool};
+pub use stencil::{stencil_phase, Neighborhood};
 
 /// The fusion compilers a host driver offers besides the closure one (which the
 /// runtime adds): with the feature `jit`, `gantry-jit`'s compiler of LLVM IR kernels,

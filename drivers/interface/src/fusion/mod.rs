@@ -240,6 +240,10 @@ pub enum Unprofitable {
     /// load. (Elementwise kernels reach private memory as contiguous runs instead.)
     #[error("would reach internalized or shared memory one mapped access at a time")]
     MappedAccess,
+    /// A stencil reads its neighbours' elements, which other work-groups of a fused
+    /// chain would write while it reads them: only unfused are they all written first.
+    #[error("is a stencil, which reads cells other work-groups of a fused chain write")]
+    Neighborhood,
 }
 
 /// Why a promotion hint was not followed (the buffer stays in global memory).
