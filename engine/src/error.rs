@@ -70,6 +70,19 @@ pub enum Error {
         /// Output elements.
         output: usize,
     },
+    /// A stencil ([`Handler::stencil`](crate::Handler::stencil)) whose output does
+    /// not hold its grid exactly, or whose input holds less.
+    #[error("stencil grid of {rows} × {cols} cells needs exactly that many output elements (has {output}) and at least as many input elements (has {input})")]
+    StencilGrid {
+        /// Rows of the grid.
+        rows: usize,
+        /// Columns of the grid.
+        cols: usize,
+        /// Input elements.
+        input: usize,
+        /// Output elements.
+        output: usize,
+    },
     /// A copy between ranges of different lengths.
     #[error("copy of {src} elements into a range of {dst}")]
     LengthMismatch {

@@ -596,6 +596,68 @@ impl Handler {
         self.elementwise(static_name!("map4"), &inputs, output, phase);
     }
 
+    /// A stencil over a `rows × cols` grid (row-major): work-item `(y, x)` writes
+    /// `f(&n)` to element `y * cols + x` of `output`, where `n` is the 3×3
+    /// [`Neighborhood`](gantry_host::Neighborhood) of input element `(y, x)`:
+    /// `n.at(dy, dx)` reads a neighbour (`dy`, `dx` in -1..=1), clamped to the grid at
+    /// its border, and `n.is_border()` tells whether the cell is on it. The runtime
+    /// owns the loop: a work-group's interior cells run as one loop over three rows of
+    /// the input with no bounds check per neighbour, vectorized where the arithmetic
+    /// allows (`docs/PERFORMANCE.md` compares it with a serial loop and with
+    /// `parallel_for!`). `output` must have exactly `rows × cols` elements and `input`
+    /// at least that many ([`Error::StencilGrid`] otherwise). A stencil is not fused
+    /// with other kernels
+    /// ([`Unprofitable::Neighborhood`](gantry_driver::fusion::Unprofitable::Neighborhood)):
+    /// its cells read what other work-groups of a fused chain would write.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::new();
+    /// let (rows, cols) = (4, 5);
+    /// let heat = rt.buffer(&(0..20).map(|i| i as f32).collect::<Vec<_>>());
+    /// let next = rt.buffer_zeroed::<f32>(rows * cols);
+    /// rt.queue().submit(|cg| {
+    ///     let (src, dst) = (cg.read(&heat), cg.elements_out(&next));
+    ///     // Diffusion with fixed borders.
+    ///     cg.stencil(&src, &dst, [rows, cols], |n| {
+    ///         let c = n.center();
+    ///         if n.is_border() { c } else { c + 0.1 * (n.at(-1, 0) + n.at(1, 0) + n.at(0, -1) + n.at(0, 1) - 4.0 * c) }
+    ///     });
+    /// })?.wait()?;
+    /// let out = next.to_vec()?;
+    /// assert_eq!((out[0], out[6]), (0.0, 6.0)); // a border cell; an interior one of a linear ramp
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn stencil<T, U, MI, MO, F>(
+        &mut self,
+        input: &Accessor<T, MI>,
+        output: &ElemAccessor<U, MO>,
+        [rows, cols]: [usize; 2],
+        f: F,
+    ) where
+        T: Pod,
+        U: Pod,
+        MI: gantry_host::Readable,
+        MO: gantry_host::Writable,
+        F: Fn(&gantry_host::Neighborhood<'_, T>) -> U + Send + Sync + 'static,
+    {
+        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
+            self.fail(Error::ForeignObject("an accessor"));
+        }
+        let (input_len, output_len) = (input.len(), output.len());
+        let geometry = match rows.checked_mul(cols) {
+            Some(cells) if cells == output_len && input_len >= cells => {
+                Geometry::for_range(Range::d2(rows, cols)).map_err(Error::from)
+            }
+            _ => Err(Error::StencilGrid { rows, cols, input: input_len, output: output_len }),
+        };
+        let phase = gantry_host::stencil_phase(*input, *output, [rows, cols], f);
+        self.set_action(Action::Kernel {
+            name: self.kernel_name(static_name!("stencil")),
+            geometry,
+            phases: smallvec::smallvec![phase],
+        });
+    }
+
     /// Sets an elementwise kernel `name` running `phase` over `output` with `inputs`
     /// (tag, length): a plain range of the output's length; a foreign accessor or a
     /// short input fails the group.
