@@ -12,6 +12,8 @@
 //! * `stencil`: the main job's 5-point stencil, a 2-D `parallel_for([n, n])` reading
 //!   through `get` and writing through an element accessor (size `n` is the side);
 //! * `stencil_twice`: the same body through `gantry::parallel_for!`;
+//! * `stencil_primitive`: the same stencil as `cg.stencil`, whose body reads the
+//!   cell's neighbourhood (`n.at(dy, dx)`) and keeps border cells;
 //! * `particles_for`: a two-input particle step over 16-byte structs
 //!   (`out[i] = integrate(p[i], f[i])`) as a per-work-item closure;
 //! * `particles_for_twice`: the same step through `gantry::parallel_for!` and `at`;
@@ -84,7 +86,7 @@ enum Form {
     Closure,
     /// `gantry::parallel_for!`: the closure twice, own elements through `at`/`elem`.
     Twice,
-    /// `cg.map` / `cg.map2`.
+    /// The runtime's own loop: `cg.map`, `cg.map2`, `cg.stencil`.
     Map,
 }
 
@@ -277,7 +279,7 @@ fn stencil_bench(c: &mut Criterion) {
         let mut want = vec![0f32; n];
         stencil_loop(&cur, &mut want, side);
         let mut next = vec![0f32; n];
-        let setup = |twice: bool| {
+        let setup = |form: Form| {
             let (cur, want) = (cur.clone(), want.clone());
             move |rt: &Runtime| {
                 let q = rt.queue();
@@ -306,9 +308,16 @@ fn stencil_bench(c: &mut Criterion) {
                                     }
                                 };
                             }
-                            match twice {
-                                false => cg.parallel_for([h, w], body!()),
-                                true => gantry::parallel_for!(cg, [h, w], body!()),
+                            match form {
+                                Form::Closure => cg.parallel_for([h, w], body!()),
+                                Form::Twice => gantry::parallel_for!(cg, [h, w], body!()),
+                                Form::Map => cg.stencil(&src, &dst, [h, w], |n| {
+                                    let c = n.center();
+                                    match n.is_border() {
+                                        true => c,
+                                        false => stencil(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
+                                    }
+                                }),
                             }
                         })
                         .expect("submit")
@@ -325,7 +334,7 @@ fn stencil_bench(c: &mut Criterion) {
             side,
             n,
             || stencil_loop(black_box(&cur), black_box(&mut next), side),
-            setup(false),
+            setup(Form::Closure),
         );
         form(
             c,
@@ -333,7 +342,15 @@ fn stencil_bench(c: &mut Criterion) {
             side,
             n,
             || stencil_loop(black_box(&cur), black_box(&mut next), side),
-            setup(true),
+            setup(Form::Twice),
+        );
+        form(
+            c,
+            "stencil_primitive",
+            side,
+            n,
+            || stencil_loop(black_box(&cur), black_box(&mut next), side),
+            setup(Form::Map),
         );
     }
 }
