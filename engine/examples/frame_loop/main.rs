@@ -1,8 +1,8 @@
 //! A frame loop on Gantry's CPU driver: 2-D heat diffusion on a W×H grid.
 //!
 //! Each frame submits
-//! 1. the stencil kernel: a 2-D `parallel_for([h, w])` reading the current grid and
-//!    writing the next one through an exclusive element accessor (two grids,
+//! 1. the stencil kernel: `cg.stencil` over the `[h, w]` grid, each cell reading its
+//!    neighbourhood in the current grid and writing the next one (two grids,
 //!    ping-ponged),
 //! 2. a per-row reduction kernel (sum and max of each row of the new grid),
 //! 3. a copy of the probe row (the middle row) into a ring of history rows,
@@ -486,14 +486,19 @@ impl Sim {
             return images.submit(&self.q, (cur, next, &self.rows), (h, w), ALPHA, events);
         }
 
-        // 1. Stencil: next = diffuse(cur). Through `parallel_for!`, whose body is
-        //    compiled once for work-groups of ordinary memory with nothing in the
-        //    loop that calls out (the stencil's accesses then cost a compare each).
+        // 1. Stencil: next = diffuse(cur). A stencil kernel: the runtime runs each
+        //    row's interior cells as one vectorized loop over three rows of `cur`.
         events.push(self.q.submit(|cg| {
             cg.name("stencil");
             let src = cg.read(cur);
             let dst = cg.elements_out(next);
-            gantry::parallel_for!(cg, [h, w], move |it| *dst.elem(it) = diffuse_at(&src, it, h, w));
+            cg.stencil(&src, &dst, [h, w], |n| {
+                let c = n.center();
+                match n.is_border() {
+                    true => c,
+                    false => stencil(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
+                }
+            });
         })?);
 
         // 2. Per-row sum and max of the new grid. An ND-range with small groups: a
