@@ -239,3 +239,50 @@ fn a_failing_body_fails_its_command_only() {
     .unwrap();
     assert_eq!(fine.to_vec().unwrap(), grid(rows, cols));
 }
+
+/// Fused anyway (`fuse_unprofitable`), a stencil that reads the chain's input runs
+/// inside the fused kernel through its per-work-item path, with and without
+/// barriers, and gives the unfused results.
+#[test]
+fn fused_anyway_a_stencil_first_in_its_chain_gives_the_same_results() {
+    for barriers in [true, false] {
+        let rt = Runtime::builder()
+            .mode(Mode::Manual)
+            .worker_threads(0)
+            .fusion_warnings(0)
+            .fuse_unprofitable(true)
+            .build();
+        let q = rt.queue();
+        let (rows, cols) = (16, 24);
+        let input = grid(rows, cols);
+        let x = rt.buffer(&input);
+        let (tmp, out) = (rt.buffer_zeroed::<f32>(rows * cols), rt.buffer_zeroed::<f32>(rows * cols));
+        q.start_fusion().unwrap();
+        q.submit(|cg| {
+            let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
+            cg.stencil(&x, &t, [rows, cols], |n| {
+                let c = n.center();
+                match n.is_border() {
+                    true => c,
+                    false => diffuse(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
+                }
+            });
+        })
+        .unwrap();
+        q.submit(|cg| {
+            let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+            cg.map(&t, &o, |v| v * 2.0);
+        })
+        .unwrap();
+        q.complete_fusion(FusionProps { barriers }).unwrap().wait().unwrap();
+        assert!(
+            matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })),
+            "{:?}",
+            q.fusion_outcome()
+        );
+        let want = serial(&input, rows, cols).0;
+        assert_eq!(bits(&tmp.to_vec().unwrap()), bits(&want), "barriers: {barriers}");
+        let doubled: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
+        assert_eq!(bits(&out.to_vec().unwrap()), bits(&doubled), "barriers: {barriers}");
+    }
+}
