@@ -92,7 +92,7 @@ pub(crate) trait MapRun: Send + Sync {
 }
 
 /// A map loop with its closure and element types erased: `(f, src, dst, count)`.
-pub(crate) type MapFn = unsafe fn(*const (), *const u8, *mut u8, usize);
+pub(crate) type MapFn = crate::isa::LoopFn;
 
 impl MapLoop {
     /// The loop for the instruction set in use ([`isa`](crate::isa)), bound to its

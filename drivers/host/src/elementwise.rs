@@ -22,7 +22,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::closure::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
-use crate::isa::Isa;
+use crate::isa::{Isa, OwnedLoop};
 use crate::item::{GroupCtx, Item};
 use gantry_driver::{Binding, Internal};
 
@@ -161,78 +161,33 @@ unsafe fn map_slice_with<T: Copy, U, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T], 
 /// AVX-512 machine a default build's loop would use a quarter of the vector width.
 /// `isa` must be one the CPU runs.
 fn map_fn<T: Copy, U, F: Fn(T) -> U>(isa: Isa) -> MapFn {
-    match isa {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx512 => x86::map_avx512::<T, U, F>,
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx2 => x86::map_avx2::<T, U, F>,
-        _ => map_baseline::<T, U, F>,
-    }
+    crate::isa::copy_for::<MapOver<T, U, F>>(isa)
 }
 
-/// The map loop over raw runs, inlined into each instruction set's copy. A call of
-/// its own (through a [`MapFn`]), it is not inlined into the phase, where the compiler
-/// does not vectorize it (`docs/PERFORMANCE.md`). The compiler cannot see that the
-/// runs are apart, so each call first compares the two addresses (a few instructions)
-/// and then runs the vector loop.
-///
-/// # Safety
-/// `f` points to an `F`; `src` to `count` live, aligned `T`s and `dst` to `count`
-/// live, aligned `U`s that nothing else reads or writes meanwhile.
-#[inline(always)]
-unsafe fn map_loop<T: Copy, U, F: Fn(T) -> U>(f: *const (), src: *const u8, dst: *mut u8, count: usize) {
-    // SAFETY: the caller's contract.
-    let (f, src, dst) = unsafe {
-        (
-            &*f.cast::<F>(),
-            std::slice::from_raw_parts(src.cast::<T>(), count),
-            std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
-        )
-    };
-    for (o, &x) in dst.iter_mut().zip(src) {
-        *o = f(x);
-    }
-}
+/// The map loop over raw runs, one copy per instruction set. A call of its own
+/// (through a [`MapFn`]), it is not inlined into the phase, where the compiler does
+/// not vectorize it (`docs/PERFORMANCE.md`). The compiler cannot see that the runs
+/// are apart, so each call first compares the two addresses (a few instructions) and
+/// then runs the vector loop.
+struct MapOver<T, U, F>(PhantomData<fn(T, F) -> U>);
 
-/// [`map_loop`] for the binary's own target.
-///
-/// # Safety
-/// As [`map_loop`].
-unsafe fn map_baseline<T: Copy, U, F: Fn(T) -> U>(f: *const (), src: *const u8, dst: *mut u8, count: usize) {
-    // SAFETY: the caller's contract.
-    unsafe { map_loop::<T, U, F>(f, src, dst, count) }
-}
-
-/// [`map_loop`] compiled for wider x86-64 vector units.
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-mod x86 {
-    use super::map_loop;
-
+impl<T: Copy, U, F: Fn(T) -> U> OwnedLoop for MapOver<T, U, F> {
     /// # Safety
-    /// As [`map_loop`]; and the CPU must run AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn map_avx2<T: Copy, U, F: Fn(T) -> U>(
-        f: *const (),
-        src: *const u8,
-        dst: *mut u8,
-        count: usize,
-    ) {
+    /// `f` points to an `F`; `src` to `count` live, aligned `T`s and `dst` to `count`
+    /// live, aligned `U`s that nothing else reads or writes meanwhile.
+    #[inline(always)]
+    unsafe fn run(f: *const (), src: *const u8, dst: *mut u8, count: usize) {
         // SAFETY: the caller's contract.
-        unsafe { map_loop::<T, U, F>(f, src, dst, count) }
-    }
-
-    /// # Safety
-    /// As [`map_loop`]; and the CPU must run AVX-512F (and AVX2, which every AVX-512
-    /// CPU has).
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn map_avx512<T: Copy, U, F: Fn(T) -> U>(
-        f: *const (),
-        src: *const u8,
-        dst: *mut u8,
-        count: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { map_loop::<T, U, F>(f, src, dst, count) }
+        let (f, src, dst) = unsafe {
+            (
+                &*f.cast::<F>(),
+                std::slice::from_raw_parts(src.cast::<T>(), count),
+                std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
+            )
+        };
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = f(x);
+        }
     }
 }
 

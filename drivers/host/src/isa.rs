@@ -140,6 +140,70 @@ fn choose(detected: Isa, cap: Option<Isa>) -> Isa {
     cap.map_or(detected, |cap| cap.min(detected))
 }
 
+/// A loop the runtime owns, with its types erased: `(ctx, src, dst, count)`, where
+/// the loop defines what `ctx` points to and what the two runs hold. Every copy of a
+/// loop ([`copy_for`]) has this shape, so a caller resolves the copy once and calls it
+/// through one pointer.
+pub(crate) type LoopFn = unsafe fn(*const (), *const u8, *mut u8, usize);
+
+/// A loop compiled once per instruction set by [`copy_for`]. Implementations mark
+/// [`OwnedLoop::run`] `#[inline(always)]`, so that each copy inlines it, and the
+/// user's closure it calls, under that copy's target features.
+pub(crate) trait OwnedLoop {
+    /// The loop.
+    ///
+    /// # Safety
+    /// The implementation's contract for `ctx`, `src`, `dst` and `count`.
+    unsafe fn run(ctx: *const (), src: *const u8, dst: *mut u8, count: usize);
+}
+
+/// The copy of `L` compiled for `isa`, which must be one the CPU runs.
+pub(crate) fn copy_for<L: OwnedLoop>(isa: Isa) -> LoopFn {
+    match isa {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx512 => copies::avx512::<L>,
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        Isa::Avx2 => copies::avx2::<L>,
+        _ => copies::baseline::<L>,
+    }
+}
+
+/// The copies [`copy_for`] hands out.
+mod copies {
+    use super::OwnedLoop;
+
+    /// `L` for the binary's own target.
+    ///
+    /// # Safety
+    /// `L`'s contract.
+    pub(super) unsafe fn baseline<L: OwnedLoop>(ctx: *const (), src: *const u8, dst: *mut u8, count: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { L::run(ctx, src, dst, count) }
+    }
+
+    /// `L` for x86-64 AVX2.
+    ///
+    /// # Safety
+    /// `L`'s contract; and the CPU must run AVX2.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn avx2<L: OwnedLoop>(ctx: *const (), src: *const u8, dst: *mut u8, count: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { L::run(ctx, src, dst, count) }
+    }
+
+    /// `L` for x86-64 AVX-512F (and AVX2, which every AVX-512 CPU has).
+    ///
+    /// # Safety
+    /// `L`'s contract; and the CPU must run AVX-512F.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[target_feature(enable = "avx512f,avx2")]
+    pub(super) unsafe fn avx512<L: OwnedLoop>(ctx: *const (), src: *const u8, dst: *mut u8, count: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { L::run(ctx, src, dst, count) }
+    }
+}
+
 /// The environment variable that sets [`stream_prefetch`].
 pub const STREAM_PREFETCH_ENV: &str = "GANTRY_STREAM_PREFETCH";
 

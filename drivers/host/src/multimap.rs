@@ -121,83 +121,43 @@ macro_rules! map_n {
             dst: &mut [U],
         ) {
             let count = dst.len()$(.min($s.len()))+;
-            let ($($s,)+) = ($($s.as_ptr(),)+);
-            let dst = dst.as_mut_ptr();
-            // SAFETY: `count` elements of each slice; the output is a `&mut` slice, so
-            // apart from the inputs; the caller's contract for `isa`.
+            let ctx = (f, ($($s.as_ptr(),)+));
+            // SAFETY: `ctx` is the closure and the inputs' runs of `count` elements
+            // each; the output is a `&mut` slice, so apart from the inputs; the
+            // caller's contract for `isa`.
             unsafe {
-                match isa {
-                    #[cfg(all(target_arch = "x86_64", not(miri)))]
-                    Isa::Avx512 => $ptrs::avx512(f, $($s,)+ dst, count),
-                    #[cfg(all(target_arch = "x86_64", not(miri)))]
-                    Isa::Avx2 => $ptrs::avx2(f, $($s,)+ dst, count),
-                    _ => $ptrs::baseline(f, $($s,)+ dst, count),
-                }
+                crate::isa::copy_for::<$ptrs<$($T,)+ U, F>>(isa)(
+                    std::ptr::from_ref(&ctx).cast(),
+                    std::ptr::null(),
+                    dst.as_mut_ptr().cast(),
+                    count,
+                )
             }
         }
 
-        /// The loop over raw runs, one copy per instruction set, `f` inlined into each.
-        mod $ptrs {
+        /// The loop over raw runs, one copy per instruction set, `f` inlined into
+        /// each: its context is the closure and the inputs' runs.
+        struct $ptrs<$($T,)+ U, F>(PhantomData<fn($($T,)+ F) -> U>);
+
+        impl<$($T: Copy,)+ U, F: Fn($($T),+) -> U> crate::isa::OwnedLoop for $ptrs<$($T,)+ U, F> {
             /// # Safety
-            /// Every pointer holds `count` live, aligned elements; `dst`'s overlap
-            /// no input and nothing else touches them meanwhile.
+            /// `ctx` points to an `(&F, (input runs))` whose runs hold `count` live,
+            /// aligned elements each; `dst` holds `count` `U`s that overlap no input,
+            /// and nothing else touches them meanwhile.
             #[inline(always)]
-            unsafe fn run<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
-                f: &F,
-                $($s: *const $T,)+
-                dst: *mut U,
-                count: usize,
-            ) {
+            unsafe fn run(ctx: *const (), _: *const u8, dst: *mut u8, count: usize) {
                 // SAFETY: the caller's contract.
-                let (dst, $($s,)+) = unsafe {
+                let (f, dst, $($s,)+) = unsafe {
+                    let (f, ($($s,)+)) = *ctx.cast::<(&F, ($(*const $T,)+))>();
                     (
-                        std::slice::from_raw_parts_mut(dst, count),
+                        f,
+                        std::slice::from_raw_parts_mut(dst.cast::<U>(), count),
                         $(std::slice::from_raw_parts($s, count),)+
                     )
                 };
                 for i in 0..count {
                     dst[i] = f($($s[i]),+);
                 }
-            }
-
-            /// # Safety
-            /// As `run`.
-            pub(super) unsafe fn baseline<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
-                f: &F,
-                $($s: *const $T,)+
-                dst: *mut U,
-                count: usize,
-            ) {
-                // SAFETY: the caller's contract.
-                unsafe { run(f, $($s,)+ dst, count) }
-            }
-
-            /// # Safety
-            /// As `run`; and the CPU must run AVX2.
-            #[cfg(all(target_arch = "x86_64", not(miri)))]
-            #[target_feature(enable = "avx2")]
-            pub(super) unsafe fn avx2<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
-                f: &F,
-                $($s: *const $T,)+
-                dst: *mut U,
-                count: usize,
-            ) {
-                // SAFETY: the caller's contract.
-                unsafe { run(f, $($s,)+ dst, count) }
-            }
-
-            /// # Safety
-            /// As `run`; and the CPU must run AVX-512F (and AVX2).
-            #[cfg(all(target_arch = "x86_64", not(miri)))]
-            #[target_feature(enable = "avx512f,avx2")]
-            pub(super) unsafe fn avx512<$($T: Copy,)+ U, F: Fn($($T),+) -> U>(
-                f: &F,
-                $($s: *const $T,)+
-                dst: *mut U,
-                count: usize,
-            ) {
-                // SAFETY: the caller's contract.
-                unsafe { run(f, $($s,)+ dst, count) }
             }
         }
     };
@@ -233,20 +193,20 @@ map_n! {
     /// }
     /// assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32 * 0.5));
     /// ```
-    map2_phase, Map2Body, Map2Code, map2_slices, map2_loop;
+    map2_phase, Map2Body, Map2Code, map2_slices, Map2Loop;
     A MA a sa, B MB b sb
 }
 
 map_n! {
     /// The phase of a three-input elementwise kernel: work-item `i` writes
     /// `f(a[i], b[i], c[i])` to its own element of `output` (see [`map2_phase`]).
-    map3_phase, Map3Body, Map3Code, map3_slices, map3_loop;
+    map3_phase, Map3Body, Map3Code, map3_slices, Map3Loop;
     A MA a sa, B MB b sb, C MC c sc
 }
 
 map_n! {
     /// The phase of a four-input elementwise kernel: work-item `i` writes
     /// `f(a[i], b[i], c[i], d[i])` to its own element of `output` (see [`map2_phase`]).
-    map4_phase, Map4Body, Map4Code, map4_slices, map4_loop;
+    map4_phase, Map4Body, Map4Code, map4_slices, Map4Loop;
     A MA a sa, B MB b sb, C MC c sc, D MD d sd
 }

@@ -32,7 +32,7 @@ use bytemuck::Pod;
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::closure::Phase;
 use crate::elementwise::contiguous_run;
-use crate::isa::Isa;
+use crate::isa::OwnedLoop;
 use crate::item::{GroupCtx, Item};
 use gantry_driver::Internal;
 
@@ -277,17 +277,16 @@ unsafe fn run_row<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
         border_cell(0);
     }
     if lo < hi {
+        let row = Row { f, cols, y, x: lo };
         // SAFETY: cells `lo..hi` of an interior row are interior: their neighbours are
-        // in the grid; their outputs are the caller's.
+        // in the grid; their outputs are the caller's. The active instruction set is
+        // one the CPU runs.
         unsafe {
-            interior_fn::<T, U, F>(crate::isa::active())(
-                std::ptr::from_ref(f).cast(),
-                grid.add(y * cols + lo),
-                cols,
-                y,
-                lo,
+            crate::isa::copy_for::<Interior<T, U, F>>(crate::isa::active())(
+                std::ptr::from_ref(&row).cast(),
+                grid.add(y * cols + lo).cast(),
+                out.add(lo - x0).cast(),
                 hi - lo,
-                out.add(lo - x0),
             )
         };
     }
@@ -296,99 +295,40 @@ unsafe fn run_row<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
     }
 }
 
-/// A loop over interior cells with its closure and element types erased:
-/// `(f, first center, cols, y, first x, count, out)`.
-type InteriorFn<T, U> = unsafe fn(*const (), *const T, usize, usize, usize, usize, *mut U);
-
-/// The copy of the interior loop for `isa`, with `f` inlined (`isa` must be one the
-/// CPU runs).
-fn interior_fn<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(isa: Isa) -> InteriorFn<T, U> {
-    match isa {
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx512 => x86::interior_avx512::<T, U, F>,
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        Isa::Avx2 => x86::interior_avx2::<T, U, F>,
-        _ => interior_baseline::<T, U, F>,
-    }
-}
-
-/// `count` interior cells of row `y` from column `x`: cell `k`'s center is
-/// `center + k`, its output `out + k`.
-///
-/// # Safety
-/// `f` points to an `F`; every cell is interior to a grid of `cols` columns whose
-/// memory is live and unwritten during the call; `out` holds `count` elements that
-/// nothing else reads or writes meanwhile.
-#[inline(always)]
-unsafe fn interior_loop<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
-    f: *const (),
-    center: *const T,
+/// What the interior loop of one row takes besides its runs: the body, the grid's
+/// width, and the row and column of its first cell.
+struct Row<'f, F> {
+    f: &'f F,
     cols: usize,
     y: usize,
     x: usize,
-    count: usize,
-    out: *mut U,
-) {
-    // SAFETY: the caller's contract.
-    let (f, out) = unsafe { (&*f.cast::<F>(), std::slice::from_raw_parts_mut(out, count)) };
-    for (k, o) in out.iter_mut().enumerate() {
-        // SAFETY: cell `k` is interior (the caller's contract).
-        *o = f(&unsafe { Neighborhood::interior(center.add(k), cols, y, x + k) });
-    }
 }
 
-/// [`interior_loop`] for the binary's own target.
-///
-/// # Safety
-/// As [`interior_loop`].
-unsafe fn interior_baseline<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
-    f: *const (),
-    center: *const T,
-    cols: usize,
-    y: usize,
-    x: usize,
-    count: usize,
-    out: *mut U,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { interior_loop::<T, U, F>(f, center, cols, y, x, count, out) }
-}
+/// The loop over a row's interior cells, one copy per instruction set
+/// ([`copy_for`](crate::isa::copy_for)), the body inlined into each: cell `k`'s center
+/// is element `k` of the source run, its output element `k` of the destination.
+struct Interior<T, U, F>(PhantomData<fn(T, F) -> U>);
 
-/// [`interior_loop`] compiled for wider x86-64 vector units.
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-mod x86 {
-    use super::{interior_loop, Neighborhood, Pod};
-
+impl<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U> OwnedLoop for Interior<T, U, F> {
     /// # Safety
-    /// As [`interior_loop`]; and the CPU must run AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn interior_avx2<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
-        f: *const (),
-        center: *const T,
-        cols: usize,
-        y: usize,
-        x: usize,
-        count: usize,
-        out: *mut U,
-    ) {
+    /// `ctx` points to a `Row<F>`; every one of the `count` cells from `center` is
+    /// interior to a grid of `cols` columns whose memory is live and unwritten during
+    /// the call; `out` holds `count` `U`s that nothing else reads or writes meanwhile.
+    #[inline(always)]
+    unsafe fn run(ctx: *const (), center: *const u8, out: *mut u8, count: usize) {
         // SAFETY: the caller's contract.
-        unsafe { interior_loop::<T, U, F>(f, center, cols, y, x, count, out) }
-    }
-
-    /// # Safety
-    /// As [`interior_loop`]; and the CPU must run AVX-512F (and AVX2).
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn interior_avx512<T: Pod, U, F: Fn(&Neighborhood<'_, T>) -> U>(
-        f: *const (),
-        center: *const T,
-        cols: usize,
-        y: usize,
-        x: usize,
-        count: usize,
-        out: *mut U,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { interior_loop::<T, U, F>(f, center, cols, y, x, count, out) }
+        let (row, center, out) = unsafe {
+            (
+                &*ctx.cast::<Row<'_, F>>(),
+                center.cast::<T>(),
+                std::slice::from_raw_parts_mut(out.cast::<U>(), count),
+            )
+        };
+        let (f, cols, y, x) = (row.f, row.cols, row.y, row.x);
+        for (k, o) in out.iter_mut().enumerate() {
+            // SAFETY: cell `k` is interior (the caller's contract).
+            *o = f(&unsafe { Neighborhood::interior(center.add(k), cols, y, x + k) });
+        }
     }
 }
 
@@ -397,6 +337,7 @@ mod tests {
     use super::*;
     use crate::access::{DiscardWrite, Read};
     use crate::closure::{Arena, ClosureKernel};
+    use crate::isa::Isa;
     use gantry_driver::{Binding, Geometry, Range};
 
     /// The heat-diffusion step of the main job, with fixed borders.
@@ -543,16 +484,16 @@ mod tests {
         for count in [1usize, 7, 16, 17, 31, 68] {
             let row = |isa: Isa| {
                 let mut out = vec![0f32; count];
-                // SAFETY: cells 1..=count of row 1 are interior to the 3 × 70 grid.
+                type Body = fn(&Neighborhood<'_, f32>) -> f32;
+                let ctx = Row { f: &(diffuse as Body), cols, y: 1, x: 1 };
+                // SAFETY: cells 1..=count of row 1 are interior to the 3 × 70 grid; the
+                // tests only name instruction sets the CPU runs.
                 unsafe {
-                    interior_fn::<f32, f32, fn(&Neighborhood<'_, f32>) -> f32>(isa)(
-                        std::ptr::from_ref(&(diffuse as fn(&Neighborhood<'_, f32>) -> f32)).cast(),
-                        input.as_ptr().add(cols + 1),
-                        cols,
-                        1,
-                        1,
+                    crate::isa::copy_for::<Interior<f32, f32, Body>>(isa)(
+                        std::ptr::from_ref(&ctx).cast(),
+                        input.as_ptr().add(cols + 1).cast(),
+                        out.as_mut_ptr().cast(),
                         count,
-                        out.as_mut_ptr(),
                     )
                 };
                 bits(&out)
