@@ -2,6 +2,7 @@
 //! of runtime, typed errors for grids that do not match their buffers, fusion's
 //! refusal with its reason, and a failing body.
 
+use gantry::host::Neighborhood;
 use gantry::{
     CancelReason, Error, FusionError, FusionOutcome, FusionProps, Mode, QueueOptions, Runtime, SimConfig,
     Unprofitable,
@@ -10,6 +11,15 @@ use gantry::{
 /// The main job's diffusion step, with fixed borders.
 fn diffuse(c: f32, n: f32, s: f32, w: f32, e: f32) -> f32 {
     c + 0.1 * (n + s + w + e - 4.0 * c)
+}
+
+/// The main job's stencil body: border cells keep their value.
+fn diffuse_cell(n: &Neighborhood<'_, f32>) -> f32 {
+    let c = n.center();
+    match n.is_border() {
+        true => c,
+        false => diffuse(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
+    }
 }
 
 fn grid(rows: usize, cols: usize) -> Vec<f32> {
@@ -71,13 +81,7 @@ fn a_stencil_matches_the_serial_loop_on_every_runtime() {
                 (rt.buffer_zeroed::<f32>(rows * cols), rt.buffer_zeroed::<f32>(rows * cols));
             q.submit(|cg| {
                 let (s, d) = (cg.read(&src), cg.elements_out(&diffused));
-                cg.stencil(&s, &d, [rows, cols], |n| {
-                    let c = n.center();
-                    match n.is_border() {
-                        true => c,
-                        false => diffuse(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
-                    }
-                });
+                cg.stencil(&s, &d, [rows, cols], diffuse_cell);
             })
             .unwrap();
             q.submit(|cg| {
@@ -176,14 +180,7 @@ fn a_stencil_is_not_fused_and_says_why() {
     .unwrap();
     q.submit(|cg| {
         let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
-        cg.stencil(&t, &o, [rows, cols], |n| {
-            let c = n.center();
-            if n.is_border() {
-                c
-            } else {
-                diffuse(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1))
-            }
-        });
+        cg.stencil(&t, &o, [rows, cols], diffuse_cell);
     })
     .unwrap();
     q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
@@ -260,13 +257,7 @@ fn fused_anyway_a_stencil_first_in_its_chain_gives_the_same_results() {
         q.start_fusion().unwrap();
         q.submit(|cg| {
             let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
-            cg.stencil(&x, &t, [rows, cols], |n| {
-                let c = n.center();
-                match n.is_border() {
-                    true => c,
-                    false => diffuse(c, n.at(-1, 0), n.at(1, 0), n.at(0, -1), n.at(0, 1)),
-                }
-            });
+            cg.stencil(&x, &t, [rows, cols], diffuse_cell);
         })
         .unwrap();
         q.submit(|cg| {
