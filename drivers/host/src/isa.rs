@@ -5,8 +5,9 @@
 //! for a baseline CPU (x86-64 with SSE2 unless the application sets `target-cpu`),
 //! so a loop the runtime owns would use a quarter of an AVX-512 core's vector width.
 //! The loops Gantry owns — the elementwise loop of [`map`](crate::elementwise::map_phase)
-//! kernels, alone or inside a fused chain — are therefore compiled once per
-//! instruction set and dispatched on the one detected at first use. The user's
+//! kernels, alone or inside a fused chain, the multi-input maps' and the interior
+//! loop of [stencils](crate::stencil) — are therefore compiled once per instruction
+//! set (`copy_for`) and dispatched on the one detected at first use. The user's
 //! closure is inlined into each copy, so it is vectorized for the same width. Results
 //! do not depend on the choice: the copies run the same IEEE operations (Rust never
 //! contracts `a * b + c` into a fused multiply-add), only more lanes at a time.
