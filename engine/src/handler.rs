@@ -598,7 +598,7 @@ impl Handler {
 
     /// A stencil over a `rows × cols` grid (row-major): work-item `(y, x)` writes
     /// `f(&n)` to element `y * cols + x` of `output`, where `n` is the 3×3
-    /// [`Neighborhood`](gantry_host::Neighborhood) of input element `(y, x)`:
+    /// [`Neighborhood`](crate::Neighborhood) of input element `(y, x)`:
     /// `n.at(dy, dx)` reads a neighbour (`dy`, `dx` in -1..=1), clamped to the grid at
     /// its border, and `n.is_border()` tells whether the cell is on it. The runtime
     /// owns the loop: a work-group's interior cells run as one loop over three rows of

@@ -76,8 +76,8 @@ pub use gantry_driver::{
 };
 pub use gantry_host::fusion::{CacheStats, ClosureFusion};
 pub use gantry_host::{
-    phase, Accessor, DiscardWrite, ElemAccessor, HostAccessor, Item, LocalAccessor, PrivateAccessor, Read,
-    ReadWrite, Write,
+    phase, Accessor, DiscardWrite, ElemAccessor, HostAccessor, Item, LocalAccessor, Neighborhood,
+    PrivateAccessor, Read, ReadWrite, Write,
 };
 #[cfg(feature = "sim")]
 pub use gantry_sim::{CostModel, Fault, FaultPlan, HostPoolConfig, MachineConfig, SimConfig, SimMachine};

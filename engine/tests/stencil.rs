@@ -2,10 +2,9 @@
 //! of runtime, typed errors for grids that do not match their buffers, fusion's
 //! refusal with its reason, and a failing body.
 
-use gantry::host::Neighborhood;
 use gantry::{
-    CancelReason, Error, FusionError, FusionOutcome, FusionProps, Mode, QueueOptions, Runtime, SimConfig,
-    Unprofitable,
+    CancelReason, Error, FusionError, FusionOutcome, FusionProps, Mode, Neighborhood, QueueOptions, Runtime,
+    SimConfig, Unprofitable,
 };
 
 /// The main job's diffusion step, with fixed borders.
