@@ -199,7 +199,10 @@ fn a_stencil_is_not_fused_and_says_why() {
 /// command with the message; its dependents fail with it, and other work goes on.
 #[test]
 fn a_failing_body_fails_its_command_only() {
-    let rt = Runtime::new();
+    // Manual: the dependent is submitted before the stencil runs (on a threaded
+    // runtime the stencil may have failed and retired first, and a command submitted
+    // after that depends on nothing).
+    let rt = Runtime::builder().mode(Mode::Manual).build();
     let q = rt.queue();
     let (rows, cols) = (8, 8);
     let src = rt.buffer(&grid(rows, cols));
