@@ -159,6 +159,24 @@ fn a_grid_that_does_not_match_its_buffers_is_a_typed_error() {
     .wait()
     .unwrap();
     assert_eq!(fine.to_vec().unwrap(), vec![2.0; 11]);
+    // In place, cells would read neighbours other work-groups overwrite: the two
+    // accessors conflict.
+    let err = q
+        .submit(|cg| {
+            let (s, d) = (cg.read(&fine), cg.elements_out(&fine));
+            cg.stencil(&s, &d, [1, 11], |n| n.center());
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::AccessorConflict { .. }), "{err:?}");
+    // A grid of no cells is refused, whose buffers are empty too.
+    let (empty_in, empty_out) = (rt.buffer_zeroed::<f32>(0), rt.buffer_zeroed::<f32>(0));
+    let err = q
+        .submit(|cg| {
+            let (s, d) = (cg.read(&empty_in), cg.elements_out(&empty_out));
+            cg.stencil(&s, &d, [0, 5], |n| n.center());
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::EmptyRange { .. } | Error::Range(_)), "{err:?}");
 }
 
 /// A fusion with a stencil is cancelled with the stencil's name and the reason, and
