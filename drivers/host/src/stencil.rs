@@ -231,7 +231,7 @@ where
             "accessor used in a kernel of a different command group"
         );
         let (a, o) = (ctx.bindings[input.0 as usize], ctx.bindings[output.0 as usize]);
-        let cells = self.rows * self.cols;
+        let cells = self.rows.checked_mul(self.cols)?;
         let grid = (a.internal == Internal::No && a.len / size_of::<T>().max(1) >= cells).then_some(a.ptr)?;
         // The group's rows are whole or it is one run of a row: either way its output
         // is one run from its first cell.
