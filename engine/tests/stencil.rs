@@ -179,6 +179,24 @@ fn a_grid_that_does_not_match_its_buffers_is_a_typed_error() {
     assert!(matches!(err, Error::EmptyRange { .. } | Error::Range(_)), "{err:?}");
 }
 
+/// The buffers of a two-kernel chain over a `rows × cols` grid: the input (and its
+/// values), the intermediate and the output.
+struct Chain {
+    input: Vec<f32>,
+    x: gantry::Buffer<f32>,
+    tmp: gantry::Buffer<f32>,
+    out: gantry::Buffer<f32>,
+}
+
+impl Chain {
+    fn new(rt: &Runtime, rows: usize, cols: usize) -> Self {
+        let input = grid(rows, cols);
+        let x = rt.buffer(&input);
+        let (tmp, out) = (rt.buffer_zeroed::<f32>(rows * cols), rt.buffer_zeroed::<f32>(rows * cols));
+        Self { input, x, tmp, out }
+    }
+}
+
 /// A fusion with a stencil is cancelled with the stencil's name and the reason, and
 /// its kernels run unfused with the serial results.
 #[test]
@@ -186,9 +204,7 @@ fn a_stencil_is_not_fused_and_says_why() {
     let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).fusion_warnings(0).build();
     let q = rt.queue();
     let (rows, cols) = (20, 30);
-    let input = grid(rows, cols);
-    let x = rt.buffer(&input);
-    let (tmp, out) = (rt.buffer_zeroed::<f32>(rows * cols), rt.buffer_zeroed::<f32>(rows * cols));
+    let Chain { input, x, tmp, out } = Chain::new(&rt, rows, cols);
     q.start_fusion().unwrap();
     q.submit(|cg| {
         let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
@@ -271,9 +287,7 @@ fn fused_anyway_a_stencil_first_in_its_chain_gives_the_same_results() {
             .build();
         let q = rt.queue();
         let (rows, cols) = (16, 24);
-        let input = grid(rows, cols);
-        let x = rt.buffer(&input);
-        let (tmp, out) = (rt.buffer_zeroed::<f32>(rows * cols), rt.buffer_zeroed::<f32>(rows * cols));
+        let Chain { input, x, tmp, out } = Chain::new(&rt, rows, cols);
         q.start_fusion().unwrap();
         q.submit(|cg| {
             let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
