@@ -751,6 +751,31 @@ fn back_to_back_fusions_in_one_flush_both_fuse() {
     assert_eq!(kernels_run(&rt).iter().filter(|n| n.starts_with("fused")).count(), 2);
 }
 
+/// A list a newer fusion of its queue replaced goes in the flush whose retire stage
+/// frees its fused kernel: a runtime that has finished its work keeps only the
+/// queue's current list. (Regression: the fuse stage, which runs before retire,
+/// deleted it, so it stayed until some later flush; a threaded runtime that went idle
+/// kept a timing-dependent number of them.)
+#[test]
+fn a_replaced_fusion_list_goes_with_its_fused_kernel() {
+    let rt = manual();
+    let q = rt.in_order_queue();
+    let buf = rt.buffer(&[1u32; 64]);
+    let mut last = None;
+    for _ in 0..3 {
+        q.start_fusion().unwrap();
+        for _ in 0..2 {
+            affine(&q, &buf, 2, 0);
+        }
+        last = Some(q.complete_fusion(FusionProps::default()).unwrap());
+    }
+    // One flush runs all three windows; the wait returns after it.
+    last.unwrap().wait().unwrap();
+    let lists = rt.with_world(|w| w.query::<&gantry::components::FusionList>().iter(w).count());
+    assert_eq!(lists, 1, "only the queue's current list");
+    assert_eq!(buf.to_vec().unwrap(), vec![64; 64]);
+}
+
 /// A fusion compiler set on the builder is the one asked; a refusal runs the kernels
 /// unfused with the compiler's reason.
 #[test]

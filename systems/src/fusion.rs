@@ -82,16 +82,13 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
 pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
     let q = &mut *queries;
     q.refresh(world);
-    // Both lists are taken with one access to the resource (each costs a lookup of
-    // the resource's entity): only ingest adds to `deleting`.
     let Some(mut fusions) = world.get_resource_mut::<Fusions>() else {
         return;
     };
-    if fusions.pending.is_empty() && fusions.deleting.is_empty() {
+    if fusions.pending.is_empty() {
         return;
     }
     let pending = std::mem::take(&mut fusions.pending);
-    let deleting = std::mem::take(&mut fusions.deleting);
     for &list in &pending {
         let asked =
             q.list(world, list).and_then(|l| (l.status == ListStatus::Active).then_some(l.complete)?);
@@ -100,10 +97,20 @@ pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
         }
     }
     release_commands(world, q, pending);
-    // Lists a newer fusion replaced go once their command has finished.
-    if deleting.is_empty() {
+}
+
+/// Despawns the lists a newer fusion of their queue replaced (`Fusions::deleting`)
+/// whose command has finished. The retire stage calls it after freeing the pass's
+/// commands, so a list goes in the flush its command does, and a runtime that has
+/// finished its work holds only each queue's current list.
+pub(crate) fn delete_replaced_lists(world: &mut World, q: &mut Queries) {
+    let Some(mut fusions) = world.get_resource_mut::<Fusions>() else {
+        return;
+    };
+    if fusions.deleting.is_empty() {
         return;
     }
+    let deleting = std::mem::take(&mut fusions.deleting);
     let mut keep = Vec::new();
     for list in deleting {
         let Some(mut l) = q.list_mut(world, list) else { continue };

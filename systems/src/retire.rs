@@ -50,6 +50,7 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         }
         returning.give();
     }
+    crate::fusion::delete_replaced_lists(world, q);
     release_idle_records(world, q);
     release_dropped_queues(world, q);
     // Bevy keeps a removal message for each component of every despawned entity
