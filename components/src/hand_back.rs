@@ -8,11 +8,12 @@
 //!   last references once the command ran, and a free there goes back to the
 //!   submitting thread's allocator arena, under that arena's lock, while the submitter
 //!   allocates from it: the two threads then contend for one lock several times per
-//!   command. Instead the scheduler gives those last references back ([`HandBack::give`],
-//!   once per pass of the stage that releases them), and user threads free them
-//!   ([`HandBack::release`], from their sends and waits), where they were allocated.
-//! * Only last references are given back ([`Returned`] checks): a kernel or event
-//!   someone else still holds is dropped at once, which only decrements it.
+//!   command. Instead the scheduler gives those last references back (a stage's pass
+//!   collects them in a [`Returning`] and gives them in one lock as it ends), and user
+//!   threads free them ([`HandBack::release`], from their sends and waits), where they
+//!   were allocated.
+//! * Only last references are given back: a kernel or event someone else still holds
+//!   is dropped at once, which only decrements it.
 //! * Bounded: past [`LIMIT`] waiting items, the scheduler frees a batch itself. A
 //!   scheduler that goes idle frees what waits ([`HandBack::release`] on its thread),
 //!   so once the runtime is idle nothing of a finished command is kept.
@@ -35,33 +36,33 @@ pub const LIMIT: usize = 16 * 1024;
 
 /// Last references collected by one pass of a stage.
 #[derive(Default)]
-pub struct Returned {
+struct Returned {
     kernels: Vec<KernelRef>,
     events: Vec<Arc<EventShared>>,
 }
 
 impl Returned {
     /// Keeps `kernel` if this is its last reference; otherwise drops it (a decrement).
-    pub fn kernel(&mut self, kernel: KernelRef) {
+    fn kernel(&mut self, kernel: KernelRef) {
         if Arc::strong_count(&kernel) == 1 {
             self.kernels.push(kernel);
         }
     }
 
     /// Keeps `event` if this is its last reference; otherwise drops it.
-    pub fn event(&mut self, event: Arc<EventShared>) {
+    fn event(&mut self, event: Arc<EventShared>) {
         if Arc::strong_count(&event) == 1 {
             self.events.push(event);
         }
     }
 
     /// Items kept.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.kernels.len() + self.events.len()
     }
 
     /// Whether none are kept.
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -104,7 +105,7 @@ impl HandBack {
 
     /// Scheduler side: moves `batch` in (one lock). Past [`LIMIT`], frees what waited
     /// here instead, on this thread.
-    pub fn give(&self, batch: &mut Returned) {
+    fn give(&self, batch: &mut Returned) {
         if batch.is_empty() {
             return;
         }
@@ -166,21 +167,23 @@ impl Returning {
         self.to.is_some()
     }
 
-    /// See [`Returned::kernel`]; dropped at once where nothing is collected.
+    /// Keeps `kernel` to give back if this is its last reference (otherwise drops it,
+    /// a decrement); dropped at once where nothing is collected.
     pub fn kernel(&mut self, kernel: KernelRef) {
         if self.collects() {
             self.batch.kernel(kernel);
         }
     }
 
-    /// See [`Returned::event`]; dropped at once where nothing is collected.
+    /// Keeps `event` to give back if this is its last reference (otherwise drops it);
+    /// dropped at once where nothing is collected.
     pub fn event(&mut self, event: Arc<EventShared>) {
         if self.collects() {
             self.batch.event(event);
         }
     }
 
-    /// Ends the pass: gives what it collected ([`HandBack::give`]).
+    /// Ends the pass: gives what it collected to the hand-back, in one lock.
     pub fn give(mut self) {
         if let Some(to) = &self.to {
             to.give(&mut self.batch);

@@ -47,7 +47,7 @@ pub use graph::{
     GraphLaunch, GraphNode, GraphNodes, GraphOrder, GraphPolicy, GraphProps, GraphShape, GraphSubmission,
     KeepAlive, Linearizer, NodeId, NodeList, NodeUse, NodeWork, ParamTable, PartitionBody, PartitionPlan,
 };
-pub use hand_back::{HandBack, Returned, Returning};
+pub use hand_back::{HandBack, Returning};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use mailbox::Mailbox;
 pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord};
