@@ -64,7 +64,6 @@ fn memory_stays_flat_over_many_commands() {
     assert_eq!(s.live_commands, 0);
 }
 
-/// A write guard holds off later commands on the buffer until it drops.
 /// What a threaded runtime's stages would free of a command is handed back: freed on
 /// a user thread, where it was allocated (here the submitting thread, at its wait),
 /// and nothing is kept once the runtime is idle, also when no user thread calls in.
@@ -109,6 +108,7 @@ fn a_threaded_runtime_frees_kernels_on_user_threads_and_keeps_nothing_once_idle(
     assert!(events.iter().all(|e| e.status() == EventStatus::Complete));
 }
 
+/// A write guard holds off later commands on the buffer until it drops.
 #[test]
 fn host_write_guard_blocks_later_work() {
     let rt = Runtime::new();
