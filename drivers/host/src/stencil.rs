@@ -31,7 +31,7 @@ use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
 use crate::closure::Phase;
-use crate::elementwise::contiguous_run;
+use crate::elementwise::contiguous;
 use crate::isa::OwnedLoop;
 use crate::item::{GroupCtx, Item};
 use gantry_driver::Internal;
@@ -225,12 +225,9 @@ where
         if ctx.remap.is_some() || ctx.only.is_some() || ctx.span.is_some() || g != [self.rows, self.cols, 1] {
             return None;
         }
-        let (input, output) = (self.input.slot_and_tag(), self.output.slot_and_tag());
-        assert!(
-            input.1 == ctx.tag && output.1 == ctx.tag,
-            "accessor used in a kernel of a different command group"
-        );
-        let (a, o) = (ctx.bindings[input.0 as usize], ctx.bindings[output.0 as usize]);
+        let (slot, tag) = self.input.slot_and_tag();
+        assert!(tag == ctx.tag, "accessor used in a kernel of a different command group");
+        let a = ctx.bindings[slot as usize];
         let cells = self.rows.checked_mul(self.cols)?;
         let grid = (a.internal == Internal::No && a.len / size_of::<T>().max(1) >= cells).then_some(a.ptr)?;
         // The group's rows are whole or it is one run of a row: either way its output
@@ -240,8 +237,8 @@ where
         if ny > 1 && nx != self.cols {
             return None;
         }
-        let out = contiguous_run(o, y0 * self.cols + x0, 0, count, size_of::<U>())?;
-        Some((grid.cast_const().cast(), out.cast()))
+        let out = contiguous::<U>(ctx, &self.output, y0 * self.cols + x0, 0, count)?;
+        Some((grid.cast_const().cast(), out))
     }
 }
 
