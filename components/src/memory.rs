@@ -248,6 +248,20 @@ impl<K: LeafKey> LeafSet<K> {
         hull
     }
 
+    /// Keeps only the leaves of commands `live` names, in one walk: what removing
+    /// many leaves one by one costs in index searches, this pays once per leaf held.
+    pub fn retain_live(&mut self, live: impl Fn(K) -> bool) {
+        match &mut self.index {
+            None => self.list.retain(|l| live(l.cmd)),
+            Some(index) => {
+                // Rebuilt from the survivors, already in key order: one bulk build,
+                // where removing in place rebalances the tree after every removal.
+                *index = std::mem::take(index).into_iter().filter(|(_, l)| live(l.cmd)).collect();
+                self.shrink();
+            }
+        }
+    }
+
     /// Back to the short list once the index is small again.
     fn shrink(&mut self) {
         if let Some(index) = &self.index {
@@ -293,6 +307,61 @@ pub struct MemoryRecord {
     pub leaves: crate::rules::Accesses<Entity>,
     /// Copies of the contents; the host copy is always first.
     pub locations: SmallVec<[Location; 2]>,
+    /// Leaves of finished commands not yet removed: see [`MemoryRecord::release`].
+    pub released: ReleasedLeaves,
+}
+
+/// The leaves of finished commands that a record still holds, to be removed together:
+/// each one while they are few against the leaves held, then only that a sweep is
+/// due. Empty between retire passes, so only leaves of unfinished commands are ever
+/// read.
+#[derive(Debug, Default)]
+pub struct ReleasedLeaves {
+    leaves: Vec<(Entity, ByteRange)>,
+    sweep: bool,
+}
+
+/// A sweep replaces one-by-one removal once the released leaves are more than this
+/// fraction (1 / `SWEEP_AT`) of the leaves held.
+const SWEEP_AT: usize = 8;
+
+impl ReleasedLeaves {
+    /// Notes that `cmd`'s leaf at `range` goes, of `held` leaves; returns whether
+    /// nothing was pending before.
+    pub fn push(&mut self, cmd: Entity, range: ByteRange, held: usize) -> bool {
+        let first = self.is_empty();
+        if !self.sweep {
+            self.leaves.push((cmd, range));
+            if self.leaves.len() * SWEEP_AT > held {
+                self.sweep = true;
+                self.leaves.clear();
+            }
+        }
+        first
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        !self.sweep && self.leaves.is_empty()
+    }
+
+    /// Removes the pending leaves from `leaves`: one by one, or in one sweep that
+    /// keeps only the leaves of commands `live` names (a finished command is not).
+    pub fn remove_from(
+        &mut self,
+        leaves: &mut crate::rules::Accesses<Entity>,
+        live: impl Fn(Entity) -> bool,
+    ) {
+        if std::mem::take(&mut self.sweep) {
+            leaves.reads.retain_live(&live);
+            leaves.writes.retain_live(&live);
+        } else {
+            for (cmd, range) in self.leaves.drain(..) {
+                leaves.reads.remove(cmd, &range);
+                leaves.writes.remove(cmd, &range);
+            }
+        }
+    }
 }
 
 impl MemoryRecord {
@@ -307,6 +376,7 @@ impl MemoryRecord {
                 valid: true,
                 producer: None,
             }]),
+            released: ReleasedLeaves::default(),
         }
     }
 
@@ -320,15 +390,20 @@ impl MemoryRecord {
         self.locations.iter_mut().find(|l| l.space == space)
     }
 
-    /// Forgets `cmd`, which used `range`, as a leaf and as a producer: it finished.
-    pub fn release(&mut self, cmd: Entity, range: &ByteRange) {
-        self.leaves.reads.remove(cmd, range);
-        self.leaves.writes.remove(cmd, range);
+    /// `cmd`, which used `range`, finished: it is no longer a producer, and its leaf
+    /// joins [`released`](Self::released), which the caller must remove before
+    /// anything reads the leaves again. Returns whether nothing was pending (the
+    /// caller then lists the record).
+    ///
+    /// Deferred so that a pass retiring many commands of one buffer removes their
+    /// leaves in one sweep instead of two index searches each.
+    pub fn release(&mut self, cmd: Entity, range: &ByteRange) -> bool {
         for loc in &mut self.locations {
             if loc.producer == Some(cmd) {
                 loc.producer = None;
             }
         }
+        self.released.push(cmd, *range, self.leaves.len())
     }
 
     /// Whether any unfinished command still uses the buffer.
@@ -397,6 +472,73 @@ mod tests {
             assert_eq!(left, vec![0, 1, 4, 5, 7777], "n = {n}");
             assert_eq!(set.len(), n as usize + 1 - 2);
         }
+    }
+
+    fn leaves_of(set: &LeafSet) -> Vec<(Entity, usize)> {
+        let mut v = Vec::new();
+        set.for_each(|l| v.push((l.cmd, l.range.start)));
+        v.sort_by_key(|&(_, start)| start);
+        v
+    }
+
+    /// Released leaves go one by one while they are few against the leaves held, and
+    /// in one sweep once they are many: either way the record is left with exactly
+    /// the leaves of the commands that have not finished, reads and writes.
+    #[test]
+    fn released_leaves_go_one_by_one_or_in_one_sweep() {
+        for (held, finished) in [(1000u32, 10u32), (1000, 900), (20, 1), (20, 20)] {
+            let mut acc = crate::rules::Accesses::<Entity>::new();
+            for i in 0..held {
+                let l = leaf(i, i as usize * 8, 8);
+                acc.access(l.cmd, &l.range, i % 3 == 0, |_| {});
+            }
+            let mut released = ReleasedLeaves::default();
+            assert!(released.is_empty());
+            let gone = |e: Entity| e.index_u32() <= finished;
+            for i in 0..finished {
+                let l = leaf(i, i as usize * 8, 8);
+                assert_eq!(released.push(l.cmd, l.range, acc.len()), i == 0, "only the first is new");
+            }
+            assert_eq!(released.sweep, finished as usize * SWEEP_AT > held as usize, "{held}, {finished}");
+            released.remove_from(&mut acc, |e| !gone(e));
+            assert!(released.is_empty(), "nothing pending after removal");
+            let want_reads: Vec<_> = (finished..held)
+                .filter(|i| i % 3 != 0)
+                .map(|i| (leaf(i, 0, 0).cmd, i as usize * 8))
+                .collect();
+            let want_writes: Vec<_> = (finished..held)
+                .filter(|i| i % 3 == 0)
+                .map(|i| (leaf(i, 0, 0).cmd, i as usize * 8))
+                .collect();
+            assert_eq!(leaves_of(&acc.reads), want_reads, "{held}, {finished}");
+            assert_eq!(leaves_of(&acc.writes), want_writes, "{held}, {finished}");
+        }
+    }
+
+    /// A record no longer names a finished command as the producer of a copy at once;
+    /// its leaf waits for the removal.
+    #[test]
+    fn a_release_clears_the_producer_at_once() {
+        let cmd = leaf(0, 0, 8);
+        let buffer = crate::handle::BufferCore {
+            id: 1,
+            storage: Arc::new(gantry_driver::HostStorage::zeroed(8)),
+            bytes: 8,
+            record: Default::default(),
+            dropped: Default::default(),
+            promotion: Default::default(),
+            recorded: Default::default(),
+        };
+        let mut record = MemoryRecord::new(Arc::new(buffer));
+        record.leaves.access(cmd.cmd, &cmd.range, true, |_| {});
+        record.locations[0].producer = Some(cmd.cmd);
+        assert!(!record.is_idle());
+        assert!(record.release(cmd.cmd, &cmd.range));
+        assert_eq!(record.locations[0].producer, None);
+        assert_eq!(record.leaves.len(), 1, "the leaf stays until it is removed");
+        let mut released = std::mem::take(&mut record.released);
+        released.remove_from(&mut record.leaves, |_| false);
+        assert!(record.is_idle());
     }
 
     #[test]

@@ -155,6 +155,9 @@ pub struct WorkLists {
     pub finished: Vec<Finished>,
     /// Buffers whose records may be despawned.
     pub maybe_idle_records: Vec<Entity>,
+    /// Records with leaves released this retire pass, removed at its end
+    /// ([`MemoryRecord::remove_released`](crate::MemoryRecord::remove_released)).
+    pub released_records: Vec<Entity>,
     /// Commands resolved this flush, kept for fusion-sync while a fusion is active.
     pub resolved: Vec<Entity>,
     /// Graph finalize requests for the partition stage.

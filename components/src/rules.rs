@@ -70,6 +70,11 @@ impl<K: LeafKey> Accesses<K> {
         }
     }
 
+    /// How many accesses are recorded.
+    pub fn len(&self) -> usize {
+        self.reads.len() + self.writes.len()
+    }
+
     /// Whether no access is recorded.
     pub fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty()

@@ -50,6 +50,7 @@ pub fn retire(world: &mut World, mut queries: Local<Queries>) {
         }
         returning.give();
     }
+    remove_released_leaves(world, q);
     crate::fusion::delete_replaced_lists(world, q);
     release_idle_records(world, q);
     release_dropped_queues(world, q);
@@ -221,9 +222,17 @@ fn retire_entity(
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
             if let Some(mut record) = q.record_mut(world, rec) {
-                record.release(e, &r.range);
-                if record.buffer.is_dropped() {
-                    world.resource_mut::<WorkLists>().maybe_idle_records.push(rec);
+                let first = record.release(e, &r.range);
+                let dropped = record.buffer.is_dropped();
+                // (A scheduler that failed may have lost its lists; `abandon_all` then
+                // finds the records itself.)
+                if let Some(mut lists) = world.get_resource_mut::<WorkLists>().filter(|_| first || dropped) {
+                    if first {
+                        lists.released_records.push(rec);
+                    }
+                    if dropped {
+                        lists.maybe_idle_records.push(rec);
+                    }
                 }
             }
         }
@@ -362,6 +371,34 @@ fn device_lost(world: &mut World, q: &mut Queries, device: DeviceId) {
     q.refresh(world);
 }
 
+/// Removes the leaves of the commands retired this pass from their records, a
+/// record's many at once ([`MemoryRecord::release`]); nothing reads leaves between.
+fn remove_released_leaves(world: &mut World, q: &mut Queries) {
+    let records = std::mem::take(&mut world.resource_mut::<WorkLists>().released_records);
+    remove_released(world, q, &records);
+    // The list's storage is kept for the next pass.
+    let mut records = records;
+    records.clear();
+    world.resource_mut::<WorkLists>().released_records = records;
+}
+
+/// Removes the released leaves of `records`.
+fn remove_released(world: &mut World, q: &mut Queries, records: &[Entity]) {
+    for &rec in records {
+        let Some(mut record) = q.record_mut(world, rec) else {
+            continue;
+        };
+        // Taken out while the sweep asks the world which commands are still alive.
+        let mut leaves = std::mem::replace(&mut record.leaves, gantry_components::Accesses::new());
+        let mut released = std::mem::take(&mut record.released);
+        let entities = world.entities();
+        released.remove_from(&mut leaves, |e| entities.contains_spawned(e));
+        let mut record = q.record_mut(world, rec).expect("record");
+        record.leaves = leaves;
+        record.released = released;
+    }
+}
+
 /// Despawns records of dropped buffers that no command uses, freeing device memory.
 fn release_idle_records(world: &mut World, q: &mut Queries) {
     let candidates = std::mem::take(&mut world.resource_mut::<WorkLists>().maybe_idle_records);
@@ -417,6 +454,10 @@ pub fn abandon_all(world: &mut World, error: ExecError) {
         // Dropped here: the scheduler is stopping.
         retire_entity(world, q, &f, &mut timeline, &mut Vec::new(), None, &mut Returning::to(None));
     }
+    let mut records = world.query::<(Entity, &MemoryRecord)>();
+    let released: Vec<Entity> =
+        records.iter(world).filter(|(_, r)| !r.released.is_empty()).map(|(e, _)| e).collect();
+    remove_released(world, q, &released);
     if let Some(t) = timeline {
         world.insert_resource(t);
     }
