@@ -3,6 +3,8 @@
 //! copies of the contents live.
 
 use std::collections::BTreeMap;
+
+use bevy_platform::collections::HashMap;
 use std::sync::Arc;
 
 use bevy_ecs::component::Component;
@@ -82,7 +84,7 @@ pub struct Leaf<K = Entity> {
     pub range: ByteRange,
 }
 
-/// Leaves beyond this many are kept in an ordered index instead of a short list.
+/// Leaves beyond this many are kept in an index instead of a short list.
 const INDEX_AT: usize = 32;
 
 /// The unfinished readers (or writers) of a buffer, by range: of commands in the
@@ -90,27 +92,145 @@ const INDEX_AT: usize = 32;
 /// apply the dependency rules over the same index.
 ///
 /// Few leaves live in a short list. Many leaves — thousands of commands touching
-/// disjoint ranges of one buffer — move to a B-tree keyed by range start, so that
-/// overlap queries, covered-leaf removal and release cost O(log n + k) rather than
-/// O(n), and a large batch (or graph) does not make resolution quadratic.
+/// disjoint ranges of one buffer — move to an index, so that overlap queries,
+/// covered-leaf removal and release cost O(log n + k) or O(k) rather than O(n), and a
+/// large batch (or graph) does not make resolution quadratic:
+/// - a grid while every leaf is one aligned granule (element accessors of one element
+///   type, as in a wavefront): a hash map from granule to its leaves, where a query
+///   probes the granules its range spans;
+/// - else a B-tree keyed by range start.
 #[derive(Clone, Debug)]
 pub struct LeafSet<K = Entity> {
-    list: SmallVec<[Leaf<K>; 4]>,
-    index: Option<BTreeMap<(usize, u64), Leaf<K>>>,
+    repr: Repr<K>,
+}
+
+#[derive(Clone, Debug)]
+enum Repr<K> {
+    List(SmallVec<[Leaf<K>; 4]>),
+    Grid(Grid<K>),
+    Tree(Tree<K>),
+}
+
+/// Leaves ordered by range start.
+#[derive(Clone, Debug)]
+struct Tree<K> {
+    index: BTreeMap<(usize, u64), Leaf<K>>,
     /// Longest range in the index: an overlap query looks back this far.
     max_len: usize,
 }
 
+/// Leaves that each cover exactly one aligned granule, by granule. Its hash map's
+/// hasher is fixed, so walks over it run in the same order in every run.
+#[derive(Clone, Debug)]
+struct Grid<K> {
+    granule: usize,
+    cells: HashMap<usize, SmallVec<[Leaf<K>; 2]>>,
+    len: usize,
+}
+
 impl<K> Default for LeafSet<K> {
     fn default() -> Self {
-        Self { list: SmallVec::new(), index: None, max_len: 0 }
+        Self { repr: Repr::List(SmallVec::new()) }
+    }
+}
+
+impl<K: LeafKey> Tree<K> {
+    fn of(leaves: impl Iterator<Item = Leaf<K>>) -> Self {
+        let mut max_len = 0;
+        let index = leaves
+            .map(|l| {
+                max_len = max_len.max(l.range.len());
+                ((l.range.start, l.cmd.bits()), l)
+            })
+            .collect();
+        Self { index, max_len }
+    }
+
+    /// The leaves whose start an overlap with `range` allows.
+    fn near(&self, range: &ByteRange) -> impl Iterator<Item = (&(usize, u64), &Leaf<K>)> {
+        self.index.range((range.start.saturating_sub(self.max_len), 0)..(range.end, 0))
+    }
+}
+
+impl<K: LeafKey> Grid<K> {
+    /// A grid of `leaves` if every one is the same aligned, non-empty granule.
+    fn of(leaves: &[Leaf<K>]) -> Option<Self> {
+        let granule = leaves.first()?.range.len();
+        let fits = |l: &Leaf<K>| l.range.len() == granule && l.range.start.is_multiple_of(granule);
+        if granule == 0 || !leaves.iter().all(fits) {
+            return None;
+        }
+        let mut grid = Grid { granule, cells: HashMap::default(), len: 0 };
+        for l in leaves {
+            grid.push(*l);
+        }
+        Some(grid)
+    }
+
+    fn fits(&self, leaf: &Leaf<K>) -> bool {
+        leaf.range.len() == self.granule && leaf.range.start.is_multiple_of(self.granule)
+    }
+
+    fn push(&mut self, leaf: Leaf<K>) {
+        self.cells.entry(leaf.range.start / self.granule).or_default().push(leaf);
+        self.len += 1;
+    }
+
+    /// The granules `range` spans, if probing them is cheaper than a walk of all.
+    fn span(&self, range: &ByteRange) -> Option<std::ops::Range<usize>> {
+        let cells = range.start / self.granule..range.end.div_ceil(self.granule);
+        (cells.len() <= self.cells.len()).then_some(cells)
+    }
+
+    /// Calls `f` for every leaf overlapping `range`, then keeps those `keep` allows.
+    fn visit(&mut self, range: &ByteRange, mut f: impl FnMut(&Leaf<K>), keep: impl Fn(&Leaf<K>) -> bool) {
+        let mut cell = |leaves: &mut SmallVec<[Leaf<K>; 2]>, len: &mut usize| {
+            leaves.retain(|l| {
+                if !l.range.overlaps(range) {
+                    return true;
+                }
+                f(l);
+                let kept = keep(l);
+                *len -= usize::from(!kept);
+                kept
+            });
+            !leaves.is_empty()
+        };
+        match self.span(range) {
+            Some(span) => {
+                for c in span {
+                    if let Some(leaves) = self.cells.get_mut(&c) {
+                        if !cell(leaves, &mut self.len) {
+                            self.cells.remove(&c);
+                        }
+                    }
+                }
+            }
+            None => self.cells.retain(|_, leaves| cell(leaves, &mut self.len)),
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Leaf<K>) -> bool) {
+        let len = &mut self.len;
+        self.cells.retain(|_, leaves| {
+            leaves.retain(|l| {
+                let kept = keep(l);
+                *len -= usize::from(!kept);
+                kept
+            });
+            !leaves.is_empty()
+        });
     }
 }
 
 impl<K: LeafKey> LeafSet<K> {
     /// Number of leaves.
     pub fn len(&self) -> usize {
-        self.index.as_ref().map_or(self.list.len(), |i| i.len())
+        match &self.repr {
+            Repr::List(list) => list.len(),
+            Repr::Grid(grid) => grid.len,
+            Repr::Tree(tree) => tree.index.len(),
+        }
     }
 
     /// Whether there are none.
@@ -121,31 +241,48 @@ impl<K: LeafKey> LeafSet<K> {
     /// Adds a leaf.
     #[inline]
     pub fn push(&mut self, leaf: Leaf<K>) {
-        if let Some(index) = &mut self.index {
-            self.max_len = self.max_len.max(leaf.range.len());
-            index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
-            return;
-        }
-        self.list.push(leaf);
-        if self.list.len() > INDEX_AT {
-            self.max_len = self.list.iter().map(|l| l.range.len()).max().unwrap_or(0);
-            let index = self.list.drain(..).map(|l| ((l.range.start, l.cmd.bits()), l)).collect();
-            self.index = Some(index);
+        match &mut self.repr {
+            Repr::List(list) => {
+                list.push(leaf);
+                if list.len() > INDEX_AT {
+                    self.repr = match Grid::of(list) {
+                        Some(grid) => Repr::Grid(grid),
+                        None => Repr::Tree(Tree::of(list.drain(..))),
+                    };
+                }
+            }
+            Repr::Grid(grid) if grid.fits(&leaf) => grid.push(leaf),
+            Repr::Grid(grid) => {
+                // A leaf of another size or alignment: the grid no longer describes
+                // the set.
+                let mut tree = Tree::of(grid.cells.drain().flat_map(|(_, leaves)| leaves));
+                tree.max_len = tree.max_len.max(leaf.range.len());
+                tree.index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
+                self.repr = Repr::Tree(tree);
+            }
+            Repr::Tree(tree) => {
+                tree.max_len = tree.max_len.max(leaf.range.len());
+                tree.index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
+            }
         }
     }
 
     /// Calls `f` for every leaf whose range overlaps `range`.
     #[inline]
     pub fn for_each_overlapping(&self, range: &ByteRange, mut f: impl FnMut(&Leaf<K>)) {
-        match &self.index {
-            None => self.list.iter().filter(|l| l.range.overlaps(range)).for_each(f),
-            Some(index) => {
-                let from = (range.start.saturating_sub(self.max_len), 0);
-                for leaf in index.range(from..(range.end, 0)).map(|(_, l)| l) {
-                    if leaf.range.overlaps(range) {
-                        f(leaf);
-                    }
+        match &self.repr {
+            Repr::List(list) => list.iter().filter(|l| l.range.overlaps(range)).for_each(f),
+            Repr::Grid(grid) => {
+                let each = |leaves: &SmallVec<[Leaf<K>; 2]>| {
+                    leaves.iter().filter(|l| l.range.overlaps(range)).for_each(&mut f)
+                };
+                match grid.span(range) {
+                    Some(span) => span.filter_map(|c| grid.cells.get(&c)).for_each(each),
+                    None => grid.cells.values().for_each(each),
                 }
+            }
+            Repr::Tree(tree) => {
+                tree.near(range).map(|(_, l)| l).filter(|l| l.range.overlaps(range)).for_each(f)
             }
         }
     }
@@ -153,17 +290,17 @@ impl<K: LeafKey> LeafSet<K> {
     /// A writer of `range`: calls `f` for every leaf `range` overlaps, then removes
     /// the ones it covers (except those of `keep`), in one walk of the index.
     pub fn overlap_and_cover(&mut self, range: &ByteRange, keep: K, mut f: impl FnMut(&Leaf<K>)) {
-        match &mut self.index {
-            None => self.list.retain(|l| {
+        match &mut self.repr {
+            Repr::List(list) => list.retain(|l| {
                 if l.range.overlaps(range) {
                     f(l);
                 }
                 l.cmd == keep || !range.covers(&l.range)
             }),
-            Some(index) => {
-                let from = (range.start.saturating_sub(self.max_len), 0);
+            Repr::Grid(grid) => grid.visit(range, f, |l| l.cmd == keep || !range.covers(&l.range)),
+            Repr::Tree(tree) => {
                 let mut covered: SmallVec<[(usize, u64); 8]> = SmallVec::new();
-                for (k, leaf) in index.range(from..(range.end, 0)) {
+                for (k, leaf) in tree.near(range) {
                     if leaf.range.overlaps(range) {
                         f(leaf);
                         if leaf.cmd != keep && range.covers(&leaf.range) {
@@ -172,105 +309,121 @@ impl<K: LeafKey> LeafSet<K> {
                     }
                 }
                 for k in covered {
-                    index.remove(&k);
+                    tree.index.remove(&k);
                 }
-                self.shrink();
             }
         }
+        self.shrink();
     }
 
     /// Calls `f` for every leaf.
-    pub fn for_each(&self, f: impl FnMut(&Leaf<K>)) {
-        match &self.index {
-            None => self.list.iter().for_each(f),
-            Some(index) => index.values().for_each(f),
+    pub fn for_each(&self, mut f: impl FnMut(&Leaf<K>)) {
+        match &self.repr {
+            Repr::List(list) => list.iter().for_each(f),
+            Repr::Grid(grid) => grid.cells.values().flatten().for_each(f),
+            Repr::Tree(tree) => tree.index.values().for_each(&mut f),
         }
     }
 
     /// Removes every leaf that `range` covers, except those of `keep`.
     #[inline]
     pub fn remove_covered(&mut self, range: &ByteRange, keep: K) {
-        match &mut self.index {
-            None => self.list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
-            Some(index) => {
-                let covered: SmallVec<[(usize, u64); 8]> = index
+        match &mut self.repr {
+            Repr::List(list) => list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
+            Repr::Grid(grid) => grid.visit(range, |_| {}, |l| l.cmd == keep || !range.covers(&l.range)),
+            Repr::Tree(tree) => {
+                let covered: SmallVec<[(usize, u64); 8]> = tree
+                    .index
                     .range((range.start, 0)..(range.end, 0))
                     .filter(|(_, l)| l.cmd != keep && range.covers(&l.range))
                     .map(|(k, _)| *k)
                     .collect();
                 for k in covered {
-                    index.remove(&k);
+                    tree.index.remove(&k);
                 }
-                self.shrink();
             }
         }
+        self.shrink();
     }
 
     /// Removes the leaves of `cmd` that start where `range` starts.
     #[inline]
     pub fn remove(&mut self, cmd: K, range: &ByteRange) {
-        match &mut self.index {
-            None => self.list.retain(|l| l.cmd != cmd),
-            Some(index) => {
-                index.remove(&(range.start, cmd.bits()));
-                self.shrink();
+        match &mut self.repr {
+            Repr::List(list) => list.retain(|l| l.cmd != cmd),
+            Repr::Grid(grid) => {
+                let c = range.start / grid.granule;
+                if let Some(leaves) = grid.cells.get_mut(&c) {
+                    let before = leaves.len();
+                    leaves.retain(|l| !(l.cmd == cmd && l.range.start == range.start));
+                    grid.len -= before - leaves.len();
+                    if leaves.is_empty() {
+                        grid.cells.remove(&c);
+                    }
+                }
+            }
+            Repr::Tree(tree) => {
+                tree.index.remove(&(range.start, cmd.bits()));
             }
         }
+        self.shrink();
     }
 
     /// Removes every leaf whose command `gone` names; returns the hull of their ranges,
     /// if any was removed.
     pub fn remove_commands(&mut self, gone: impl Fn(K) -> bool) -> Option<ByteRange> {
         let mut hull: Option<ByteRange> = None;
-        let mut widen = |r: &ByteRange| {
-            let h = hull.get_or_insert(*r);
-            *h = h.hull(r);
-        };
-        match &mut self.index {
-            None => self.list.retain(|l| {
-                let g = gone(l.cmd);
-                if g {
-                    widen(&l.range);
-                }
-                !g
-            }),
-            Some(index) => {
-                index.retain(|_, l| {
-                    let g = gone(l.cmd);
-                    if g {
-                        widen(&l.range);
-                    }
-                    !g
-                });
-                self.shrink();
+        let mut keep = |l: &Leaf<K>| {
+            if !gone(l.cmd) {
+                return true;
             }
+            let h = hull.get_or_insert(l.range);
+            *h = h.hull(&l.range);
+            false
+        };
+        match &mut self.repr {
+            Repr::List(list) => list.retain(|l| keep(l)),
+            Repr::Grid(grid) => grid.retain(keep),
+            Repr::Tree(tree) => tree.index.retain(|_, l| keep(l)),
         }
+        self.shrink();
         hull
     }
 
     /// Keeps only the leaves of commands `live` names, in one walk: what removing
     /// many leaves one by one costs in index searches, this pays once per leaf held.
     pub fn retain_live(&mut self, live: impl Fn(K) -> bool) {
-        match &mut self.index {
-            None => self.list.retain(|l| live(l.cmd)),
-            Some(index) => {
+        match &mut self.repr {
+            Repr::List(list) => list.retain(|l| live(l.cmd)),
+            Repr::Grid(grid) => grid.retain(|l| live(l.cmd)),
+            Repr::Tree(tree) => {
                 // Rebuilt from the survivors, already in key order: one bulk build,
                 // where removing in place rebalances the tree after every removal.
-                *index = std::mem::take(index).into_iter().filter(|(_, l)| live(l.cmd)).collect();
-                self.shrink();
+                tree.index =
+                    std::mem::take(&mut tree.index).into_iter().filter(|(_, l)| live(l.cmd)).collect();
             }
+        }
+        self.shrink();
+    }
+
+    /// Whether the leaves are in an index (a grid or a tree) rather than a list.
+    #[cfg(test)]
+    fn indexed(&self) -> Option<&'static str> {
+        match &self.repr {
+            Repr::List(_) => None,
+            Repr::Grid(_) => Some("grid"),
+            Repr::Tree(_) => Some("tree"),
         }
     }
 
     /// Back to the short list once the index is small again.
     fn shrink(&mut self) {
-        if let Some(index) = &self.index {
-            if index.len() <= INDEX_AT / 2 {
-                self.list = index.values().copied().collect();
-                self.index = None;
-                self.max_len = 0;
-            }
+        if matches!(self.repr, Repr::List(_)) || self.len() > INDEX_AT / 2 {
+            return;
         }
+        let mut list = SmallVec::new();
+        self.for_each(|l| list.push(*l));
+        self.repr = Repr::List(list);
     }
 }
 
@@ -434,7 +587,7 @@ mod tests {
         for i in 0..1000 {
             set.push(leaf(i, i as usize * 8, 8));
         }
-        assert!(set.index.is_some());
+        assert_eq!(set.indexed(), Some("grid"), "equal aligned ranges");
         assert_eq!(set.len(), 1000);
         let mut expect = vec![leaf(2, 0, 0).cmd, leaf(3, 0, 0).cmd];
         expect.sort();
@@ -446,9 +599,93 @@ mod tests {
         for i in 50..1000 {
             set.remove(leaf(i, 0, 0).cmd, &ByteRange::new(i as usize * 8, 8));
         }
-        assert!(set.index.is_none(), "shrinks back to a list");
+        assert_eq!(set.indexed(), None, "shrinks back to a list");
         assert_eq!(set.len(), 1);
         assert_eq!(overlapping(&set, 100, 1), vec![leaf(5000, 0, 0).cmd]);
+    }
+
+    /// Random operations on a leaf set answer as a plain list does, through every
+    /// representation: the short list, the grid of aligned granules and the tree.
+    #[test]
+    fn every_representation_answers_as_a_plain_list() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as usize
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for round in 0..40 {
+            let mut set: LeafSet<u32> = LeafSet::default();
+            let mut model: Vec<Leaf<u32>> = Vec::new();
+            // Even rounds keep to 4-byte elements (a grid), odd ones mix in wider
+            // ranges (a tree) after a while.
+            let wide = round % 2 == 1;
+            for step in 0..600u32 {
+                let range = match wide && next(8) == 0 {
+                    true => ByteRange::new(next(400), 1 + next(40)),
+                    false => ByteRange::new(next(100) * 4, 4),
+                };
+                // Queries also over ranges that are not whole granules, empty ones
+                // included.
+                let query = match next(2) {
+                    0 => range,
+                    _ => ByteRange::new(next(404), next(24)),
+                };
+                let sorted = |mut v: Vec<(u32, usize, usize)>| {
+                    v.sort();
+                    v
+                };
+                let key = |l: &Leaf<u32>| (l.cmd, l.range.start, l.range.end);
+                match next(10) {
+                    0..=4 => {
+                        let l = Leaf { cmd: step, range };
+                        set.push(l);
+                        model.push(l);
+                    }
+                    5 => {
+                        let mut got = Vec::new();
+                        set.for_each_overlapping(&query, |l| got.push(key(l)));
+                        let want = model.iter().filter(|l| l.range.overlaps(&query)).map(key).collect();
+                        assert_eq!(sorted(got), sorted(want), "overlapping {query:?}");
+                    }
+                    6 => {
+                        let keep = model.get(next(model.len() as u64 + 1)).map_or(u32::MAX, |l| l.cmd);
+                        let mut got = Vec::new();
+                        set.overlap_and_cover(&query, keep, |l| got.push(key(l)));
+                        let want = model.iter().filter(|l| l.range.overlaps(&query)).map(key).collect();
+                        assert_eq!(sorted(got), sorted(want), "overlap_and_cover {query:?}");
+                        model.retain(|l| l.cmd == keep || !query.covers(&l.range));
+                    }
+                    7 => {
+                        set.remove_covered(&query, u32::MAX);
+                        model.retain(|l| !query.covers(&l.range));
+                    }
+                    8 if !model.is_empty() => {
+                        let l = model.swap_remove(next(model.len() as u64));
+                        set.remove(l.cmd, &l.range);
+                    }
+                    _ => {
+                        let cut = step.saturating_sub(next(50) as u32);
+                        let hull = set.remove_commands(|c| c.is_multiple_of(7) && c < cut);
+                        let gone = |l: &Leaf<u32>| l.cmd.is_multiple_of(7) && l.cmd < cut;
+                        let want =
+                            model.iter().filter(|l| gone(l)).map(|l| l.range).reduce(|a, b| a.hull(&b));
+                        assert_eq!(hull, want);
+                        model.retain(|l| !gone(l));
+                        set.retain_live(|c| !c.is_multiple_of(11) || c >= cut);
+                        model.retain(|l| !l.cmd.is_multiple_of(11) || l.cmd >= cut);
+                    }
+                }
+                let mut got = Vec::new();
+                set.for_each(|l| got.push(key(l)));
+                assert_eq!(sorted(got), sorted(model.iter().map(key).collect()), "round {round} step {step}");
+                assert_eq!(set.len(), model.len());
+                seen.insert(set.indexed());
+            }
+        }
+        assert_eq!(seen.len(), 3, "every representation was exercised: {seen:?}");
     }
 
     /// A writer finds what it overlaps and removes what it covers in one walk, the
