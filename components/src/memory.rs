@@ -291,12 +291,15 @@ impl<K: LeafKey> LeafSet<K> {
     /// the ones it covers (except those of `keep`), in one walk of the index.
     pub fn overlap_and_cover(&mut self, range: &ByteRange, keep: K, mut f: impl FnMut(&Leaf<K>)) {
         match &mut self.repr {
-            Repr::List(list) => list.retain(|l| {
-                if l.range.overlaps(range) {
-                    f(l);
-                }
-                l.cmd == keep || !range.covers(&l.range)
-            }),
+            Repr::List(list) => {
+                list.retain(|l| {
+                    if l.range.overlaps(range) {
+                        f(l);
+                    }
+                    l.cmd == keep || !range.covers(&l.range)
+                });
+                return;
+            }
             Repr::Grid(grid) => grid.visit(range, f, |l| l.cmd == keep || !range.covers(&l.range)),
             Repr::Tree(tree) => {
                 let mut covered: SmallVec<[(usize, u64); 8]> = SmallVec::new();
@@ -329,7 +332,7 @@ impl<K: LeafKey> LeafSet<K> {
     #[inline]
     pub fn remove_covered(&mut self, range: &ByteRange, keep: K) {
         match &mut self.repr {
-            Repr::List(list) => list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
+            Repr::List(list) => return list.retain(|l| l.cmd == keep || !range.covers(&l.range)),
             Repr::Grid(grid) => grid.visit(range, |_| {}, |l| l.cmd == keep || !range.covers(&l.range)),
             Repr::Tree(tree) => {
                 let covered: SmallVec<[(usize, u64); 8]> = tree
@@ -350,7 +353,7 @@ impl<K: LeafKey> LeafSet<K> {
     #[inline]
     pub fn remove(&mut self, cmd: K, range: &ByteRange) {
         match &mut self.repr {
-            Repr::List(list) => list.retain(|l| l.cmd != cmd),
+            Repr::List(list) => return list.retain(|l| l.cmd != cmd),
             Repr::Grid(grid) => {
                 let c = range.start / grid.granule;
                 if let Some(leaves) = grid.cells.get_mut(&c) {

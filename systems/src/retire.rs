@@ -226,7 +226,9 @@ fn retire_entity(
                 let dropped = record.buffer.is_dropped();
                 // (A scheduler that failed may have lost its lists; `abandon_all` then
                 // finds the records itself.)
-                if let Some(mut lists) = world.get_resource_mut::<WorkLists>().filter(|_| first || dropped) {
+                if let Some(mut lists) =
+                    (first || dropped).then(|| world.get_resource_mut::<WorkLists>()).flatten()
+                {
                     if first {
                         lists.released_records.push(rec);
                     }
