@@ -3,12 +3,11 @@
 //! copies of the contents live.
 
 use std::collections::BTreeMap;
-
-use bevy_platform::collections::HashMap;
 use std::sync::Arc;
 
 use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
+use bevy_platform::collections::HashMap;
 use gantry_driver::{AllocId, MemSpace};
 use smallvec::SmallVec;
 
@@ -136,14 +135,14 @@ impl<K> Default for LeafSet<K> {
 
 impl<K: LeafKey> Tree<K> {
     fn of(leaves: impl Iterator<Item = Leaf<K>>) -> Self {
-        let mut max_len = 0;
-        let index = leaves
-            .map(|l| {
-                max_len = max_len.max(l.range.len());
-                ((l.range.start, l.cmd.bits()), l)
-            })
-            .collect();
-        Self { index, max_len }
+        let mut tree = Self { index: BTreeMap::new(), max_len: 0 };
+        leaves.for_each(|l| tree.insert(l));
+        tree
+    }
+
+    fn insert(&mut self, leaf: Leaf<K>) {
+        self.max_len = self.max_len.max(leaf.range.len());
+        self.index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
     }
 
     /// The leaves whose start an overlap with `range` allows.
@@ -156,11 +155,10 @@ impl<K: LeafKey> Grid<K> {
     /// A grid of `leaves` if every one is the same aligned, non-empty granule.
     fn of(leaves: &[Leaf<K>]) -> Option<Self> {
         let granule = leaves.first()?.range.len();
-        let fits = |l: &Leaf<K>| l.range.len() == granule && l.range.start.is_multiple_of(granule);
-        if granule == 0 || !leaves.iter().all(fits) {
+        let mut grid = Grid { granule, cells: HashMap::default(), len: 0 };
+        if granule == 0 || !leaves.iter().all(|l| grid.fits(l)) {
             return None;
         }
-        let mut grid = Grid { granule, cells: HashMap::default(), len: 0 };
         for l in leaves {
             grid.push(*l);
         }
@@ -256,14 +254,10 @@ impl<K: LeafKey> LeafSet<K> {
                 // A leaf of another size or alignment: the grid no longer describes
                 // the set.
                 let mut tree = Tree::of(grid.cells.drain().flat_map(|(_, leaves)| leaves));
-                tree.max_len = tree.max_len.max(leaf.range.len());
-                tree.index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
+                tree.insert(leaf);
                 self.repr = Repr::Tree(tree);
             }
-            Repr::Tree(tree) => {
-                tree.max_len = tree.max_len.max(leaf.range.len());
-                tree.index.insert((leaf.range.start, leaf.cmd.bits()), leaf);
-            }
+            Repr::Tree(tree) => tree.insert(leaf),
         }
     }
 
