@@ -156,7 +156,7 @@ pub struct WorkLists {
     /// Buffers whose records may be despawned.
     pub maybe_idle_records: Vec<Entity>,
     /// Records with leaves released this retire pass, removed at its end
-    /// ([`MemoryRecord::remove_released`](crate::MemoryRecord::remove_released)).
+    /// ([`ReleasedLeaves::remove_from`](crate::ReleasedLeaves::remove_from)).
     pub released_records: Vec<Entity>,
     /// Commands resolved this flush, kept for fusion-sync while a fusion is active.
     pub resolved: Vec<Entity>,
