@@ -529,6 +529,52 @@ mod tests {
         assert!(most <= 8, "{most} removal messages held: the trackers are not cleared");
     }
 
+    /// Many commands of one buffer retired in one pass (their leaves go in one
+    /// sweep) and a few (one by one) leave the record with exactly the leaves of the
+    /// commands still running, which later commands still depend on.
+    #[test]
+    fn leaves_of_a_pass_go_together_and_only_theirs() {
+        let mut h = Harness::new(false);
+        let a = h.buffer(4 * 1000);
+        let cmds: Vec<_> = (0..1000).map(|i| h.submit(&[(&a, ReadWrite, i * 4..i * 4 + 4)])).collect();
+        h.flush();
+        let leaves = |h: &Harness| {
+            let record = h.world.get::<MemoryRecord>(a.record.get().unwrap()).unwrap();
+            assert!(record.released.is_empty(), "nothing pending between passes");
+            record.leaves.len()
+        };
+        assert_eq!(leaves(&h), 1000);
+        // 900 in one pass: a sweep; then 10 of the 100 left: one by one.
+        for (done, n) in [(0..900, 100), (900..910, 90)] {
+            for ev in &cmds[done] {
+                h.host.complete(entity(ev), Ok(()));
+            }
+            h.flush();
+            assert_eq!(leaves(&h), n);
+        }
+        let late = h.submit(&[(&a, Read, 3800..4000)]);
+        h.flush();
+        let mut preds = h.preds(&late);
+        preds.sort();
+        let mut want: Vec<_> = cmds[950..].iter().map(|ev| entity(ev)).collect();
+        want.sort();
+        assert_eq!(preds, want, "a later reader waits for the writers left, and only them");
+    }
+
+    /// Commands abandoned (a scheduler that stops) leave their records without
+    /// leaves, so the records of dropped buffers can go.
+    #[test]
+    fn abandoned_commands_release_their_leaves() {
+        let mut h = Harness::new(false);
+        let a = h.buffer(4 * 100);
+        let cmds: Vec<_> = (0..100).map(|i| h.submit(&[(&a, ReadWrite, i * 4..i * 4 + 4)])).collect();
+        h.flush();
+        super::abandon_all(&mut h.world, ExecError::RuntimeDropped);
+        assert!(cmds.iter().all(|ev| ev.status() == EventStatus::Failed));
+        let record = h.world.get::<MemoryRecord>(a.record.get().unwrap()).unwrap();
+        assert!(record.is_idle() && record.released.is_empty());
+    }
+
     /// A dropped buffer's record goes once its last command retires.
     #[test]
     fn dropped_buffer_record_is_despawned_when_idle() {
