@@ -471,7 +471,9 @@ pub fn abandon_all(world: &mut World, error: ExecError) {
 
 #[cfg(test)]
 mod tests {
-    use gantry_components::{EventStatus, MemoryRecord, Stats};
+    use std::sync::Arc;
+
+    use gantry_components::{BufferCore, EventShared, EventStatus, MemoryRecord, Stats};
     use gantry_driver::AccessMode::{Read, ReadWrite};
     use gantry_driver::ExecError;
 
@@ -529,15 +531,21 @@ mod tests {
         assert!(most <= 8, "{most} removal messages held: the trackers are not cleared");
     }
 
+    /// `n` commands each writing its own 4-byte element of one buffer, resolved.
+    fn element_writers(n: usize) -> (Harness, Arc<BufferCore>, Vec<Arc<EventShared>>) {
+        let mut h = Harness::new(false);
+        let a = h.buffer(4 * n);
+        let cmds = (0..n).map(|i| h.submit(&[(&a, ReadWrite, i * 4..i * 4 + 4)])).collect();
+        h.flush();
+        (h, a, cmds)
+    }
+
     /// Many commands of one buffer retired in one pass (their leaves go in one
     /// sweep) and a few (one by one) leave the record with exactly the leaves of the
     /// commands still running, which later commands still depend on.
     #[test]
     fn leaves_of_a_pass_go_together_and_only_theirs() {
-        let mut h = Harness::new(false);
-        let a = h.buffer(4 * 1000);
-        let cmds: Vec<_> = (0..1000).map(|i| h.submit(&[(&a, ReadWrite, i * 4..i * 4 + 4)])).collect();
-        h.flush();
+        let (mut h, a, cmds) = element_writers(1000);
         let leaves = |h: &Harness| {
             let record = h.world.get::<MemoryRecord>(a.record.get().unwrap()).unwrap();
             assert!(record.released.is_empty(), "nothing pending between passes");
@@ -565,10 +573,7 @@ mod tests {
     /// leaves, so the records of dropped buffers can go.
     #[test]
     fn abandoned_commands_release_their_leaves() {
-        let mut h = Harness::new(false);
-        let a = h.buffer(4 * 100);
-        let cmds: Vec<_> = (0..100).map(|i| h.submit(&[(&a, ReadWrite, i * 4..i * 4 + 4)])).collect();
-        h.flush();
+        let (mut h, a, cmds) = element_writers(100);
         super::abandon_all(&mut h.world, ExecError::RuntimeDropped);
         assert!(cmds.iter().all(|ev| ev.status() == EventStatus::Failed));
         let record = h.world.get::<MemoryRecord>(a.record.get().unwrap()).unwrap();
