@@ -182,42 +182,38 @@ impl<K: LeafKey> Grid<K> {
 
     /// Calls `f` for every leaf overlapping `range`, then keeps those `keep` allows.
     fn visit(&mut self, range: &ByteRange, mut f: impl FnMut(&Leaf<K>), keep: impl Fn(&Leaf<K>) -> bool) {
-        let mut cell = |leaves: &mut SmallVec<[Leaf<K>; 2]>, len: &mut usize| {
+        let span = self.span(range);
+        self.retain_in(span, |l| {
+            if !l.range.overlaps(range) {
+                return true;
+            }
+            f(l);
+            keep(l)
+        });
+    }
+
+    /// Keeps the leaves `keep` allows, of the granules `span` (`None`: of all),
+    /// dropping the granules left empty.
+    fn retain_in(&mut self, span: Option<std::ops::Range<usize>>, mut keep: impl FnMut(&Leaf<K>) -> bool) {
+        let len = &mut self.len;
+        let mut cell = |leaves: &mut SmallVec<[Leaf<K>; 2]>| {
             leaves.retain(|l| {
-                if !l.range.overlaps(range) {
-                    return true;
-                }
-                f(l);
                 let kept = keep(l);
                 *len -= usize::from(!kept);
                 kept
             });
             !leaves.is_empty()
         };
-        match self.span(range) {
+        match span {
             Some(span) => {
                 for c in span {
-                    if let Some(leaves) = self.cells.get_mut(&c) {
-                        if !cell(leaves, &mut self.len) {
-                            self.cells.remove(&c);
-                        }
+                    if self.cells.get_mut(&c).is_some_and(|leaves| !cell(leaves)) {
+                        self.cells.remove(&c);
                     }
                 }
             }
-            None => self.cells.retain(|_, leaves| cell(leaves, &mut self.len)),
+            None => self.cells.retain(|_, leaves| cell(leaves)),
         }
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Leaf<K>) -> bool) {
-        let len = &mut self.len;
-        self.cells.retain(|_, leaves| {
-            leaves.retain(|l| {
-                let kept = keep(l);
-                *len -= usize::from(!kept);
-                kept
-            });
-            !leaves.is_empty()
-        });
     }
 }
 
@@ -350,14 +346,7 @@ impl<K: LeafKey> LeafSet<K> {
             Repr::List(list) => return list.retain(|l| l.cmd != cmd),
             Repr::Grid(grid) => {
                 let c = range.start / grid.granule;
-                if let Some(leaves) = grid.cells.get_mut(&c) {
-                    let before = leaves.len();
-                    leaves.retain(|l| !(l.cmd == cmd && l.range.start == range.start));
-                    grid.len -= before - leaves.len();
-                    if leaves.is_empty() {
-                        grid.cells.remove(&c);
-                    }
-                }
+                grid.retain_in(Some(c..c + 1), |l| !(l.cmd == cmd && l.range.start == range.start));
             }
             Repr::Tree(tree) => {
                 tree.index.remove(&(range.start, cmd.bits()));
@@ -380,7 +369,7 @@ impl<K: LeafKey> LeafSet<K> {
         };
         match &mut self.repr {
             Repr::List(list) => list.retain(|l| keep(l)),
-            Repr::Grid(grid) => grid.retain(keep),
+            Repr::Grid(grid) => grid.retain_in(None, keep),
             Repr::Tree(tree) => tree.index.retain(|_, l| keep(l)),
         }
         self.shrink();
@@ -392,7 +381,7 @@ impl<K: LeafKey> LeafSet<K> {
     pub fn retain_live(&mut self, live: impl Fn(K) -> bool) {
         match &mut self.repr {
             Repr::List(list) => list.retain(|l| live(l.cmd)),
-            Repr::Grid(grid) => grid.retain(|l| live(l.cmd)),
+            Repr::Grid(grid) => grid.retain_in(None, |l| live(l.cmd)),
             Repr::Tree(tree) => {
                 // Rebuilt from the survivors, already in key order: one bulk build,
                 // where removing in place rebalances the tree after every removal.
