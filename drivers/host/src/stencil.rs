@@ -24,7 +24,6 @@
 
 use std::any::TypeId;
 use std::marker::PhantomData;
-use std::mem::size_of;
 use std::sync::Arc;
 
 use bytemuck::Pod;
@@ -225,11 +224,11 @@ where
         if ctx.remap.is_some() || ctx.only.is_some() || ctx.span.is_some() || g != [self.rows, self.cols, 1] {
             return None;
         }
-        let (slot, tag) = self.input.slot_and_tag();
-        assert!(tag == ctx.tag, "accessor used in a kernel of a different command group");
-        let a = ctx.bindings[slot as usize];
+        // The whole grid, in ordinary memory (a private or local region holds only a
+        // group's cells).
         let cells = self.rows.checked_mul(self.cols)?;
-        let grid = (a.internal == Internal::No && a.len / size_of::<T>().max(1) >= cells).then_some(a.ptr)?;
+        let grid = contiguous::<T>(ctx, &self.input, 0, 0, cells)
+            .filter(|_| ctx.bindings[self.input.slot_and_tag().0 as usize].internal == Internal::No)?;
         // The group's rows are whole or it is one run of a row: either way its output
         // is one run from its first cell.
         let ([y0, x0, _], [ny, nx, _]) = (ctx.base(), ctx.extent());
@@ -238,7 +237,7 @@ where
             return None;
         }
         let out = contiguous::<U>(ctx, &self.output, y0 * self.cols + x0, 0, count)?;
-        Some((grid.cast_const().cast(), out))
+        Some((grid.cast_const(), out))
     }
 }
 
