@@ -88,11 +88,8 @@ pub struct MapLoop(pub(crate) Arc<dyn MapRun>);
 /// What [`MapLoop`] resolves: implemented by the map phase's body.
 pub(crate) trait MapRun: Send + Sync {
     /// The loop compiled for the instruction set in use, and the closure it takes.
-    fn resolve(&self) -> (MapFn, *const ());
+    fn resolve(&self) -> (crate::isa::LoopFn, *const ());
 }
-
-/// A map loop with its closure and element types erased: `(f, src, dst, count)`.
-pub(crate) type MapFn = crate::isa::LoopFn;
 
 impl MapLoop {
     /// The loop for the instruction set in use ([`isa`](crate::isa)), bound to its
@@ -111,7 +108,7 @@ impl MapLoop {
 /// A [`MapLoop`] bound to its closure and instruction set ([`MapLoop::resolve`]).
 #[derive(Clone, Copy)]
 pub struct ResolvedMap<'a> {
-    call: MapFn,
+    call: crate::isa::LoopFn,
     f: *const (),
     _loop: PhantomData<&'a MapLoop>,
 }

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use bytemuck::Pod;
 
 use crate::access::{Accessor, BufferSlot, ElemAccessor, Readable, Writable};
-use crate::closure::{Elementwise, ElementwisePhase, MapFn, MapLoop, MapRun, Phase};
-use crate::isa::{Isa, OwnedLoop};
+use crate::closure::{Elementwise, ElementwisePhase, MapLoop, MapRun, Phase};
+use crate::isa::{copy_for, Isa, LoopFn, OwnedLoop};
 use crate::item::{GroupCtx, Item};
 use gantry_driver::{Binding, Internal};
 
@@ -127,8 +127,8 @@ where
     MO: Writable + Send + Sync,
     F: Fn(T) -> U + Send + Sync,
 {
-    fn resolve(&self) -> (MapFn, *const ()) {
-        (map_fn::<T, U, F>(crate::isa::active()), std::ptr::from_ref::<F>(&self.f).cast())
+    fn resolve(&self) -> (LoopFn, *const ()) {
+        (copy_for::<MapOver<T, U, F>>(crate::isa::active()), std::ptr::from_ref::<F>(&self.f).cast())
     }
 }
 
@@ -145,9 +145,9 @@ fn map_slice<T: Copy, U, F: Fn(T) -> U>(f: &F, src: &[T], dst: &mut [U]) {
 unsafe fn map_slice_with<T: Copy, U, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T], dst: &mut [U]) {
     let count = src.len().min(dst.len());
     // SAFETY: `count` elements of each slice, which cannot overlap (one is `&mut`),
-    // `f` is an `F`, as `map_fn::<T, U, F>` takes, and the caller's contract.
+    // `f` is an `F`, as `MapOver<T, U, F>` takes, and the caller's contract.
     unsafe {
-        map_fn::<T, U, F>(isa)(
+        copy_for::<MapOver<T, U, F>>(isa)(
             std::ptr::from_ref(f).cast(),
             src.as_ptr().cast(),
             dst.as_mut_ptr().cast(),
@@ -156,19 +156,13 @@ unsafe fn map_slice_with<T: Copy, U, F: Fn(T) -> U>(isa: Isa, f: &F, src: &[T], 
     }
 }
 
-/// The copy of the map loop for `isa`, with `f` inlined: compiled once per
-/// instruction set, it runs the widest the CPU has ([`isa`](crate::isa)); on an
-/// AVX-512 machine a default build's loop would use a quarter of the vector width.
-/// `isa` must be one the CPU runs.
-fn map_fn<T: Copy, U, F: Fn(T) -> U>(isa: Isa) -> MapFn {
-    crate::isa::copy_for::<MapOver<T, U, F>>(isa)
-}
-
-/// The map loop over raw runs, one copy per instruction set. A call of its own
-/// (through a [`MapFn`]), it is not inlined into the phase, where the compiler does
-/// not vectorize it (`docs/PERFORMANCE.md`). The compiler cannot see that the runs
-/// are apart, so each call first compares the two addresses (a few instructions) and
-/// then runs the vector loop.
+/// The map loop over raw runs, one copy per instruction set ([`copy_for`]), `f`
+/// inlined into each: the widest the CPU has runs ([`isa`](crate::isa)); on an
+/// AVX-512 machine a default build's loop would use a quarter of the vector width. A
+/// call of its own (through a [`LoopFn`]), it is not inlined into the phase, where
+/// the compiler does not vectorize it (`docs/PERFORMANCE.md`). The compiler cannot
+/// see that the runs are apart, so each call first compares the two addresses (a few
+/// instructions) and then runs the vector loop.
 struct MapOver<T, U, F>(PhantomData<fn(T, F) -> U>);
 
 impl<T: Copy, U, F: Fn(T) -> U> OwnedLoop for MapOver<T, U, F> {
