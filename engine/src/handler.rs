@@ -640,9 +640,6 @@ impl Handler {
         MO: gantry_host::Writable,
         F: Fn(&gantry_host::Neighborhood<'_, T>) -> U + Send + Sync + 'static,
     {
-        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
-            self.fail(Error::ForeignObject("an accessor"));
-        }
         let (input_len, output_len) = (input.len(), output.len());
         let geometry = match rows.checked_mul(cols) {
             Some(cells) if cells == output_len && input_len >= cells => {
@@ -651,11 +648,8 @@ impl Handler {
             _ => Err(Error::StencilGrid { rows, cols, input: input_len, output: output_len }),
         };
         let phase = gantry_host::stencil_phase(*input, *output, [rows, cols], f);
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("stencil")),
-            geometry,
-            phases: smallvec::smallvec![phase],
-        });
+        let tags = [input.slot_and_tag().1, output.slot_and_tag().1];
+        self.owned_loop(static_name!("stencil"), &tags, geometry, phase);
     }
 
     /// Sets an elementwise kernel `name` running `phase` over `output` with `inputs`
@@ -671,13 +665,28 @@ impl Handler {
         U: Pod,
         MO: gantry_host::Writable,
     {
-        if inputs.iter().any(|&(tag, _)| tag != self.tag) || output.slot_and_tag().1 != self.tag {
-            self.fail(Error::ForeignObject("an accessor"));
-        }
         let geometry = match inputs.iter().find(|&&(_, len)| len < output.len()) {
             Some(&(_, len)) => Err(Error::MapInputTooShort { input: len, output: output.len() }),
             None => Geometry::for_range(Range::d1(output.len())).map_err(Error::from),
         };
+        let mut tags: SmallVec<[u64; 5]> = inputs.iter().map(|&(tag, _)| tag).collect();
+        tags.push(output.slot_and_tag().1);
+        self.owned_loop(name, &tags, geometry, phase);
+    }
+
+    /// Sets a kernel whose loop the runtime owns: `phase` alone, over `geometry`,
+    /// named `name` unless the user named it; an accessor of another command group
+    /// (`tags`: those of its accessors) fails the group.
+    fn owned_loop(
+        &mut self,
+        name: Arc<str>,
+        tags: &[u64],
+        geometry: Result<Geometry>,
+        phase: gantry_host::Phase,
+    ) {
+        if tags.iter().any(|&tag| tag != self.tag) {
+            self.fail(Error::ForeignObject("an accessor"));
+        }
         self.set_action(Action::Kernel {
             name: self.kernel_name(name),
             geometry,
@@ -740,19 +749,13 @@ impl Handler {
         M: Fn(T) -> U + Send + Sync + 'static,
         R: gantry_host::Reduction<U>,
     {
-        if input.slot_and_tag().1 != self.tag || output.slot_and_tag().1 != self.tag {
-            self.fail(Error::ForeignObject("an accessor"));
-        }
         // One work-group over the whole input: its phase splits the range over the
         // worker pool itself (`gantry_host::reduce`).
         let n = input.len();
         let geometry = NdRange::new(n, n).geometry().map_err(Error::from);
         let phase = gantry_host::reduce_phase(*input, *output, map, op);
-        self.set_action(Action::Kernel {
-            name: self.kernel_name(static_name!("reduce")),
-            geometry,
-            phases: smallvec::smallvec![phase],
-        });
+        let tags = [input.slot_and_tag().1, output.slot_and_tag().1];
+        self.owned_loop(static_name!("reduce"), &tags, geometry, phase);
     }
 
     /// Runs `f` once on a host thread, after the command's dependencies, with host
