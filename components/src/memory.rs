@@ -392,7 +392,12 @@ impl<K: LeafKey> LeafSet<K> {
         self.shrink();
     }
 
-    /// Whether the leaves are in an index (a grid or a tree) rather than a list.
+    /// Whether the leaves are in an index (a grid or a tree) rather than a short list.
+    pub fn is_indexed(&self) -> bool {
+        !matches!(self.repr, Repr::List(_))
+    }
+
+    /// Which index holds the leaves, if any.
     #[cfg(test)]
     fn indexed(&self) -> Option<&'static str> {
         match &self.repr {
@@ -530,17 +535,24 @@ impl MemoryRecord {
     }
 
     /// `cmd`, which used `range`, finished: it is no longer a producer, and its leaf
-    /// joins [`released`](Self::released), which the caller must remove before
-    /// anything reads the leaves again. Returns whether nothing was pending (the
+    /// goes. From short lists it goes at once; from an index it joins
+    /// [`released`](Self::released), which the caller must remove before anything
+    /// reads the leaves again. Returns whether it joined an empty `released` (the
     /// caller then lists the record).
     ///
-    /// Deferred so that a pass retiring many commands of one buffer removes their
-    /// leaves in one sweep instead of two index searches each.
+    /// Deferred from an index so that a pass retiring many commands of one buffer
+    /// removes their leaves in one sweep instead of two index searches each; a short
+    /// list's removal is a short walk, cheaper than noting it and coming back.
     pub fn release(&mut self, cmd: Entity, range: &ByteRange) -> bool {
         for loc in &mut self.locations {
             if loc.producer == Some(cmd) {
                 loc.producer = None;
             }
+        }
+        if !self.leaves.is_indexed() {
+            self.leaves.reads.remove(cmd, range);
+            self.leaves.writes.remove(cmd, range);
+            return false;
         }
         self.released.push(cmd, *range, self.leaves.len())
     }
@@ -742,26 +754,41 @@ mod tests {
     /// its leaf waits for the removal.
     #[test]
     fn a_release_clears_the_producer_at_once() {
-        let cmd = leaf(0, 0, 8);
-        let buffer = crate::handle::BufferCore {
-            id: 1,
-            storage: Arc::new(gantry_driver::HostStorage::zeroed(8)),
-            bytes: 8,
-            record: Default::default(),
-            dropped: Default::default(),
-            promotion: Default::default(),
-            recorded: Default::default(),
+        let record = || {
+            let buffer = crate::handle::BufferCore {
+                id: 1,
+                storage: Arc::new(gantry_driver::HostStorage::zeroed(8 * 40)),
+                bytes: 8 * 40,
+                record: Default::default(),
+                dropped: Default::default(),
+                promotion: Default::default(),
+                recorded: Default::default(),
+            };
+            MemoryRecord::new(Arc::new(buffer))
         };
-        let mut record = MemoryRecord::new(Arc::new(buffer));
-        record.leaves.access(cmd.cmd, &cmd.range, true, |_| {});
-        record.locations[0].producer = Some(cmd.cmd);
-        assert!(!record.is_idle());
-        assert!(record.release(cmd.cmd, &cmd.range));
-        assert_eq!(record.locations[0].producer, None);
-        assert_eq!(record.leaves.len(), 1, "the leaf stays until it is removed");
-        let mut released = std::mem::take(&mut record.released);
-        released.remove_from(&mut record.leaves, |_| false);
-        assert!(record.is_idle());
+        // An index: 40 disjoint writes of one command.
+        let cmd = leaf(0, 0, 8);
+        let mut indexed = record();
+        for i in 0..40 {
+            indexed.leaves.access(cmd.cmd, &ByteRange::new(i * 8, 8), true, |_| {});
+        }
+        assert!(indexed.leaves.is_indexed());
+        indexed.locations[0].producer = Some(cmd.cmd);
+        assert!(!indexed.is_idle());
+        assert!(indexed.release(cmd.cmd, &cmd.range));
+        assert_eq!(indexed.locations[0].producer, None);
+        assert_eq!(indexed.leaves.len(), 40, "the leaf stays until it is removed");
+        for i in 1..40 {
+            assert!(!indexed.release(cmd.cmd, &ByteRange::new(i * 8, 8)), "only the first is new");
+        }
+        let mut released = std::mem::take(&mut indexed.released);
+        released.remove_from(&mut indexed.leaves, |_| false);
+        assert!(indexed.is_idle());
+        // A short list: the leaf goes at once, and nothing is pending.
+        let mut short = record();
+        short.leaves.access(cmd.cmd, &cmd.range, true, |_| {});
+        assert!(!short.release(cmd.cmd, &cmd.range));
+        assert!(short.is_idle() && short.released.is_empty());
     }
 
     #[test]

@@ -75,6 +75,11 @@ impl<K: LeafKey> Accesses<K> {
         self.reads.len() + self.writes.len()
     }
 
+    /// Whether either set is in an index rather than a short list.
+    pub fn is_indexed(&self) -> bool {
+        self.reads.is_indexed() || self.writes.is_indexed()
+    }
+
     /// Whether no access is recorded.
     pub fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty()

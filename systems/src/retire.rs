@@ -376,6 +376,9 @@ fn device_lost(world: &mut World, q: &mut Queries, device: DeviceId) {
 /// Removes the leaves of the commands retired this pass from their records, a
 /// record's many at once ([`MemoryRecord::release`]); nothing reads leaves between.
 fn remove_released_leaves(world: &mut World, q: &mut Queries) {
+    if world.resource::<WorkLists>().released_records.is_empty() {
+        return;
+    }
     let records = std::mem::take(&mut world.resource_mut::<WorkLists>().released_records);
     remove_released(world, q, &records);
     // The list's storage is kept for the next pass.
