@@ -136,12 +136,27 @@ impl Runner {
         preserve: bool,
         work: impl FnOnce() -> Result<(), ExecError>,
     ) -> Result<(), ExecError> {
+        // SAFETY: forwarded.
+        unsafe { self.preserving_ranges(modes.zip(bindings.iter().copied()), preserve, work) }
+    }
+
+    /// [`Runner::preserving`] over ranges and their modes: only memory `work` may
+    /// write, since a failure writes the snapshot back over all of it.
+    ///
+    /// # Safety
+    /// As [`Runner::preserving`].
+    unsafe fn preserving_ranges(
+        &self,
+        ranges: impl Iterator<Item = (AccessMode, Binding)>,
+        preserve: bool,
+        work: impl FnOnce() -> Result<(), ExecError>,
+    ) -> Result<(), ExecError> {
         if !preserve {
             // No snapshot to take or drop: the common path of replayed kernels.
             return work();
         }
         // SAFETY: live bindings that nothing else touches (the caller's contract).
-        let snapshot = unsafe { self.snapshots.take_modes(modes.zip(bindings.iter().copied())) };
+        let snapshot = unsafe { self.snapshots.take_modes(ranges) };
         let result = work();
         if result.is_err() {
             // SAFETY: `work` has stopped; the memory is still alive and nothing else
@@ -180,14 +195,16 @@ impl Runner {
 
     /// Runs a kernel over `bindings` (`modes` says how it uses each, in order); with
     /// `preserve`, it snapshots the written ranges first and restores them if the
-    /// kernel fails. A fused kernel restored so then runs its kernels one by one
-    /// ([`Unfused::rerun`](crate::fusion::Unfused::rerun)), so that its failure keeps
-    /// what they would have kept unfused; without `preserve` nothing was restored,
-    /// and nothing runs again.
+    /// kernel fails. A fused kernel saves only its kernels' written slots
+    /// ([`Unfused::written`](crate::fusion::Unfused::written)), restored so then runs
+    /// its kernels one by one ([`Unfused::rerun`](crate::fusion::Unfused::rerun)), so
+    /// that its failure keeps what they would have kept unfused; without `preserve`
+    /// nothing was restored, and nothing runs again.
     ///
     /// # Safety
-    /// The bindings must be live for the whole call and touched by nothing else
-    /// meanwhile (the scheduler orders conflicting commands).
+    /// The bindings must be live for the whole call, and what the kernel writes of
+    /// them touched by nothing else meanwhile (the scheduler orders conflicting
+    /// commands; other commands may write between a fused kernel's slots).
     pub unsafe fn run_kernel(
         &self,
         call: KernelCall<'_>,
@@ -198,15 +215,31 @@ impl Runner {
     ) -> Result<(), ExecError> {
         let KernelCall { kernel, geometry, scalars } = call;
         let launch = || self.launch(kernel, geometry, bindings, scalars, groups);
-        // SAFETY: forwarded.
-        let Err(error) = (unsafe { self.preserving(modes.clone(), bindings, preserve, launch) }) else {
+        let closure = kernel.closure();
+        // A kernel without a closure (an LLVM IR image) fails only before it runs:
+        // nothing to restore.
+        let preserve = preserve && closure.is_some();
+        let unfused = closure.and_then(|c| c.unfused.as_ref());
+        // A fused kernel's arguments are the hulls of its kernels' slots, whose gaps
+        // other commands may write meanwhile: it saves only the slots it writes.
+        let written = unfused.filter(|_| preserve).and_then(|u| u.written(bindings));
+        // SAFETY: forwarded; a fused kernel writes only its slots.
+        let result = unsafe {
+            match &written {
+                Some(slots) => {
+                    self.preserving_ranges(slots.iter().map(|&b| (AccessMode::ReadWrite, b)), true, launch)
+                }
+                None => self.preserving(modes.clone(), bindings, preserve, launch),
+            }
+        };
+        let Err(error) = result else {
             return Ok(());
         };
         if !preserve {
             // Nothing was restored, and nothing runs again.
             return Err(error);
         }
-        let Some(unfused) = kernel.closure().and_then(|c| c.unfused.as_ref()) else { return Err(error) };
+        let Some(unfused) = unfused else { return Err(error) };
         let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
         // The kernels of a fused closure kernel are closures: no scalars.
         let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| self.launch(k, g, b, &[], groups);

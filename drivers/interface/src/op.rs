@@ -133,7 +133,9 @@ pub struct Submission<'a> {
     /// [`ExecError::DependencyFailed`].
     pub waits: &'a [OpHandle],
     /// Restore the previous contents of written ranges if the operation fails, so that
-    /// buffers keep their last valid contents.
+    /// buffers keep their last valid contents. Only what the operation itself may
+    /// write: a fused kernel's argument is the hull of its kernels' slots, and other
+    /// commands may write between the slots meanwhile.
     pub preserve_on_failure: bool,
     /// Timing for devices on a virtual clock
     /// ([`Capabilities::virtual_time`](crate::Capabilities)); `None` for real-time

@@ -9,7 +9,7 @@ use gantry_driver::{AccessMode, Binding, ExecError, Geometry, HostStorage, Inter
 use smallvec::SmallVec;
 
 use super::closure_of;
-use super::plan::{FusionPlan, SlotSource, Uses};
+use super::plan::{FusionPlan, SlotSource};
 use crate::closure::{ClosureKernel, Elementwise, ElementwisePhase, ResolvedMap};
 use crate::elementwise::contiguous_run;
 use crate::item::GroupCtx;
@@ -356,8 +356,7 @@ impl Unfused {
         mut launch: impl FnMut(&KernelRef, &Geometry, &[Binding]) -> Result<(), ExecError>,
     ) -> Option<Result<(), ExecError>> {
         let FusedBody { parts, plan, .. } = &*self.0;
-        let sized = |(g, (_, start, end, _)): (&Binding, &(usize, usize, usize, Uses))| g.len == end - start;
-        if globals.len() != plan.args.len() || !globals.iter().zip(&plan.args).all(sized) {
+        if !self.fits(globals) {
             return None;
         }
         let internal: Option<Vec<HostStorage>> =
@@ -376,10 +375,9 @@ impl Unfused {
             for &slot in slots {
                 match slot {
                     SlotSource::Arg { index, offset, len } => {
-                        let g = globals[index as usize];
-                        // SAFETY: the fused argument (its size checked above) is the
-                        // hull of this slot's range.
-                        let b = Binding::new(unsafe { g.ptr.add(offset) }, len);
+                        // SAFETY: the arguments have the fused kernel's sizes (checked
+                        // above).
+                        let b = unsafe { slot_of(globals, index, offset, len) };
                         if writes(index as usize) {
                             saved.push((AccessMode::ReadWrite, b));
                         }
@@ -404,6 +402,46 @@ impl Unfused {
         Some(first_error.map_or(Ok(()), Err))
     }
 
+    /// The memory the fused kernel may write, given its launch's bindings `globals`
+    /// (one per argument): its kernels' writable slots, overlapping ones merged.
+    /// An argument is the hull of its slots, and other commands may write its gaps
+    /// while the fused kernel runs (the scheduler orders commands by the kernels'
+    /// own ranges), so a snapshot for [`Unfused::rerun`] takes these ranges, never
+    /// the arguments whole. `None` if `globals` do not have the fused kernel's
+    /// arguments' sizes.
+    pub fn written(&self, globals: &[Binding]) -> Option<SmallVec<[Binding; 4]>> {
+        if !self.fits(globals) {
+            return None;
+        }
+        let FusedBody { parts, plan, .. } = &*self.0;
+        let mut ranges: SmallVec<[(usize, usize); 8]> = SmallVec::new();
+        for (k, part) in parts.iter().enumerate() {
+            let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
+            let modes = &part.kernel.signature.globals;
+            for (s, &slot) in slots.iter().enumerate() {
+                let writes = modes.get(s).is_none_or(|m| m.writes());
+                if let (true, SlotSource::Arg { index, offset, len }) = (writes, slot) {
+                    let start = globals[index as usize].ptr as usize + offset;
+                    ranges.push((start, start + len));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        let mut merged: SmallVec<[Binding; 4]> = SmallVec::new();
+        let mut open: Option<(usize, usize)> = None;
+        for (start, end) in ranges {
+            match &mut open {
+                Some((_, e)) if start <= *e => *e = (*e).max(end),
+                _ => {
+                    let done = open.replace((start, end));
+                    merged.extend(done.map(|(s, e)| Binding::new(s as *mut u8, e - s)));
+                }
+            }
+        }
+        merged.extend(open.map(|(s, e)| Binding::new(s as *mut u8, e - s)));
+        Some(merged)
+    }
+
     /// Whether the last [`Unfused::rerun`] completed a kernel bound to the fused
     /// kernel's argument `arg`: its range then holds what the kernels wrote (a failed
     /// kernel's writes undone), which a scheduler keeps although the fused command
@@ -421,6 +459,25 @@ impl std::fmt::Debug for FusedBody {
         let names: Vec<&str> = self.parts.iter().map(|p| &*p.kernel.name).collect();
         f.debug_struct("FusedBody").field("kernels", &names).field("barriers", &self.barriers).finish()
     }
+}
+
+impl Unfused {
+    /// Whether `globals` have the fused kernel's arguments' sizes, one per argument.
+    fn fits(&self, globals: &[Binding]) -> bool {
+        let args = &self.0.plan.args;
+        globals.len() == args.len()
+            && globals.iter().zip(args).all(|(g, &(_, start, end, _))| g.len == end - start)
+    }
+}
+
+/// Slot `offset..offset + len` of argument `index` of `globals`.
+///
+/// # Safety
+/// The range must lie inside the argument's binding.
+unsafe fn slot_of(globals: &[Binding], index: u32, offset: usize, len: usize) -> Binding {
+    let g = globals[index as usize];
+    // SAFETY: the caller's contract.
+    Binding::new(unsafe { g.ptr.add(offset) }, len)
 }
 
 impl KeptOnFailure for FusedBody {

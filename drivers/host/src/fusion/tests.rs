@@ -1118,3 +1118,67 @@ fn forms_slower_fused_are_refused_with_their_reason() {
         assert_eq!(bufs[&3], (0..n as u32).map(|v| v * 9).collect::<Vec<_>>());
     }
 }
+
+/// A failed fused kernel restores only the slots its kernels write, never its
+/// arguments whole: an argument is the hull of its slots, and other commands may
+/// write the gaps meanwhile (the scheduler orders them by the kernels' own ranges).
+/// Here the kernel reads `b[0..4]` and writes `b[12..16]` of one buffer (one
+/// argument over `b[0..16]`), and a write to `b[8]` while it runs stands for an
+/// independent command's: it survives the fused kernel's failure and rerun.
+#[test]
+fn a_failed_fused_kernel_restores_only_the_slots_it_writes() {
+    let mut data: Vec<u32> = (0..16).collect();
+    let base = data.as_mut_ptr();
+    let gap = base.wrapping_add(8) as usize;
+    let meanwhile = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (src, dst) = (Accessor::<u32, Read>::new(0, 1, 4), Accessor::<u32, Write>::new(1, 1, 4));
+    let once = meanwhile.clone();
+    let body = move |it: &mut Item<'_>| {
+        let i = it.global_linear_id();
+        dst.set(it, i, src.get(it, i) + 100);
+        if i == 3 {
+            if !once.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: `data` outlives the kernel, and nothing else touches `b[8]`.
+                unsafe { (gap as *mut u32).write(77) };
+            }
+            panic!("after the other command's write");
+        }
+    };
+    let modes = [AccessMode::Read, AccessMode::Write];
+    let closure = ClosureKernel {
+        tag: 1,
+        phases: smallvec::smallvec![phase(body)],
+        global_slots: 2,
+        scratch: vec![],
+        unfused: None,
+    };
+    let args = [FusionArg::new(0, 0..16, 4), FusionArg::new(0, 48..64, 4)];
+    let fused = ClosureFusion::new()
+        .fusing_unprofitable()
+        .fuse(&request(vec![FusionKernel {
+            kernel: closure.into_kernel("gap", modes, ItemCost::default()),
+            geometry: range(4),
+            args: args.into_iter().collect(),
+            deps: Default::default(),
+            scalars: Default::default(),
+        }]))
+        .unwrap();
+    assert_eq!((fused.args.len(), fused.args[0].start, fused.args[0].end), (1, 0, 64), "one hull");
+    let globals = [Binding::new(base.cast(), 64)];
+    let unfused = fused.kernel.closure().unwrap().unfused.as_ref().unwrap();
+    let written = unfused.written(&globals).unwrap();
+    assert_eq!(written.len(), 1);
+    assert_eq!((written[0].ptr as usize - base as usize, written[0].len), (48, 16), "only b[12..16]");
+    assert!(unfused.written(&[]).is_none(), "bindings that are not the fused kernel's");
+
+    let runner = crate::Runner::new("test".into());
+    let call = crate::KernelCall { kernel: &fused.kernel, geometry: &fused.geometry, scalars: &[] };
+    let modes = [AccessMode::ReadWrite].into_iter();
+    // SAFETY: `data` is live; what the kernel writes, nothing else touches.
+    let result = unsafe { runner.run_kernel(call, modes, &globals, true, &mut Arena::default()) };
+    assert!(matches!(result, Err(ExecError::KernelPanicked { .. })), "{result:?}");
+    assert!(meanwhile.load(std::sync::atomic::Ordering::Relaxed));
+    let mut want: Vec<u32> = (0..16).collect();
+    want[8] = 77;
+    assert_eq!(data, want, "the written slot restored, the other command's write kept");
+}
