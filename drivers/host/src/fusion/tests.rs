@@ -1182,3 +1182,59 @@ fn a_failed_fused_kernel_restores_only_the_slots_it_writes() {
     want[8] = 77;
     assert_eq!(data, want, "the written slot restored, the other command's write kept");
 }
+
+/// `Unfused::written` gives each written slot once, overlapping and adjacent slots
+/// merged, over every argument, and leaves out read-only slots: kernel 0 writes
+/// `a[0..8]` and reads `a[20..24]`, kernel 1 writes `a[4..12]` and `a[12..14]` (which
+/// touch the first run) and `b[2..4]`.
+#[test]
+fn written_slots_are_merged_and_read_only_slots_left_out() {
+    let body = |slots: usize, modes: Vec<AccessMode>| {
+        ClosureKernel {
+            tag: 1,
+            phases: smallvec::smallvec![phase(|_| {})],
+            global_slots: slots,
+            scratch: vec![],
+            unfused: None,
+        }
+        .into_kernel("k", modes, ItemCost::default())
+    };
+    let words = |buffer: u64, r: std::ops::Range<usize>| FusionArg::new(buffer, r.start * 4..r.end * 4, 4);
+    let k = |kernel, args: Vec<FusionArg>| FusionKernel {
+        kernel,
+        geometry: range(2),
+        args: args.into_iter().collect(),
+        deps: Default::default(),
+        scalars: Default::default(),
+    };
+    use AccessMode::{Read as R, ReadWrite as RW, Write as W};
+    let fused = ClosureFusion::new()
+        .fusing_unprofitable()
+        .fuse(&request(vec![
+            k(body(2, vec![W, R]), vec![words(1, 0..8), words(1, 20..24)]),
+            k(body(3, vec![RW, W, W]), vec![words(1, 4..12), words(1, 12..14), words(2, 2..4)]),
+        ]))
+        .unwrap();
+    let (mut a, mut b) = (vec![0u32; 24], vec![0u32; 4]);
+    let globals: Vec<Binding> = fused
+        .args
+        .iter()
+        .map(|arg| {
+            let v = if arg.buffer == 1 { &mut a } else { &mut b };
+            Binding::new(v.as_mut_ptr().cast::<u8>().wrapping_add(arg.start), arg.end - arg.start)
+        })
+        .collect();
+    let unfused = fused.kernel.closure().unwrap().unfused.as_ref().unwrap();
+    // Each written range as (buffer, words of the buffer), found through the argument
+    // whose binding holds it.
+    let locate = |w: &Binding| {
+        let holds = |g: &&Binding| (g.ptr as usize..g.ptr as usize + g.len).contains(&(w.ptr as usize));
+        let (arg, g) = fused.args.iter().zip(&globals).find(|(_, g)| holds(g)).unwrap();
+        let start = (arg.start + (w.ptr as usize - g.ptr as usize)) / 4;
+        (arg.buffer, start..start + w.len / 4)
+    };
+    let mut got: Vec<(u64, std::ops::Range<usize>)> =
+        unfused.written(&globals).unwrap().iter().map(locate).collect();
+    got.sort_by_key(|(buffer, r)| (*buffer, r.start));
+    assert_eq!(got, vec![(1, 0..14), (2, 2..4)]);
+}
