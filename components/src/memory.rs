@@ -356,38 +356,38 @@ impl<K: LeafKey> LeafSet<K> {
     }
 
     /// Removes every leaf whose command `gone` names; returns the hull of their ranges,
-    /// if any was removed.
+    /// if any was removed. For a few leaves among many (an index's tree is edited in
+    /// place).
     pub fn remove_commands(&mut self, gone: impl Fn(K) -> bool) -> Option<ByteRange> {
         let mut hull: Option<ByteRange> = None;
-        let mut keep = |l: &Leaf<K>| {
+        self.retain_all(false, |l| {
             if !gone(l.cmd) {
                 return true;
             }
             let h = hull.get_or_insert(l.range);
             *h = h.hull(&l.range);
             false
-        };
-        match &mut self.repr {
-            Repr::List(list) => list.retain(|l| keep(l)),
-            Repr::Grid(grid) => grid.retain_in(None, keep),
-            Repr::Tree(tree) => tree.index.retain(|_, l| keep(l)),
-        }
-        self.shrink();
+        });
         hull
     }
 
     /// Keeps only the leaves of commands `live` names, in one walk: what removing
     /// many leaves one by one costs in index searches, this pays once per leaf held.
     pub fn retain_live(&mut self, live: impl Fn(K) -> bool) {
+        self.retain_all(true, |l| live(l.cmd));
+    }
+
+    /// Keeps the leaves `keep` allows, walking all of them. With `rebuild`, a tree is
+    /// rebuilt from its survivors, already in key order (one bulk build, where
+    /// removing in place rebalances the tree after every removal): for removing many.
+    fn retain_all(&mut self, rebuild: bool, mut keep: impl FnMut(&Leaf<K>) -> bool) {
         match &mut self.repr {
-            Repr::List(list) => list.retain(|l| live(l.cmd)),
-            Repr::Grid(grid) => grid.retain_in(None, |l| live(l.cmd)),
-            Repr::Tree(tree) => {
-                // Rebuilt from the survivors, already in key order: one bulk build,
-                // where removing in place rebalances the tree after every removal.
-                tree.index =
-                    std::mem::take(&mut tree.index).into_iter().filter(|(_, l)| live(l.cmd)).collect();
+            Repr::List(list) => list.retain(|l| keep(l)),
+            Repr::Grid(grid) => grid.retain_in(None, keep),
+            Repr::Tree(tree) if rebuild => {
+                tree.index = std::mem::take(&mut tree.index).into_iter().filter(|(_, l)| keep(l)).collect();
             }
+            Repr::Tree(tree) => tree.index.retain(|_, l| keep(l)),
         }
         self.shrink();
     }
