@@ -13,7 +13,6 @@ use gantry_driver::{
     fill_bytes, no_image, panic_message, AccessMode, Binding, ExecError, Geometry, HostCtx, HostFn,
     KernelRef, RecordedOp,
 };
-use smallvec::SmallVec;
 
 use crate::closure::{Arena, ClosureImage, ClosureKernel};
 use crate::snapshot::SnapshotPool;
@@ -208,7 +207,7 @@ impl Runner {
     pub unsafe fn run_kernel(
         &self,
         call: KernelCall<'_>,
-        modes: impl Iterator<Item = AccessMode> + Clone,
+        modes: impl Iterator<Item = AccessMode>,
         bindings: &[Binding],
         preserve: bool,
         groups: &mut impl Groups,
@@ -229,7 +228,7 @@ impl Runner {
                 Some(slots) => {
                     self.preserving_ranges(slots.iter().map(|&b| (AccessMode::ReadWrite, b)), true, launch)
                 }
-                None => self.preserving(modes.clone(), bindings, preserve, launch),
+                None => self.preserving(modes, bindings, preserve, launch),
             }
         };
         let Err(error) = result else {
@@ -240,11 +239,10 @@ impl Runner {
             return Err(error);
         }
         let Some(unfused) = unfused else { return Err(error) };
-        let writes: SmallVec<[bool; 8]> = modes.map(|m| m.writes()).collect();
         // The kernels of a fused closure kernel are closures: no scalars.
         let launch = |k: &KernelRef, g: &Geometry, b: &[Binding]| self.launch(k, g, b, &[], groups);
         // SAFETY: as above; the fused kernel's writes were just undone.
-        unsafe { unfused.rerun(bindings, |i| writes[i], &self.snapshots, launch) }.unwrap_or(Err(error))
+        unsafe { unfused.rerun(bindings, &self.snapshots, launch) }.unwrap_or(Err(error))
     }
 
     /// Runs host task `name` (its accessors tagged `tag`) over `bindings` (`modes`

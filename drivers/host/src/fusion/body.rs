@@ -33,6 +33,12 @@ impl Part {
     fn closure(&self) -> &ClosureKernel {
         closure_of(&self.kernel)
     }
+
+    /// Whether the kernel may write through its slot `slot`, by its signature (a slot
+    /// past it counts as written).
+    fn writes(&self, slot: usize) -> bool {
+        self.kernel.signature.globals.get(slot).is_none_or(|m| m.writes())
+    }
 }
 
 /// The body of a fused closure kernel: the kernels and the (cached) plan that says
@@ -334,10 +340,9 @@ impl Unfused {
     /// of its range's size for the rerun, dropped after (internalized contents are
     /// not written back, as in the fused kernel).
     ///
-    /// `globals` are the fused launch's bindings (one per argument), `writes(i)`
-    /// whether argument `i` is bound writable (only those ranges are snapshotted),
-    /// and `launch` runs one kernel over all its work-groups, its panic caught and
-    /// returned as its error, leaving its writes.
+    /// `globals` are the fused launch's bindings (one per argument; only the slots a
+    /// kernel writes are snapshotted), and `launch` runs one kernel over all its
+    /// work-groups, its panic caught and returned as its error, leaving its writes.
     ///
     /// Returns `None`, having run nothing, if `globals` do not have the fused
     /// kernel's arguments' sizes or the internalized buffers' memory cannot be
@@ -351,7 +356,6 @@ impl Unfused {
     pub unsafe fn rerun(
         &self,
         globals: &[Binding],
-        writes: impl Fn(usize) -> bool,
         snapshots: &Arc<SnapshotPool>,
         mut launch: impl FnMut(&KernelRef, &Geometry, &[Binding]) -> Result<(), ExecError>,
     ) -> Option<Result<(), ExecError>> {
@@ -372,13 +376,13 @@ impl Unfused {
             let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
             let mut bindings: SmallVec<[Binding; 8]> = SmallVec::with_capacity(slots.len());
             let mut saved: SmallVec<[(AccessMode, Binding); 8]> = SmallVec::new();
-            for &slot in slots {
+            for (s, &slot) in slots.iter().enumerate() {
                 match slot {
                     SlotSource::Arg { index, offset, len } => {
                         // SAFETY: the arguments have the fused kernel's sizes (checked
                         // above).
                         let b = unsafe { slot_of(globals, index, offset, len) };
-                        if writes(index as usize) {
+                        if part.writes(s) {
                             saved.push((AccessMode::ReadWrite, b));
                         }
                         bindings.push(b);
@@ -417,11 +421,11 @@ impl Unfused {
         let mut ranges: SmallVec<[(usize, usize); 8]> = SmallVec::new();
         for (k, part) in parts.iter().enumerate() {
             let slots = &plan.slots[plan.slot_start[k]..plan.slot_start[k + 1]];
-            let modes = &part.kernel.signature.globals;
             for (s, &slot) in slots.iter().enumerate() {
-                let writes = modes.get(s).is_none_or(|m| m.writes());
-                if let (true, SlotSource::Arg { index, offset, len }) = (writes, slot) {
-                    let start = globals[index as usize].ptr as usize + offset;
+                if let (true, SlotSource::Arg { index, offset, len }) = (part.writes(s), slot) {
+                    // SAFETY: the arguments have the fused kernel's sizes (checked
+                    // above).
+                    let start = unsafe { slot_of(globals, index, offset, len) }.ptr as usize;
                     ranges.push((start, start + len));
                 }
             }
@@ -442,6 +446,13 @@ impl Unfused {
         Some(merged)
     }
 
+    /// Whether `globals` have the fused kernel's arguments' sizes, one per argument.
+    fn fits(&self, globals: &[Binding]) -> bool {
+        let args = &self.0.plan.args;
+        globals.len() == args.len()
+            && globals.iter().zip(args).all(|(g, &(_, start, end, _))| g.len == end - start)
+    }
+
     /// Whether the last [`Unfused::rerun`] completed a kernel bound to the fused
     /// kernel's argument `arg`: its range then holds what the kernels wrote (a failed
     /// kernel's writes undone), which a scheduler keeps although the fused command
@@ -458,15 +469,6 @@ impl std::fmt::Debug for FusedBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.parts.iter().map(|p| &*p.kernel.name).collect();
         f.debug_struct("FusedBody").field("kernels", &names).field("barriers", &self.barriers).finish()
-    }
-}
-
-impl Unfused {
-    /// Whether `globals` have the fused kernel's arguments' sizes, one per argument.
-    fn fits(&self, globals: &[Binding]) -> bool {
-        let args = &self.0.plan.args;
-        globals.len() == args.len()
-            && globals.iter().zip(args).all(|(g, &(_, start, end, _))| g.len == end - start)
     }
 }
 

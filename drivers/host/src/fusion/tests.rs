@@ -795,10 +795,10 @@ fn a_rerun_keeps_what_unfused_kernels_would() {
         assert_eq!(unfused.len(), 5);
         let pool = Arc::new(SnapshotPool::default());
         // SAFETY (both): the vectors outlive the call, and nothing else touches them.
-        let short = unsafe { unfused.rerun(&globals[1..], |_| true, &pool, launch) };
+        let short = unsafe { unfused.rerun(&globals[1..], &pool, launch) };
         assert!(short.is_none(), "bindings that are not the fused kernel's run nothing");
         assert!(!unfused.kept(0), "no rerun yet");
-        let result = unsafe { unfused.rerun(&globals, |_| true, &pool, launch) }.unwrap();
+        let result = unsafe { unfused.rerun(&globals, &pool, launch) }.unwrap();
         let got: Vec<u32> = (1..=5).map(|b| bufs[&b][0]).collect();
         let kept: Vec<(u64, bool)> =
             fused.args.iter().enumerate().map(|(i, a)| (a.buffer, unfused.kept(i))).collect();
