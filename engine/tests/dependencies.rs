@@ -252,3 +252,32 @@ fn user_system_observes_resolved_edges() {
     assert_eq!(seen, vec![(0, 0), (1, 0), (2, 2)]);
     assert_eq!(b.to_vec().unwrap(), vec![1; 4]);
 }
+
+/// Flushes call the stages directly until a user system is added; then the schedule
+/// runs them. A system added between flushes sees the next one, and a command still
+/// in the mailbox across the switch runs in order.
+#[test]
+fn a_system_added_between_flushes_sees_the_next_flush() {
+    use gantry::components::{Command, Edges};
+    use gantry::ecs::prelude::*;
+    use gantry::Stage;
+
+    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+    let q = rt.queue();
+    let (a, b) = (rt.buffer_zeroed::<u32>(4), rt.buffer_zeroed::<u32>(4));
+    q.submit(|cg| cg.fill(&a, 1)).unwrap().wait().unwrap(); // 0: run and retired
+    q.submit(|cg| cg.fill(&b, 2)).unwrap(); // 1: not ingested before the switch
+    let seen: Arc<Mutex<Vec<(u64, usize)>>> = Arc::default();
+    let s = seen.clone();
+    rt.add_system(Stage::Resolve, move |q: Query<(&Command, &Edges)>| {
+        for (c, e) in &q {
+            s.lock().unwrap().push((c.seq, e.preds.len()));
+        }
+    });
+    q.submit(|cg| cg.copy(&a, &b)).unwrap(); // 2: after 1 (WAW b); 0 is gone
+    rt.flush();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen, vec![(1, 0), (2, 1)]);
+    assert_eq!(b.to_vec().unwrap(), vec![1; 4]);
+}

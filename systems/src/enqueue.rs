@@ -38,11 +38,15 @@ struct Pass {
 
 /// The enqueue stage system.
 pub fn enqueue(world: &mut World, mut queries: Local<Queries>) {
+    pass(world, &mut queries);
+}
+
+/// One pass of the enqueue stage.
+pub(crate) fn pass(world: &mut World, q: &mut Queries) {
     // Most flushes of a threaded runtime (one per message) have nothing ready.
     if world.resource::<WorkLists>().ready.is_empty() {
         return;
     }
-    let q = &mut *queries;
     q.refresh(world);
     let mut pass = Pass {
         drivers: world

@@ -91,10 +91,11 @@ pub fn add_user_section(schedule: &mut Schedule, stage: Stage) {
     schedule.add_systems((enter.in_set(EnterUser(stage)), leave.in_set(LeaveUser(stage))));
 }
 
-/// Runs one flush, catching whatever fails in it.
-pub fn run_flush(schedule: &mut Schedule, world: &mut World) -> FlushReport {
+/// Runs one flush (`flush`: the stages, [`Stages::run`](crate::Stages::run)),
+/// catching whatever fails in it.
+pub fn run_flush(world: &mut World, flush: impl FnOnce(&mut World)) -> FlushReport {
     FAULTS.with(|f| f.borrow_mut().clear());
-    let ran = catch_unwind(AssertUnwindSafe(|| schedule.run(world)));
+    let ran = catch_unwind(AssertUnwindSafe(|| flush(world)));
     IN_USER.with(|s| s.set(None));
     let faults = FAULTS.with(|f| std::mem::take(&mut *f.borrow_mut()));
     let mut report = FlushReport::default();
@@ -114,7 +115,6 @@ pub fn run_flush(schedule: &mut Schedule, world: &mut World) -> FlushReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flush_schedule;
 
     fn world() -> World {
         let mut world = World::new();
@@ -126,7 +126,7 @@ mod tests {
     /// still run, in this flush and the next.
     #[test]
     fn a_user_failure_concerns_its_flush_only() {
-        let mut schedule = Schedule::new(crate::Flush);
+        let mut schedule = Schedule::new(gantry_components::Flush);
         schedule.set_executor(bevy_ecs::schedule::SingleThreadedExecutor::new());
         schedule.configure_sets((Stage::Resolve, Stage::Retire).chain());
         schedule.add_systems((|| {}).in_set(Stage::Resolve).in_set(crate::Builtin(Stage::Resolve)));
@@ -142,20 +142,27 @@ mod tests {
         );
         let mut world = world();
         for flush in 1..=2 {
-            let report = run_flush(&mut schedule, &mut world);
+            let report = run_flush(&mut world, |w| schedule.run(w));
             assert!(report.fatal.is_none());
             assert_eq!(report.user, vec![SystemFault { stage: Stage::Resolve, message: "boom".into() }]);
             assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), flush);
         }
     }
 
-    /// A built-in system that fails is fatal: here, one whose resource is gone.
+    /// A built-in stage that fails is fatal, whether the flush calls it directly or
+    /// through the schedule a user system brings: here, one whose resource is gone.
     #[test]
     fn a_builtin_failure_is_fatal() {
-        let mut schedule = flush_schedule();
-        let mut world = world();
-        let report = run_flush(&mut schedule, &mut world);
-        assert!(report.fatal.is_some(), "{report:?}");
-        assert!(report.user.is_empty());
+        for with_user_system in [false, true] {
+            let mut world = world();
+            let mut stages = crate::Stages::new(&mut world);
+            if with_user_system {
+                stages.add_system(&mut world, Stage::Retire, || {}).expect("a valid schedule");
+            }
+            assert_eq!(stages.has_schedule(), with_user_system);
+            let report = stages.flush(&mut world);
+            assert!(report.fatal.is_some(), "{report:?}");
+            assert!(report.user.is_empty());
+        }
     }
 }

@@ -58,7 +58,11 @@ use crate::retire::unblock;
 
 /// The fusion-sync stage system.
 pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
-    let q = &mut *queries;
+    sync_pass(world, &mut queries);
+}
+
+/// One pass of the fusion-sync stage.
+pub(crate) fn sync_pass(world: &mut World, q: &mut Queries) {
     q.refresh(world);
     let resolved = std::mem::take(&mut world.resource_mut::<WorkLists>().resolved);
     if world.get_resource::<Fusions>().is_none_or(|f| f.active.is_empty() && f.pending.is_empty()) {
@@ -80,7 +84,11 @@ pub fn fusion_sync(world: &mut World, mut queries: Local<Queries>) {
 
 /// The fuse stage system.
 pub fn fuse(world: &mut World, mut queries: Local<Queries>) {
-    let q = &mut *queries;
+    fuse_pass(world, &mut queries);
+}
+
+/// One pass of the fuse stage.
+pub(crate) fn fuse_pass(world: &mut World, q: &mut Queries) {
     q.refresh(world);
     let Some(mut fusions) = world.get_resource_mut::<Fusions>() else {
         return;

@@ -92,7 +92,12 @@ impl NewCommands {
 
 /// The ingest stage system.
 pub fn ingest(world: &mut World, mut queries: Local<Queries>, mut taken: Local<VecDeque<Message>>) {
-    let q = &mut *queries;
+    pass(world, &mut queries, &mut taken);
+}
+
+/// One pass of the ingest stage. `taken` is a buffer kept across passes (empty
+/// between them).
+pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Message>) {
     q.refresh(world);
     let mailbox = world.resource::<Inbox>().messages.clone();
     let limit = world.resource::<SchedulerConfig>().ingest_limit;
@@ -102,7 +107,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>, mut taken: Local<V
         apply_sync(world, q, n);
     }
     // One lock for everything posted since the last pass (up to the limit).
-    mailbox.take(limit, &mut taken);
+    mailbox.take(limit, taken);
     while let Some(msg) = taken.pop_front() {
         messages += 1;
         match msg {
@@ -178,7 +183,7 @@ pub fn ingest(world: &mut World, mut queries: Local<Queries>, mut taken: Local<V
                 } else {
                     world.resource_mut::<QueueFailures>().pending = Some(n);
                     // The rest stays first in line for the next pass.
-                    mailbox.put_back(&mut taken);
+                    mailbox.put_back(taken);
                     break;
                 }
             }

@@ -48,10 +48,14 @@ pub(crate) type Preds = SmallVec<[Entity; 8]>;
 
 /// The resolve stage system.
 pub fn resolve(world: &mut World, mut queries: Local<Queries>) {
+    pass(world, &mut queries);
+}
+
+/// One pass of the resolve stage.
+pub(crate) fn pass(world: &mut World, q: &mut Queries) {
     if world.resource::<WorkLists>().resolve.is_empty() {
         return;
     }
-    let q = &mut *queries;
     q.refresh(world);
     let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
     // Lists start at ingest and end in later stages: read once per run.

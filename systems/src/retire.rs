@@ -20,7 +20,11 @@ use smallvec::SmallVec;
 
 /// The retire stage system.
 pub fn retire(world: &mut World, mut queries: Local<Queries>) {
-    let q = &mut *queries;
+    pass(world, &mut queries);
+}
+
+/// One pass of the retire stage.
+pub(crate) fn pass(world: &mut World, q: &mut Queries) {
     q.refresh(world);
     for d in &world.resource::<Devices>().0 {
         d.driver.poll();

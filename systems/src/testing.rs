@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bevy_ecs::entity::Entity;
-use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use gantry_components::{
     BufferCore, ByteRange, CommandDesc, CommandKind, Device, Devices, Edges, EventShared, Inbox, Mailbox,
@@ -62,7 +61,7 @@ impl Scripted {
 /// scripted driver with its own memory.
 pub struct Harness {
     pub world: World,
-    pub schedule: Schedule,
+    pub stages: crate::Stages,
     pub tx: Arc<Mailbox>,
     pub host: Arc<Scripted>,
     pub dev: Arc<Scripted>,
@@ -112,17 +111,18 @@ impl Harness {
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config =
             SchedulerConfig { preserve_on_failure: false, epoch: Instant::now(), ingest_limit: usize::MAX };
-        let world = crate::scheduler_world(
+        let mut world = crate::scheduler_world(
             devices,
             Inbox { messages: tx.clone(), completions: done_rx, hand_back: None },
             config,
         );
         let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
-        Self { world, schedule: crate::flush_schedule(), tx, host, dev, queue }
+        let stages = crate::Stages::new(&mut world);
+        Self { world, stages, tx, host, dev, queue }
     }
 
     pub fn flush(&mut self) {
-        self.schedule.run(&mut self.world);
+        self.stages.run(&mut self.world);
     }
 
     pub fn buffer(&self, bytes: usize) -> Arc<BufferCore> {

@@ -456,11 +456,7 @@ impl RuntimeBuilder {
             mode: self.mode,
             mailbox,
             hand_back,
-            core: Mutex::new(Some(Core {
-                world,
-                schedule: gantry_systems::flush_schedule(),
-                user_sections: 0,
-            })),
+            core: Mutex::new(Some(Core { stages: gantry_systems::Stages::new(&mut world), world })),
             senders: Senders::default(),
             epoch,
             next_id: AtomicU64::new(1),

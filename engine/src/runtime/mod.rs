@@ -261,13 +261,7 @@ impl Runtime {
     pub fn add_system<M>(&self, stage: Stage, system: impl IntoScheduleConfigs<ScheduleSystem, M>) {
         let mut guard = self.shared.core.lock();
         let core = guard.as_mut().expect("runtime is alive while its handle exists");
-        let bit = 1 << stage as u32;
-        if core.user_sections & bit == 0 {
-            gantry_systems::faults::add_user_section(&mut core.schedule, stage);
-            core.user_sections |= bit;
-        }
-        core.schedule.add_systems(system.in_set(stage).in_set(gantry_systems::faults::UserSection(stage)));
-        if let Err(e) = core.schedule.initialize(&mut core.world) {
+        if let Err(e) = core.stages.add_system(&mut core.world, stage, system) {
             panic!("system added to {stage:?} breaks the flush schedule: {e}");
         }
     }
@@ -367,7 +361,7 @@ fn stop(shared: &Shared, thread: Option<JoinHandle<()>>) {
     }
     if let Some(mut core) = guard.take() {
         // Apply anything that raced with shutdown, then fail what can never run.
-        let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
+        let report = core.stages.flush(&mut core.world);
         if let Some(message) = report.fatal {
             shared.fail(&mut core.world, message);
             return;

@@ -6,7 +6,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bevy_ecs::schedule::Schedule;
 use bevy_ecs::world::World;
 use gantry_components::{
     EventShared, EventStatus, FailureSync, HandBack, Mailbox, Message, Stats, WorkLists,
@@ -26,12 +25,10 @@ use super::{DeviceId, Mode};
 /// stopped (failed, or the runtime is being dropped): a take wakes it otherwise.
 const ROOM_RECHECK: Duration = Duration::from_millis(1);
 
-/// The world and its schedule.
+/// The world and its stages.
 pub(crate) struct Core {
     pub(crate) world: World,
-    pub(crate) schedule: Schedule,
-    /// The stages whose user section the schedule has (a bit per stage).
-    pub(super) user_sections: u32,
+    pub(crate) stages: gantry_systems::Stages,
 }
 
 /// What user handles share with the runtime.
@@ -249,7 +246,7 @@ impl Shared {
             return None;
         }
         let core = guard.as_mut()?;
-        let report = gantry_systems::faults::run_flush(&mut core.schedule, &mut core.world);
+        let report = core.stages.flush(&mut core.world);
         if !report.user.is_empty() {
             core.world.resource_mut::<Stats>().system_failures += report.user.len() as u64;
             let mut errors = self.system_errors.lock();
