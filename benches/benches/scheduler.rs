@@ -17,6 +17,8 @@
 //!   row by row. Its parameter is N; S = √N.
 //! * `baseline`: the harness alone, a no-op closure called N times through
 //!   `black_box`.
+//! * `round`: one `indep` command and its wait: a flush that carries one command, the
+//!   fixed cost a frame pays at each point where it waits for its work.
 //!
 //! Each shape runs in threaded mode (scheduler thread, default CPU worker threads) and
 //! in manual mode with `worker_threads(0)` (everything on the benchmark thread).
@@ -106,8 +108,30 @@ fn baseline(c: &mut Criterion) {
     group.finish();
 }
 
+/// One command and its wait (`round/threaded`, `round/manual`).
+fn round(c: &mut Criterion) {
+    let mut group = c.benchmark_group("round");
+    group.throughput(Throughput::Elements(1));
+    group
+        .sample_size(30)
+        .measurement_time(Duration::from_millis(1_500))
+        .warm_up_time(Duration::from_millis(300));
+    for mode in [Mode::Threaded, Mode::Manual] {
+        let mut fixture: Option<Fixture> = None;
+        group.bench_function(mode_name(mode), |b| {
+            let fx = fixture.get_or_insert_with(|| Fixture::new(mode, Shape::Indep, 1));
+            b.iter(|| fx.run(Shape::Indep, 1));
+        });
+        if let Some(fx) = fixture {
+            fx.check_flat(&format!("round/{}", mode_name(mode)));
+        }
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     baseline(c);
+    round(c);
     for shape in SHAPES {
         for mode in [Mode::Threaded, Mode::Manual] {
             shape_bench(c, shape, mode);
