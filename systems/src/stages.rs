@@ -31,22 +31,14 @@ use crate::queries::Queries;
 #[derive(SystemSet, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Builtin(pub Stage);
 
-/// Builds the flush schedule: the stages chained in order, with the built-in systems.
+/// Builds the flush schedule: the stages chained in their order ([`Stage::ALL`], the
+/// order a flush without a schedule calls them in), with the built-in systems.
 pub fn flush_schedule() -> Schedule {
     let mut schedule = Schedule::new(Flush);
     schedule.set_executor(SingleThreadedExecutor::new());
-    schedule.configure_sets(
-        (
-            Stage::Ingest,
-            Stage::Resolve,
-            Stage::FusionSync,
-            Stage::Fuse,
-            Stage::Partition,
-            Stage::Enqueue,
-            Stage::Retire,
-        )
-            .chain(),
-    );
+    for pair in Stage::ALL.windows(2) {
+        schedule.configure_sets(pair[0].before(pair[1]));
+    }
     schedule.add_systems((
         crate::ingest::ingest.in_set(Stage::Ingest).in_set(Builtin(Stage::Ingest)),
         crate::resolve::resolve.in_set(Stage::Resolve).in_set(Builtin(Stage::Resolve)),
@@ -123,13 +115,17 @@ impl Stages {
         // (a load and a compare, except every few hundred million ticks).
         world.check_change_ticks();
         let q = &mut self.queries;
-        crate::ingest::pass(world, q, &mut self.taken);
-        crate::resolve::pass(world, q);
-        crate::fusion::sync_pass(world, q);
-        crate::fusion::fuse_pass(world, q);
-        crate::graph::partition(world);
-        crate::enqueue::pass(world, q);
-        crate::retire::pass(world, q);
+        for stage in Stage::ALL {
+            match stage {
+                Stage::Ingest => crate::ingest::pass(world, q, &mut self.taken),
+                Stage::Resolve => crate::resolve::pass(world, q),
+                Stage::FusionSync => crate::fusion::sync_pass(world, q),
+                Stage::Fuse => crate::fusion::fuse_pass(world, q),
+                Stage::Partition => crate::graph::partition(world),
+                Stage::Enqueue => crate::enqueue::pass(world, q),
+                Stage::Retire => crate::retire::pass(world, q),
+            }
+        }
     }
 
     /// Runs one flush, catching whatever fails in it ([`faults::run_flush`]).
