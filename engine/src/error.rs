@@ -180,6 +180,10 @@ pub enum Error {
     /// The runtime was dropped.
     #[error("the runtime was dropped")]
     RuntimeDropped,
+    /// [`Event::timestamps`](crate::Event::timestamps) of a runtime that does not
+    /// record them.
+    #[error("event timestamps are recorded only by a runtime that profiles: build it with RuntimeBuilder::profiling(true)")]
+    ProfilingDisabled,
     /// A call that would wait for the calling thread itself: a host access to a
     /// buffer this thread holds a conflicting guard on.
     #[error("self-deadlock: {0}")]

@@ -11,11 +11,11 @@ use crate::error::{Error, Result};
 use crate::runtime::Shared;
 
 /// A submitted command's completion: wait for it, poll its status, read its error and
-/// profiling timestamps. Cheap to clone.
+/// (where the runtime profiles) its timestamps. Cheap to clone.
 ///
 /// ```
 /// # use gantry::{Runtime, EventStatus};
-/// let rt = Runtime::new();
+/// let rt = Runtime::builder().profiling(true).build();
 /// let q = rt.queue();
 /// let buf = rt.buffer(&[1u32, 2, 3]);
 /// let ev = q.submit(|cg| {
@@ -24,7 +24,7 @@ use crate::runtime::Shared;
 /// })?;
 /// ev.wait()?;
 /// assert_eq!(ev.status(), EventStatus::Complete);
-/// let t = ev.timestamps();
+/// let t = ev.timestamps()?;
 /// assert!(t.ended_ns >= t.started_ns);
 /// assert_eq!(buf.to_vec()?, vec![10, 20, 30]);
 /// # Ok::<(), gantry::Error>(())
@@ -35,6 +35,8 @@ pub struct Event {
     rt: Weak<Shared>,
     /// Set for the event of a command recorded into a graph: it never runs by itself.
     pub(crate) node: Option<crate::graph::Node>,
+    /// Whether its runtime records timestamps.
+    profiled: bool,
 }
 
 /// Whose completion an [`Event`] stands for.
@@ -58,17 +60,22 @@ impl std::fmt::Debug for Event {
 impl Event {
     /// The event of a command.
     pub(crate) fn of_command(shared: Arc<EventShared>, rt: &Arc<Shared>) -> Self {
-        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: None }
+        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: None, profiled: rt.profiling }
     }
 
     /// The event of a command recorded into a graph as `node`.
     pub(crate) fn of_node(shared: Arc<EventShared>, rt: &Arc<Shared>, node: crate::graph::Node) -> Self {
-        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: Some(node) }
+        Self {
+            source: Source::Command(shared),
+            rt: Arc::downgrade(rt),
+            node: Some(node),
+            profiled: rt.profiling,
+        }
     }
 
     /// The event of a fusion.
     pub(crate) fn of_fusion(fusion: Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
-        Self { source: Source::Fusion(fusion), rt: Arc::downgrade(rt), node: None }
+        Self { source: Source::Fusion(fusion), rt: Arc::downgrade(rt), node: None, profiled: rt.profiling }
     }
 
     /// The state the scheduler completes.
@@ -136,9 +143,18 @@ impl Event {
         self.shared().error().cloned()
     }
 
-    /// Profiling timestamps in nanoseconds (zero until known).
-    pub fn timestamps(&self) -> Timestamps {
-        self.shared().timestamps()
+    /// When the command was submitted, started and ended, in nanoseconds (each zero
+    /// until known): submission on the runtime's clock ([`Runtime::now_ns`]), start
+    /// and end on the device's (real time, or a simulated device's virtual time).
+    /// [`Error::ProfilingDisabled`] unless the runtime records them
+    /// ([`RuntimeBuilder::profiling`](crate::RuntimeBuilder::profiling)).
+    ///
+    /// [`Runtime::now_ns`]: crate::Runtime::now_ns
+    pub fn timestamps(&self) -> Result<Timestamps> {
+        match self.profiled {
+            true => Ok(self.shared().timestamps()),
+            false => Err(Error::ProfilingDisabled),
+        }
     }
 
     /// The graph node this event's command was recorded as (while a queue records

@@ -214,7 +214,7 @@ fn dropping_a_queue_keeps_its_work() {
 /// Profiling timestamps are ordered.
 #[test]
 fn timestamps_are_ordered() {
-    let rt = Runtime::new();
+    let rt = Runtime::builder().profiling(true).build();
     let buf = rt.buffer_zeroed::<u32>(1 << 16);
     let ev = rt
         .queue()
@@ -224,9 +224,36 @@ fn timestamps_are_ordered() {
         })
         .unwrap();
     ev.wait().unwrap();
-    let t = ev.timestamps();
+    let t = ev.timestamps().unwrap();
     assert!(t.submitted_ns <= t.started_ns && t.started_ns <= t.ended_ns, "{t:?}");
     assert!(rt.now_ns() >= t.ended_ns);
+}
+
+/// A runtime that does not profile (the default, without a simulated device) says so
+/// instead of giving timestamps; one with a timeline, or a simulated device, does
+/// profile unless told not to.
+#[test]
+fn timestamps_need_a_profiling_runtime() {
+    let profiles = |rt: Runtime| {
+        let ev = rt.queue().submit(|cg| cg.single_task(|_| {})).unwrap();
+        ev.wait().unwrap();
+        match ev.timestamps() {
+            Ok(t) => {
+                assert!(t.submitted_ns <= t.started_ns && t.started_ns <= t.ended_ns, "{t:?}");
+                true
+            }
+            Err(e) => {
+                assert!(matches!(e, gantry::Error::ProfilingDisabled), "{e}");
+                false
+            }
+        }
+    };
+    assert!(!profiles(Runtime::new()));
+    assert!(profiles(Runtime::builder().profiling(true).build()));
+    assert!(profiles(Runtime::builder().timeline(true).build()));
+    assert!(profiles(Runtime::builder().sim(gantry::SimConfig::default()).build()));
+    assert!(!profiles(Runtime::builder().sim(gantry::SimConfig::default()).profiling(false).build()));
+    assert!(profiles(Runtime::builder().timeline(true).profiling(false).build()), "a timeline needs times");
 }
 
 /// Non-blocking results, queue properties and the default device.

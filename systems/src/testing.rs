@@ -109,8 +109,12 @@ impl Harness {
             lost: Default::default(),
         };
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
-        let config =
-            SchedulerConfig { preserve_on_failure: false, epoch: Instant::now(), ingest_limit: usize::MAX };
+        let config = SchedulerConfig {
+            preserve_on_failure: false,
+            epoch: Instant::now(),
+            ingest_limit: usize::MAX,
+            profiling: true,
+        };
         let mut world = crate::scheduler_world(
             devices,
             Inbox { messages: tx.clone(), completions: done_rx, hand_back: None },

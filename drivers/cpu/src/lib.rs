@@ -59,6 +59,10 @@ pub struct CpuConfig {
     /// graph extension's implementation design). Off suits host tasks that block
     /// for long: in a buffer they hold its thread.
     pub record_host_tasks: bool,
+    /// Whether completions carry when each operation started and ended (two clock
+    /// reads an operation, a few percent of an eager command's host cost). A
+    /// runtime sets it from `RuntimeBuilder::profiling`; without it both are 0.
+    pub timestamps: bool,
 }
 
 impl Default for CpuConfig {
@@ -68,6 +72,7 @@ impl Default for CpuConfig {
             host_threads: 2,
             inline_items: 256,
             record_host_tasks: true,
+            timestamps: true,
         }
     }
 }
@@ -83,6 +88,8 @@ struct Inner {
     workers: Option<rayon::ThreadPool>,
     hosts: Option<rayon::ThreadPool>,
     inline_items: usize,
+    /// Whether completions carry start and end times (`CpuConfig::timestamps`).
+    timestamps: bool,
     /// Runs bound operations, with the memory for the copies `preserve_on_failure`
     /// takes before each.
     runner: Runner,
@@ -150,6 +157,7 @@ impl CpuDriver {
             workers: pool(config.worker_threads, "worker"),
             hosts: pool(config.host_threads, "host"),
             inline_items: config.inline_items,
+            timestamps: config.timestamps,
             runner,
         };
         Self { inner: Arc::new(inner) }
@@ -210,9 +218,9 @@ impl Driver for CpuDriver {
         // and the scheduler learns the result from the return value: no graph node,
         // no completion message.
         if waits_done && self.inner.pool_for(&sub.op).is_none() {
-            let t0 = self.inner.ctx.now_ns();
+            let t0 = self.inner.stamp();
             let result = self.inner.execute(sub.op, sub.preserve_on_failure);
-            let t1 = self.inner.ctx.now_ns();
+            let t1 = self.inner.stamp();
             return Ok(Accepted::Done(Completion {
                 op: sub.id,
                 result,
@@ -288,6 +296,17 @@ fn bind_all(inner: &Inner, args: &[MemArg]) -> Result<SmallVec<[Binding; 8]>, Ex
 }
 
 impl Inner {
+    /// A completion's start or end time: the driver clock where timestamps are on,
+    /// else 0.
+    #[inline]
+    fn stamp(&self) -> u64 {
+        if self.timestamps {
+            self.ctx.now_ns()
+        } else {
+            0
+        }
+    }
+
     fn invalid(&self, message: String) -> ExecError {
         ExecError::Driver { device: self.info.name.clone(), message }
     }
@@ -394,7 +413,7 @@ impl Inner {
             let (op, preserve) = s.op.take().expect("operation started twice");
             (op, preserve, s.dependency_failure.take())
         };
-        let t0 = this.ctx.now_ns();
+        let t0 = this.stamp();
         if let Some(e) = failed {
             return Started::Finished(Err(e), t0, t0);
         }
@@ -402,15 +421,15 @@ impl Inner {
         match spawn_on {
             None => {
                 let result = this.execute(op, preserve);
-                Started::Finished(result, t0, this.ctx.now_ns())
+                Started::Finished(result, t0, this.stamp())
             }
             Some(pool) => {
                 let (this2, node2) = (this.clone(), node.clone());
                 pool.spawn(move || {
-                    let t0 = this2.ctx.now_ns();
+                    let t0 = this2.stamp();
                     let result = this2.execute(op, preserve);
                     let mut ready = SmallVec::new();
-                    this2.finish(&node2, result, t0, this2.ctx.now_ns(), &mut ready);
+                    this2.finish(&node2, result, t0, this2.stamp(), &mut ready);
                     for r in ready {
                         Inner::run_ready(&this2, r);
                     }
@@ -617,7 +636,7 @@ mod tests {
     fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {
         let (tx, rx) = unbounded();
         let d = CpuDriver::new(
-            CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64, record_host_tasks: true },
+            CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64, ..Default::default() },
             DriverContext { completions: tx, epoch: Instant::now() },
         );
         (d, rx)

@@ -860,7 +860,9 @@ fn run(
     want: &mut Option<(Reference, f64)>,
 ) -> Option<Pass> {
     let (h, w) = (o.size, o.size);
-    let mut builder = Runtime::builder().preserve_on_failure(o.preserve);
+    // Profiling: the report's frame times, latencies and per-command run times are
+    // the events' timestamps.
+    let mut builder = Runtime::builder().preserve_on_failure(o.preserve).profiling(true);
     if let Some(t) = o.threads {
         builder = builder.worker_threads(t);
     }
@@ -957,7 +959,8 @@ fn run(
 
     // Frame time: from one frame's completion to the next's (the first: from its
     // submission). Latency: from a frame's submission to its completion.
-    let ended: Vec<u64> = frames.iter().map(|ev| ev.last().map_or(0, |e| e.timestamps().ended_ns)).collect();
+    let ended: Vec<u64> =
+        frames.iter().map(|ev| ev.last().map_or(0, |e| e.timestamps().map_or(0, |t| t.ended_ns))).collect();
     let commands: usize = frames.iter().map(Vec::len).sum();
     let frame_ms: Vec<f64> = (0..o.frames)
         .map(|f| {
@@ -999,7 +1002,7 @@ fn run(
     let replayed = sim.graphs.is_some();
     for ev in &frames {
         for (i, e) in ev.iter().enumerate().filter(|(_, e)| e.name() != "fusion") {
-            let t = e.timestamps();
+            let t = e.timestamps().unwrap_or_default();
             let ms = t.ended_ns.saturating_sub(t.started_ns) as f64 / 1e6;
             let name = if replayed && i + 1 == ev.len() { "replay's frame_stats" } else { e.name() };
             match busy.iter_mut().find(|(n, ..)| n == name) {

@@ -52,6 +52,7 @@ pub struct RuntimeBuilder {
     preserve_on_failure: bool,
     default_device: DeviceId,
     timeline: bool,
+    profiling: Option<bool>,
     fusion_warnings: Option<usize>,
     fusion_compiler: Option<Compiler>,
     linearizer: Option<Policy>,
@@ -116,6 +117,7 @@ impl Default for RuntimeBuilder {
             preserve_on_failure: true,
             default_device: 0,
             timeline: false,
+            profiling: None,
             fusion_warnings: None,
             fusion_compiler: None,
             linearizer: None,
@@ -193,8 +195,8 @@ impl RuntimeBuilder {
     /// done.wait()?;
     /// // The task ran on the modelled pool, in virtual time, after the kernel and the
     /// // copy back to host memory: its latency plus its default duration.
-    /// let t = done.timestamps();
-    /// assert!(t.started_ns > kernel.timestamps().ended_ns);
+    /// let t = done.timestamps()?;
+    /// assert!(t.started_ns > kernel.timestamps()?.ended_ns);
     /// assert_eq!(t.ended_ns - t.started_ns, 5_500);
     /// # Ok::<(), gantry::Error>(())
     /// ```
@@ -229,8 +231,30 @@ impl RuntimeBuilder {
     }
     /// Records every finished command for [`Runtime::timeline`] and
     /// [`Runtime::chrome_trace`] (default: off; recording costs memory per command).
+    /// A timeline needs the commands' times: it turns [`RuntimeBuilder::profiling`]
+    /// on.
     pub fn timeline(mut self, record: bool) -> Self {
         self.timeline = record;
+        self
+    }
+    /// Whether events record when their commands were submitted, started and ended
+    /// ([`Event::timestamps`](crate::Event::timestamps); without it that is
+    /// [`Error::ProfilingDisabled`](crate::Error::ProfilingDisabled)), as a SYCL
+    /// queue does with `enable_profiling`. Off by default: the clock reads are a few
+    /// percent of an eager command's host cost (`docs/PERFORMANCE.md`, "Timestamps
+    /// only when profiling"). On by default where a simulated device is configured,
+    /// whose times are virtual and cost no clock read, and always with a timeline.
+    ///
+    /// ```
+    /// let rt = gantry::Runtime::builder().profiling(true).build();
+    /// let ev = rt.queue().submit(|cg| cg.single_task(|_| {}))?;
+    /// ev.wait()?;
+    /// let t = ev.timestamps()?;
+    /// assert!(t.submitted_ns <= t.started_ns && t.started_ns <= t.ended_ns);
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn profiling(mut self, on: bool) -> Self {
+        self.profiling = Some(on);
         self
     }
     /// How many fusion warnings (early cancellations, refused fusions, dropped
@@ -372,9 +396,15 @@ impl RuntimeBuilder {
         let mailbox = Arc::new(gantry_components::Mailbox::new());
         let (done_tx, done_rx) = unbounded::<Completion>();
         let ctx = DriverContext { completions: done_tx, epoch };
-        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
         #[cfg(feature = "sim")]
-        if !self.sims.is_empty() || self.machine.host.is_some() {
+        let simulated = !self.sims.is_empty() || self.machine.host.is_some();
+        #[cfg(not(feature = "sim"))]
+        let simulated = false;
+        let profiling = self.timeline || self.profiling.unwrap_or(simulated);
+        let cpu = CpuConfig { timestamps: profiling, ..self.cpu.clone() };
+        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(cpu, ctx.clone()))];
+        #[cfg(feature = "sim")]
+        if simulated {
             let machine = gantry_sim::SimMachine::new(self.machine.clone());
             for config in &self.sims {
                 drivers.push(Arc::new(machine.device(config.clone(), ctx.clone())));
@@ -407,6 +437,7 @@ impl RuntimeBuilder {
             preserve_on_failure: self.preserve_on_failure,
             epoch,
             ingest_limit: INGEST_LIMIT,
+            profiling,
         };
         let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
         if self.timeline {
@@ -459,6 +490,7 @@ impl RuntimeBuilder {
             core: Mutex::new(Some(Core { stages: gantry_systems::Stages::new(&mut world), world })),
             senders: Senders::default(),
             epoch,
+            profiling,
             next_id: AtomicU64::new(1),
             devices: infos,
             drivers: weak_drivers,

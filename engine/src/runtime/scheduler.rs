@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     /// Admits messages until the runtime drops, and counts them.
     pub(super) senders: Senders,
     pub(crate) epoch: Instant,
+    /// Whether events record their timestamps (`RuntimeBuilder::profiling`).
+    pub(crate) profiling: bool,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
     /// The drivers, by device id, for work that needs no scheduler (patching a command
@@ -148,6 +150,15 @@ pub(super) struct Progress {
 impl Shared {
     pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// A new event's submission time: the runtime's clock where it profiles, else 0.
+    pub(crate) fn stamp_ns(&self) -> u64 {
+        if self.profiling {
+            self.now_ns()
+        } else {
+            0
+        }
     }
 
     /// Where a host task submitted for `device` runs: there if the device runs host
