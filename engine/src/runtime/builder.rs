@@ -240,9 +240,9 @@ impl RuntimeBuilder {
     /// Whether events record when their commands were submitted, started and ended
     /// ([`Event::timestamps`](crate::Event::timestamps); without it that is
     /// [`Error::ProfilingDisabled`](crate::Error::ProfilingDisabled)), as a SYCL
-    /// queue does with `enable_profiling`. Off by default: the clock reads are a few
-    /// percent of an eager command's host cost (`docs/PERFORMANCE.md`, "Timestamps
-    /// only when profiling"). On by default where a simulated device is configured,
+    /// queue does with `enable_profiling`. Off by default: the clock reads cost 7–11%
+    /// of an eager command's host time on the development VM (`docs/PERFORMANCE.md`,
+    /// "Timestamps only when profiling"). On by default where a simulated device is configured,
     /// whose times are virtual and cost no clock read, and always with a timeline.
     ///
     /// ```
