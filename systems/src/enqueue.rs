@@ -26,7 +26,8 @@ struct Pass {
     /// then carry a [`SimHint`]).
     drivers: SmallVec<[(Arc<dyn Driver>, bool); 4]>,
     preserve_on_failure: bool,
-    /// Commands that finished inside `submit` (or were refused).
+    /// Commands that finished inside `submit` (or were refused): the finished list,
+    /// taken to be appended to and given back (its allocation kept across flushes).
     finished: Vec<Finished>,
     /// Commands now running on a driver.
     in_driver: u64,
@@ -56,25 +57,29 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
             .map(|d| (d.driver.clone(), d.info.caps.virtual_time))
             .collect(),
         preserve_on_failure: world.resource::<SchedulerConfig>().preserve_on_failure,
-        finished: Vec::new(),
+        finished: std::mem::take(&mut world.resource_mut::<WorkLists>().finished),
         in_driver: 0,
         returning: Returning::to(world.resource::<Inbox>().hand_back.clone()),
     };
+    // The ready list and this buffer swap places each round, so both keep their
+    // allocations across flushes.
+    let mut ready = Vec::new();
     loop {
-        let ready = std::mem::take(&mut world.resource_mut::<WorkLists>().ready);
+        std::mem::swap(&mut ready, &mut world.resource_mut::<WorkLists>().ready);
         if ready.is_empty() {
             break;
         }
-        for e in ready {
+        for e in ready.drain(..) {
             enqueue_command(world, q, &mut pass, e);
         }
     }
     if pass.in_driver > 0 {
         world.resource_mut::<Stats>().in_driver += pass.in_driver;
     }
-    if !pass.finished.is_empty() {
-        world.resource_mut::<WorkLists>().finished.append(&mut pass.finished);
-    }
+    let mut lists = world.resource_mut::<WorkLists>();
+    // (Nothing else adds to it during enqueue; kept in order if something did.)
+    pass.finished.append(&mut lists.finished);
+    lists.finished = std::mem::take(&mut pass.finished);
     pass.returning.give();
 }
 

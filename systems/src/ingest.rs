@@ -20,6 +20,10 @@ use gantry_components::{
 struct NewCommands {
     /// The sequence number of the pass's first command.
     first_seq: u64,
+    /// Commands spawned this pass.
+    count: u64,
+    /// The resolve list, taken to be appended to and given back: its allocation is
+    /// kept across flushes (resolve gives it back emptied).
     spawned: Vec<Entity>,
     /// Virtual clocks only move when drivers poll (the retire stage), so one reading
     /// serves every command of the pass.
@@ -27,13 +31,23 @@ struct NewCommands {
 }
 
 impl NewCommands {
-    fn new(world: &World) -> Self {
-        Self { first_seq: world.resource::<Stats>().submitted, spawned: Vec::new(), clocks: None }
+    fn new(world: &mut World) -> Self {
+        let first_seq = world.resource::<Stats>().submitted;
+        let spawned = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
+        Self { first_seq, count: 0, spawned, clocks: None }
     }
 
     /// The sequence number of the next command (fusion requests are ordered by it).
     fn next_seq(&self) -> u64 {
-        self.first_seq + self.spawned.len() as u64
+        self.first_seq + self.count
+    }
+
+    /// Gives the resolve list back, with this pass's commands at its end.
+    fn give_back(mut self, world: &mut World) {
+        let mut lists = world.resource_mut::<WorkLists>();
+        // (Nothing else adds to it during ingest; kept in order if something did.)
+        self.spawned.append(&mut lists.resolve);
+        lists.resolve = self.spawned;
     }
 
     /// Spawns the command `desc` describes; a kernel of a fusing queue joins its list.
@@ -69,6 +83,7 @@ impl NewCommands {
         };
         q.refresh(world);
         self.spawned.push(e);
+        self.count += 1;
         if let Some(event) = slot {
             event.command.set(e);
         }
@@ -101,6 +116,8 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Mess
     q.refresh(world);
     let mailbox = world.resource::<Inbox>().messages.clone();
     let limit = world.resource::<SchedulerConfig>().ingest_limit;
+    // Before the take: what fails here leaves the messages in the mailbox, where a
+    // failed scheduler fails them.
     let mut commands = NewCommands::new(world);
     let mut messages = 0u64;
     if let Some(n) = world.resource_mut::<QueueFailures>().pending.take() {
@@ -178,7 +195,7 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Mess
                 // Commands ingested before it still inherit the failures it clears:
                 // with some in this pass, it waits until they have been resolved, and
                 // the pass ends here.
-                if commands.spawned.is_empty() {
+                if commands.count == 0 {
                     apply_sync(world, q, n);
                 } else {
                     world.resource_mut::<QueueFailures>().pending = Some(n);
@@ -204,10 +221,8 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Mess
     }
     // Kept for the next pass, but not a burst's worth.
     taken.shrink_to(gantry_components::mailbox::RETAINED);
-    let spawned = commands.spawned.len() as u64;
-    if spawned > 0 {
-        world.resource_mut::<WorkLists>().resolve.extend(commands.spawned);
-    }
+    let spawned = commands.count;
+    commands.give_back(world);
     if messages > 0 {
         let mut stats = world.resource_mut::<Stats>();
         stats.messages += messages;

@@ -46,8 +46,14 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
         // The events whose last reference retiring drops, freed where they were
         // allocated (see `HandBack`).
         let mut returning = Returning::to(world.resource::<Inbox>().hand_back.clone());
-        for f in finished {
+        for f in finished.drain(..) {
             finish(world, q, f, &mut timeline, virtual_time.as_deref(), &mut returning);
+        }
+        // The list's allocation, kept for the next flush (enqueue and resolve add to
+        // it).
+        let mut lists = world.resource_mut::<WorkLists>();
+        if lists.finished.is_empty() {
+            lists.finished = finished;
         }
         if let Some(t) = timeline {
             world.insert_resource(t);
