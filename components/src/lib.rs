@@ -50,7 +50,7 @@ pub use graph::{
 pub use hand_back::{HandBack, Returning};
 pub use handle::{BufferCore, EntitySlot, QueueCore};
 pub use mailbox::Mailbox;
-pub use memory::{ByteRange, Leaf, LeafKey, LeafSet, Location, MemoryRecord, ReleasedLeaves};
+pub use memory::{ByteRange, KeptFailure, Leaf, LeafKey, LeafSet, Location, MemoryRecord, ReleasedLeaves};
 pub use not_fused::NotFused;
 pub use queue::{FailureSync, QueueFailure, QueueFailures, QueueState};
 pub use resources::{

@@ -453,6 +453,25 @@ pub struct MemoryRecord {
     pub locations: SmallVec<[Location; 2]>,
     /// Leaves of finished commands not yet removed: see [`MemoryRecord::release`].
     pub released: ReleasedLeaves,
+    /// Failures of commands that used the buffer, kept after they retired until the
+    /// user synchronizes (see [`FailureSync`](crate::FailureSync)): a command
+    /// resolved meanwhile that would have depended on one fails with it
+    /// ([`MemoryRecord::kept_failure`]), as it would have had the failed command still
+    /// been alive. Empty but for failures: the common path checks one length.
+    pub failures: Vec<KeptFailure>,
+    /// Whether the record is in [`QueueFailures::records`](crate::QueueFailures).
+    pub failure_listed: bool,
+}
+
+/// A failed command's use of a buffer range, kept on the buffer's record.
+#[derive(Clone, Debug)]
+pub struct KeptFailure {
+    /// The range it used.
+    pub range: ByteRange,
+    /// Whether it wrote the range.
+    pub writes: bool,
+    /// Its failure (numbered in [`FailureSync`](crate::FailureSync) order).
+    pub failure: crate::QueueFailure,
 }
 
 /// The leaves of finished commands that a record still holds, to be removed together:
@@ -521,7 +540,15 @@ impl MemoryRecord {
                 producer: None,
             }]),
             released: ReleasedLeaves::default(),
+            failures: Vec::new(),
+            failure_listed: false,
         }
+    }
+
+    /// The kept failure that a command using `range` (writing it if `writes`) depends
+    /// on by the memory rule (overlapping ranges, one side writing), if any.
+    pub fn kept_failure(&self, range: &ByteRange, writes: bool) -> Option<&crate::QueueFailure> {
+        self.failures.iter().find(|f| (writes || f.writes) && f.range.overlaps(range)).map(|f| &f.failure)
     }
 
     /// The location for `space`, if any.
@@ -789,6 +816,41 @@ mod tests {
         short.leaves.access(cmd.cmd, &cmd.range, true, |_| {});
         assert!(!short.release(cmd.cmd, &cmd.range));
         assert!(short.is_idle() && short.released.is_empty());
+    }
+
+    /// A kept failure reaches a later use of the buffer by the memory rule: an
+    /// overlapping range with one side writing. Reads after a failed read, and
+    /// disjoint ranges, do not depend on it.
+    #[test]
+    fn a_kept_failure_reaches_what_the_memory_rule_orders_after_it() {
+        let buffer = crate::handle::BufferCore {
+            id: 1,
+            storage: Arc::new(gantry_driver::HostStorage::zeroed(64)),
+            bytes: 64,
+            record: Default::default(),
+            dropped: Default::default(),
+            promotion: Default::default(),
+            recorded: Default::default(),
+        };
+        let mut record = MemoryRecord::new(Arc::new(buffer));
+        let failure = |seq| crate::QueueFailure {
+            command: "bad".into(),
+            root: gantry_driver::ExecError::RuntimeDropped,
+            seq,
+        };
+        assert!(record.kept_failure(&ByteRange::new(0, 64), true).is_none());
+        record.failures.push(KeptFailure { range: ByteRange::new(0, 16), writes: true, failure: failure(1) });
+        record.failures.push(KeptFailure {
+            range: ByteRange::new(32, 16),
+            writes: false,
+            failure: failure(2),
+        });
+        let seq = |range, writes| record.kept_failure(&range, writes).map(|f| f.seq);
+        assert_eq!(seq(ByteRange::new(8, 4), false), Some(1), "read after a failed write");
+        assert_eq!(seq(ByteRange::new(8, 4), true), Some(1), "write after a failed write");
+        assert_eq!(seq(ByteRange::new(40, 4), true), Some(2), "write after a failed read");
+        assert_eq!(seq(ByteRange::new(40, 4), false), None, "read after a failed read");
+        assert_eq!(seq(ByteRange::new(16, 16), true), None, "between the two ranges");
     }
 
     #[test]

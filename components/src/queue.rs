@@ -47,7 +47,9 @@ impl QueueState {
     }
 }
 
-/// The failure of an in-order queue's last command, kept after it retired.
+/// A failed command's failure, kept after it retired until the user synchronizes
+/// (see [`FailureSync`]): on its queue ([`QueueState`]) and on the records of the
+/// buffers it used ([`MemoryRecord::failures`](crate::MemoryRecord::failures)).
 #[derive(Clone, Debug)]
 pub struct QueueFailure {
     /// The failed command's name (the next command's error names it).
@@ -66,8 +68,10 @@ pub struct QueueFailure {
 /// the user's: commands submitted before that were resolved while it lived and fail
 /// with it; commands submitted after it are independent of it. A threaded scheduler
 /// retires failures whenever it gets to them, so the same rule is kept by what the
-/// user does, not by when the scheduler runs: retire numbers each failure it keeps on
-/// a queue (`recorded`), and a user wait or flush that returns while some are not
+/// user does, not by when the scheduler runs: retire numbers each failed command
+/// (`recorded`) and keeps its failure on its queue and its buffers, where commands
+/// resolved later that would have depended on it fail with it, and a user wait or
+/// flush that returns while some are not
 /// cleared yet sends [`Message::Synced`](crate::Message::Synced) with the count, in
 /// order with that thread's later submissions; ingest clears them (`applied`).
 #[derive(Debug, Default)]
@@ -100,6 +104,9 @@ pub struct QueueFailures {
     pub sync: Arc<FailureSync>,
     /// Queues that may hold a failure.
     pub queues: Vec<Entity>,
+    /// Memory records that may hold a failure
+    /// ([`MemoryRecord::failures`](crate::MemoryRecord::failures)).
+    pub records: Vec<Entity>,
     /// A sync that arrived after commands of its ingest pass: applied before the next
     /// pass, once those commands have been resolved.
     pub pending: Option<u64>,

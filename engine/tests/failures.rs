@@ -182,3 +182,48 @@ fn inline_failure_does_not_release_dependents() {
         assert_eq!(buf.to_vec().unwrap(), vec![1; 4], "{mode:?}: the dependent did not run");
     }
 }
+
+/// A failure the scheduler retired before a later command of the same buffer was
+/// resolved still reaches that command, until the user synchronizes: which commands
+/// depend on a failure follows the user's waits, not when the scheduler ran.
+#[test]
+fn a_retired_failure_reaches_later_users_of_its_buffer_until_a_wait() {
+    quiet_panics();
+    let rt = Runtime::builder().mode(Mode::Threaded).worker_threads(0).build();
+    let q = rt.queue();
+    let (buf, other, apart) = (rt.buffer(&[1u32; 4]), rt.buffer(&[0u32; 4]), rt.buffer(&[0u32; 4]));
+    let bad = q
+        .submit(|cg| {
+            let b = cg.read_write(&buf);
+            cg.single_task(move |it| {
+                b.set(it, 0, 50);
+                panic!("x")
+            });
+        })
+        .unwrap();
+    // Retired without a wait of the user's (polling the status is none).
+    while !bad.status().is_final() {
+        std::thread::yield_now();
+    }
+    let reader = q
+        .submit(|cg| {
+            let (b, o) = (cg.read(&buf), cg.read_write(&other));
+            cg.single_task(move |it| o.set(it, 0, b.get(it, 0)));
+        })
+        .unwrap();
+    let unrelated = q.submit(|cg| cg.fill(&apart, 7)).unwrap();
+    let err = reader.wait().unwrap_err();
+    assert!(matches!(&err, Error::Exec(ExecError::DependencyFailed { .. })), "{err:?}");
+    unrelated.wait().unwrap();
+    // The wait synchronized: the failures no longer reach new commands.
+    let after = q
+        .submit(|cg| {
+            let b = cg.read_write(&buf);
+            cg.single_task(move |it| b.set(it, 1, b.get(it, 0) + 1));
+        })
+        .unwrap();
+    after.wait().unwrap();
+    assert_eq!(buf.to_vec().unwrap(), vec![1, 2, 1, 1], "the failed write was undone");
+    assert_eq!(other.to_vec().unwrap(), vec![0; 4], "the reader did not run");
+    assert_eq!(apart.to_vec().unwrap(), vec![7; 4]);
+}

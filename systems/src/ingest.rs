@@ -251,8 +251,20 @@ fn apply_sync(world: &mut World, q: &mut Queries, n: u64) {
             state.failure_listed = false;
         }
     }
+    let records = std::mem::take(&mut world.resource_mut::<QueueFailures>().records);
+    let mut kept_records = Vec::new();
+    for rec in records {
+        let Some(mut record) = q.record_mut(world, rec) else { continue };
+        record.failures.retain(|f| f.failure.seq > n);
+        if record.failures.is_empty() {
+            record.failure_listed = false;
+        } else {
+            kept_records.push(rec);
+        }
+    }
     let mut failures = world.resource_mut::<QueueFailures>();
     failures.queues = kept;
+    failures.records = kept_records;
     failures.sync.applied.fetch_max(n, std::sync::atomic::Ordering::AcqRel);
 }
 

@@ -154,13 +154,20 @@ fn resolve_command(world: &mut World, q: &mut Queries, e: Entity, fusing: bool) 
     }
 
     // Memory requirements.
+    let mut kept = None;
     for i in 0..reqs.len() {
-        if let Err(err) = resolve_requirement(world, q, e, &mut reqs[i], space, &mut preds) {
+        if let Err(err) = resolve_requirement(world, q, e, &mut reqs[i], space, &mut preds, &mut kept) {
             q.requirements_mut(world, e).expect("command").0 = reqs;
             return fail_now(world, q, e, err);
         }
     }
     q.requirements_mut(world, e).expect("command").0 = reqs;
+    // A failure kept on a buffer fails the command once it holds its leaves on every
+    // range: commands resolved after it in this pass depend on it, and its failure is
+    // kept in turn on every buffer it uses.
+    if let Some(err) = kept {
+        return fail_now(world, q, e, err);
+    }
 
     // A kernel joining an active fusion list is withheld from enqueue.
     let list = if fusing && kind == CommandKind::Kernel { q.in_fusion(world, e) } else { None };
@@ -297,6 +304,7 @@ fn resolve_requirement(
     req: &mut Requirement,
     space: MemSpace,
     preds: &mut Preds,
+    kept: &mut Option<ExecError>,
 ) -> Result<(), ExecError> {
     let rec = record_entity(world, q, req);
     req.space = space;
@@ -309,6 +317,13 @@ fn resolve_requirement(
     }
 
     let mut record = q.record_mut(world, rec).expect("memory record");
+    // A failed command that used the range and retired before the user synchronized:
+    // this command depends on it (see `MemoryRecord::failures`) and fails with it.
+    if kept.is_none() {
+        *kept = record
+            .kept_failure(&req.range, req.mode.writes())
+            .map(|f| f.root.as_dependency_of(f.command.clone()));
+    }
     if needs_contents {
         if let Some(p) = record.location(space).and_then(|l| l.producer) {
             push_unique(preds, p, e);

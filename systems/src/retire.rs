@@ -11,8 +11,9 @@ use bevy_ecs::world::{FromWorld, World};
 
 use crate::queries::Queries;
 use gantry_components::{
-    CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, MemoryRecord,
-    QueueFailure, QueueFailures, Returning, Slice, Stats, Status, Timeline, WorkLists,
+    CommandKind, DeviceId, Devices, EventShared, Execution, Finished, FusionList, Inbox, KeptFailure,
+    MemoryRecord, QueueFailure, QueueFailures, Requirement, Returning, Slice, Stats, Status, Timeline,
+    WorkLists,
 };
 use gantry_driver::fusion::KeptOnFailure;
 use gantry_driver::{ExecError, MemSpace};
@@ -227,7 +228,13 @@ fn retire_entity(
     if let Err(error) = &f.result {
         let unfused = fused_kernels(world, q, e);
         undos_of(&reqs, unfused.as_ref(), undos);
-        record_queue_failure(world, q, e, error);
+        // One number per failed command, wherever it is kept (its queue, its buffers).
+        if let Some(command) = q.command(world, e).map(|c| c.name.clone()) {
+            let seq = world.resource::<QueueFailures>().sync.record();
+            let failure = QueueFailure { command, root: error.root_cause().clone(), seq };
+            record_queue_failure(world, q, e, &failure);
+            record_buffer_failures(world, q, &reqs, &failure);
+        }
     }
     for r in &reqs {
         if let Some(rec) = r.buffer.record.get() {
@@ -273,11 +280,10 @@ fn retire_entity(
 /// finishes): the queue's next command, or next barrier, depends on it and fails with
 /// it even if it arrives after `e` is gone, unless the user has synchronized since
 /// (see `FailureSync`).
-fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &ExecError) {
+fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, failure: &QueueFailure) {
     let Some(cmd) = q.command(world, e) else { return };
     let Some(queue) = cmd.queue.clone() else { return };
     let Some(qe) = queue.entity.get() else { return };
-    let command = cmd.name.clone();
     let Some(state) = q.queue(world, qe) else { return };
     let last = queue.in_order && state.order.last == Some(e);
     // The first failure since the last barrier is the one the barrier names.
@@ -288,18 +294,34 @@ fn record_queue_failure(world: &mut World, q: &mut Queries, e: Entity, error: &E
         return;
     }
     let listed = state.failure_listed;
-    let seq = world.resource::<QueueFailures>().sync.record();
-    let failure = QueueFailure { command, root: error.root_cause().clone(), seq };
     let mut state = q.queue_mut(world, qe).expect("queue state");
     if before_barrier {
         state.barrier_failure = Some(failure.clone());
     }
     if last {
-        state.last_failure = Some(failure);
+        state.last_failure = Some(failure.clone());
     }
     state.failure_listed = true;
     if !listed {
         world.resource_mut::<QueueFailures>().queues.push(qe);
+    }
+}
+
+/// Keeps a failed command's failure on the records of the buffers it used (`reqs`), until the
+/// user synchronizes: a command resolved meanwhile that would have depended on it
+/// fails with it (see `MemoryRecord::failures`), whenever the scheduler got to run it.
+fn record_buffer_failures(world: &mut World, q: &mut Queries, reqs: &[Requirement], failure: &QueueFailure) {
+    for r in reqs.iter().filter(|r| !r.internal) {
+        let Some(rec) = r.buffer.record.get() else { continue };
+        let Some(mut record) = q.record_mut(world, rec) else { continue };
+        record.failures.push(KeptFailure {
+            range: r.range,
+            writes: r.mode.writes(),
+            failure: failure.clone(),
+        });
+        if !std::mem::replace(&mut record.failure_listed, true) {
+            world.resource_mut::<QueueFailures>().records.push(rec);
+        }
     }
 }
 
