@@ -53,10 +53,18 @@ impl HostStorage {
         Self { ptr, len }
     }
 
-    /// [`HostStorage::zeroed`], or `None` where the size does not fit a layout or the
-    /// allocator refuses it: never aborts the process.
+    /// [`HostStorage::zeroed`], or `None` where the size does not fit a layout, exceeds
+    /// the machine's physical memory ([`physical_memory`]), or the allocator refuses
+    /// it: never aborts the process.
+    ///
+    /// The size check comes first because an aligned zeroed allocation is zeroed by
+    /// writing every byte: where the kernel overcommits memory, a request no machine
+    /// can hold would be granted and then killed by the kernel while being zeroed.
     pub fn try_zeroed(len: usize) -> Option<Self> {
         let size = len.max(1).checked_next_multiple_of(HOST_ALIGN)?;
+        if size > physical_memory() {
+            return None;
+        }
         let layout = Layout::from_size_align(size, HOST_ALIGN).ok()?;
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -108,6 +116,24 @@ impl HostStorage {
         // SAFETY: caller guarantees exclusivity; the allocation is live.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// The machine's physical memory in bytes (`usize::MAX` where the platform does not
+/// say): no host allocation can be larger.
+pub fn physical_memory() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        #[cfg(unix)]
+        {
+            // SAFETY: `sysconf` reads configuration values; it has no preconditions.
+            let (pages, page) =
+                unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+            if pages > 0 && page > 0 {
+                return (pages as usize).saturating_mul(page as usize);
+            }
+        }
+        usize::MAX
+    })
 }
 
 impl Drop for HostStorage {
@@ -241,5 +267,21 @@ mod tests {
         assert!(AccessMode::ReadWrite.reads() && AccessMode::ReadWrite.writes());
         assert!(!AccessMode::DiscardWrite.needs_contents());
         assert!(AccessMode::Write.needs_contents() && !AccessMode::Write.reads());
+    }
+
+    /// A host allocation larger than the machine is refused before anything is
+    /// allocated or written (where memory is overcommitted, zeroing it would have the
+    /// process killed); one that fits is zeroed.
+    #[test]
+    fn storage_larger_than_the_machine_is_refused() {
+        let physical = physical_memory();
+        assert!(physical > 1 << 20, "{physical}");
+        if physical < usize::MAX / 2 {
+            assert!(HostStorage::try_zeroed(physical + HOST_ALIGN).is_none());
+        }
+        assert!(HostStorage::try_zeroed(usize::MAX - 8).is_none());
+        let small = HostStorage::try_zeroed(100).expect("100 bytes");
+        // SAFETY: 100 bytes allocated just above, not shared.
+        assert!(unsafe { std::slice::from_raw_parts(small.ptr.as_ptr(), 100) }.iter().all(|&b| b == 0));
     }
 }
