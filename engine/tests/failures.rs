@@ -152,6 +152,19 @@ fn out_of_bounds_index_in_kernel_fails_the_command() {
     assert_eq!(buf.to_vec().unwrap(), vec![0; 4]);
 }
 
+/// Submits a one-work-item kernel that writes `buf[0] = 50` and then panics: its
+/// write is undone and its event fails.
+fn write_then_panic(q: &gantry::Queue, buf: &gantry::Buffer<u32>) -> gantry::Event {
+    q.submit(|cg| {
+        let b = cg.read_write(buf);
+        cg.single_task(move |it| {
+            b.set(it, 0, 50);
+            panic!("x")
+        });
+    })
+    .unwrap()
+}
+
 /// A command that fails while running inline (small work on the submitting thread)
 /// must not let its dependents run: they fail with the dependency's error instead.
 #[test]
@@ -161,15 +174,7 @@ fn inline_failure_does_not_release_dependents() {
         let rt = Runtime::builder().mode(mode).worker_threads(0).build();
         let q = rt.queue();
         let buf = rt.buffer(&[1u32; 4]);
-        let bad = q
-            .submit(|cg| {
-                let b = cg.read_write(&buf);
-                cg.single_task(move |it| {
-                    b.set(it, 0, 50);
-                    panic!("x")
-                });
-            })
-            .unwrap();
+        let bad = write_then_panic(&q, &buf);
         let dependent = q
             .submit(|cg| {
                 let b = cg.read_write(&buf);
@@ -192,15 +197,7 @@ fn a_retired_failure_reaches_later_users_of_its_buffer_until_a_wait() {
     let rt = Runtime::builder().mode(Mode::Threaded).worker_threads(0).build();
     let q = rt.queue();
     let (buf, other, apart) = (rt.buffer(&[1u32; 4]), rt.buffer(&[0u32; 4]), rt.buffer(&[0u32; 4]));
-    let bad = q
-        .submit(|cg| {
-            let b = cg.read_write(&buf);
-            cg.single_task(move |it| {
-                b.set(it, 0, 50);
-                panic!("x")
-            });
-        })
-        .unwrap();
+    let bad = write_then_panic(&q, &buf);
     // Retired without a wait of the user's (polling the status is none).
     while !bad.status().is_final() {
         std::thread::yield_now();
