@@ -31,7 +31,7 @@ mod stages;
 // The partition stage's module under its name from before it became a folder:
 // `gantry_systems::partition::…` paths keep working.
 pub use graph as partition;
-pub use stages::{flush_schedule, Builtin, Stages};
+pub use stages::{Builtin, Stages};
 
 #[cfg(test)]
 mod testing;

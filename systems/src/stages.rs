@@ -33,7 +33,7 @@ pub struct Builtin(pub Stage);
 
 /// Builds the flush schedule: the stages chained in their order ([`Stage::ALL`], the
 /// order a flush without a schedule calls them in), with the built-in systems.
-pub fn flush_schedule() -> Schedule {
+fn flush_schedule() -> Schedule {
     let mut schedule = Schedule::new(Flush);
     schedule.set_executor(SingleThreadedExecutor::new());
     for pair in Stage::ALL.windows(2) {
