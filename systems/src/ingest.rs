@@ -231,40 +231,34 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Mess
     }
 }
 
-/// Clears the failures kept on queues (see `QueueFailures`) up to the `n`th recorded:
-/// a user wait or flush returned after them, so later commands do not inherit them.
+/// Clears the failures kept on queues and buffers (see `QueueFailures`) up to the
+/// `n`th recorded: a user wait or flush returned after them, so later commands do not
+/// inherit them. A queue or record stays listed while it keeps one.
 fn apply_sync(world: &mut World, q: &mut Queries, n: u64) {
-    let queues = std::mem::take(&mut world.resource_mut::<QueueFailures>().queues);
-    let mut kept = Vec::new();
-    for qe in queues {
-        let Some(mut state) = q.queue_mut(world, qe) else { continue };
-        let later = |f: &Option<gantry_components::QueueFailure>| f.as_ref().is_some_and(|f| f.seq > n);
+    let (mut queues, mut records) = {
+        let mut failures = world.resource_mut::<QueueFailures>();
+        (std::mem::take(&mut failures.queues), std::mem::take(&mut failures.records))
+    };
+    let later = |f: &Option<gantry_components::QueueFailure>| f.as_ref().is_some_and(|f| f.seq > n);
+    queues.retain(|&qe| {
+        let Some(mut state) = q.queue_mut(world, qe) else { return false };
         if !later(&state.last_failure) {
             state.last_failure = None;
         }
         if !later(&state.barrier_failure) {
             state.barrier_failure = None;
         }
-        if state.last_failure.is_some() || state.barrier_failure.is_some() {
-            kept.push(qe);
-        } else {
-            state.failure_listed = false;
-        }
-    }
-    let records = std::mem::take(&mut world.resource_mut::<QueueFailures>().records);
-    let mut kept_records = Vec::new();
-    for rec in records {
-        let Some(mut record) = q.record_mut(world, rec) else { continue };
+        state.failure_listed = state.last_failure.is_some() || state.barrier_failure.is_some();
+        state.failure_listed
+    });
+    records.retain(|&rec| {
+        let Some(mut record) = q.record_mut(world, rec) else { return false };
         record.failures.retain(|f| f.failure.seq > n);
-        if record.failures.is_empty() {
-            record.failure_listed = false;
-        } else {
-            kept_records.push(rec);
-        }
-    }
+        record.failure_listed = !record.failures.is_empty();
+        record.failure_listed
+    });
     let mut failures = world.resource_mut::<QueueFailures>();
-    failures.queues = kept;
-    failures.records = kept_records;
+    (failures.queues, failures.records) = (queues, records);
     failures.sync.applied.fetch_max(n, std::sync::atomic::Ordering::AcqRel);
 }
 
