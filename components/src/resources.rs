@@ -182,31 +182,11 @@ impl WorkLists {
 pub struct SchedulerConfig {
     /// Ask drivers to restore written ranges when a command fails.
     pub preserve_on_failure: bool,
-    /// The runtime's time origin.
-    pub epoch: std::time::Instant,
+    /// The runtime's clock: the timestamps of events the scheduler makes or finishes.
+    pub clock: gantry_driver::Clock,
     /// The most messages one flush ingests: a producer that never pauses must not
     /// keep a flush from reaching the stages that run and retire its work.
     pub ingest_limit: usize,
-    /// Whether events record when their commands were submitted, started and ended
-    /// (`RuntimeBuilder::profiling`).
-    pub profiling: bool,
-}
-
-impl SchedulerConfig {
-    /// Nanoseconds since the epoch.
-    pub fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    /// An event's timestamp: [`SchedulerConfig::now_ns`] where the runtime profiles,
-    /// else 0 (a clock read saved).
-    pub fn stamp_ns(&self) -> u64 {
-        if self.profiling {
-            self.now_ns()
-        } else {
-            0
-        }
-    }
 }
 
 /// Counters, for monitoring and tests.

@@ -135,7 +135,7 @@ impl<T: Pod> Buffer<T> {
         }
         let held = HeldGuard::take(core.id, mode.writes())?;
         let name: Arc<str> = format!("host access to buffer {}", core.id).into();
-        let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.stamp_ns()));
+        let event = Arc::new(EventShared::new(name.clone(), rt.id, rt.clock.stamp_ns()));
         let req = Requirement::new(core.clone(), mode, ByteRange::new(0, core.bytes));
         rt.send(Message::Submit(CommandDesc {
             kind: CommandKind::HostAccess,

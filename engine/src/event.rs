@@ -60,7 +60,12 @@ impl std::fmt::Debug for Event {
 impl Event {
     /// The event of a command.
     pub(crate) fn of_command(shared: Arc<EventShared>, rt: &Arc<Shared>) -> Self {
-        Self { source: Source::Command(shared), rt: Arc::downgrade(rt), node: None, profiled: rt.profiling }
+        Self {
+            source: Source::Command(shared),
+            rt: Arc::downgrade(rt),
+            node: None,
+            profiled: rt.clock.profiling,
+        }
     }
 
     /// The event of a command recorded into a graph as `node`.
@@ -69,13 +74,18 @@ impl Event {
             source: Source::Command(shared),
             rt: Arc::downgrade(rt),
             node: Some(node),
-            profiled: rt.profiling,
+            profiled: rt.clock.profiling,
         }
     }
 
     /// The event of a fusion.
     pub(crate) fn of_fusion(fusion: Arc<FusionShared>, rt: &Arc<Shared>) -> Self {
-        Self { source: Source::Fusion(fusion), rt: Arc::downgrade(rt), node: None, profiled: rt.profiling }
+        Self {
+            source: Source::Fusion(fusion),
+            rt: Arc::downgrade(rt),
+            node: None,
+            profiled: rt.clock.profiling,
+        }
     }
 
     /// The state the scheduler completes.

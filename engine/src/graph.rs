@@ -569,7 +569,7 @@ impl CommandGraph {
         // The queue order advances only once the node is added.
         let index = add(self, &mut st, preds)?;
         st.recorders[r].order.push(index, barrier);
-        let shared = Arc::new(EventShared::new(name, self.inner.rt.id, self.inner.rt.stamp_ns()));
+        let shared = Arc::new(EventShared::new(name, self.inner.rt.id, self.inner.rt.clock.stamp_ns()));
         Ok(Event::of_node(shared, &self.inner.rt, self.node(index)))
     }
 
@@ -679,7 +679,7 @@ fn finalize_nodes(
         device,
         props,
         reuse,
-        event: Arc::new(EventShared::new("finalize".into(), rt.id, rt.stamp_ns())),
+        event: Arc::new(EventShared::new("finalize".into(), rt.id, rt.clock.stamp_ns())),
         result: Mutex::new(None),
     });
     rt.send(Message::FinalizeGraph(job.clone()))?;
@@ -921,7 +921,7 @@ impl ExecutableGraph {
     pub(crate) fn submit(&self, queue: &Arc<QueueCore>) -> Result<Event> {
         let rt = &self.inner.rt;
         let launch = self.inner.state.lock().launch(queue, &self.inner);
-        let submitted_ns = rt.stamp_ns();
+        let submitted_ns = rt.clock.stamp_ns();
         let event = Arc::new(EventShared::new(launch.event_name.clone(), rt.id, submitted_ns));
         let submission = GraphSubmission { launch, event: event.clone(), submitted_ns };
         rt.send(Message::SubmitGraph(submission))?;

@@ -295,7 +295,7 @@ impl Queue {
         let rt = &self.handle.rt;
         // Every fusion's event shares one name (a fusion is one allocation fewer).
         static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
-        let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.stamp_ns()));
+        let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.clock.stamp_ns()));
         // No message: the scheduler starts the list at the first one about it.
         let fusion = Arc::new(FusionShared::new(self.handle.core.clone(), event));
         rt.fusing.start(&fusion);
@@ -424,7 +424,7 @@ impl Queue {
     /// The event of a new command named `name`.
     fn new_event(&self, name: &Arc<str>) -> Arc<EventShared> {
         let rt = &self.handle.rt;
-        Arc::new(EventShared::new(name.clone(), rt.id, rt.stamp_ns()))
+        Arc::new(EventShared::new(name.clone(), rt.id, rt.clock.stamp_ns()))
     }
 
     /// Sends a command, whose event is `event`, to the scheduler.

@@ -144,7 +144,7 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
     let (kind, device) = (cmd.kind, cmd.device);
     let name = (kind == CommandKind::HostTask).then(|| cmd.name.clone());
     if kind == CommandKind::HostAccess {
-        event.mark_running(world.resource::<SchedulerConfig>().stamp_ns());
+        event.mark_running(world.resource::<SchedulerConfig>().clock.stamp_ns());
         return;
     }
 
@@ -199,7 +199,7 @@ fn enqueue_command(world: &mut World, q: &mut Queries, pass: &mut Pass, e: Entit
             }
         }
         Err(err) => {
-            let now = world.resource::<SchedulerConfig>().stamp_ns();
+            let now = world.resource::<SchedulerConfig>().clock.stamp_ns();
             let failed = Finished { cmd: e, result: Err(err), started_ns: now, ended_ns: now, lane: 0 };
             pass.finished.push(failed);
         }

@@ -205,7 +205,7 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries, taken: &mut VecDeque<Mess
                 }
             }
             Message::ReleaseHostAccess(e) => {
-                let now = world.resource::<SchedulerConfig>().stamp_ns();
+                let now = world.resource::<SchedulerConfig>().clock.stamp_ns();
                 let started = q.execution(world, e).map(|x| x.event.timestamps().started_ns);
                 if let Some(started_ns) = started {
                     world.resource_mut::<WorkLists>().finished.push(Finished {

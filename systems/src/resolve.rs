@@ -95,7 +95,7 @@ fn is_live(world: &World, q: &mut Queries, e: Entity) -> bool {
 fn fail_now(world: &mut World, q: &mut Queries, e: Entity, error: ExecError) {
     // (A listed kernel fails on its own, not with its fusion's event.)
     crate::fusion::own_event(world, q, e);
-    let now = world.resource::<SchedulerConfig>().stamp_ns();
+    let now = world.resource::<SchedulerConfig>().clock.stamp_ns();
     world.resource_mut::<WorkLists>().finished.push(Finished {
         cmd: e,
         result: Err(error),
@@ -450,7 +450,7 @@ fn insert_move(
     };
     let name: Arc<str> = format!("move buffer {} {:?}->{:?}", buffer.id, from, to).into();
     let config = world.resource::<SchedulerConfig>();
-    let event = Arc::new(EventShared::new(name.clone(), 0, config.stamp_ns()));
+    let event = Arc::new(EventShared::new(name.clone(), 0, config.clock.stamp_ns()));
     let not_before_ns = world.resource::<Devices>().0[device as usize].virtual_now_ns();
     let mut src_req = Requirement::new(buffer.clone(), AccessMode::Read, whole);
     (src_req.space, src_req.alloc) = (from, src.alloc);

@@ -111,9 +111,8 @@ impl Harness {
         let devices = Devices(vec![device(&host, MemSpace::Host), device(&dev, MemSpace::Device(1))]);
         let config = SchedulerConfig {
             preserve_on_failure: false,
-            epoch: Instant::now(),
+            clock: gantry_driver::Clock { epoch: Instant::now(), profiling: true },
             ingest_limit: usize::MAX,
-            profiling: true,
         };
         let mut world = crate::scheduler_world(
             devices,

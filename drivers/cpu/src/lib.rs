@@ -88,8 +88,8 @@ struct Inner {
     workers: Option<rayon::ThreadPool>,
     hosts: Option<rayon::ThreadPool>,
     inline_items: usize,
-    /// Whether completions carry start and end times (`CpuConfig::timestamps`).
-    timestamps: bool,
+    /// Completions' start and end times: read where `CpuConfig::timestamps` is on.
+    clock: gantry_driver::Clock,
     /// Runs bound operations, with the memory for the copies `preserve_on_failure`
     /// takes before each.
     runner: Runner,
@@ -153,11 +153,11 @@ impl CpuDriver {
         let runner = Runner::new(info.name.clone());
         let inner = Inner {
             info,
+            clock: gantry_driver::Clock { epoch: ctx.epoch, profiling: config.timestamps },
             ctx,
             workers: pool(config.worker_threads, "worker"),
             hosts: pool(config.host_threads, "host"),
             inline_items: config.inline_items,
-            timestamps: config.timestamps,
             runner,
         };
         Self { inner: Arc::new(inner) }
@@ -218,9 +218,9 @@ impl Driver for CpuDriver {
         // and the scheduler learns the result from the return value: no graph node,
         // no completion message.
         if waits_done && self.inner.pool_for(&sub.op).is_none() {
-            let t0 = self.inner.stamp();
+            let t0 = self.inner.clock.stamp_ns();
             let result = self.inner.execute(sub.op, sub.preserve_on_failure);
-            let t1 = self.inner.stamp();
+            let t1 = self.inner.clock.stamp_ns();
             return Ok(Accepted::Done(Completion {
                 op: sub.id,
                 result,
@@ -296,17 +296,6 @@ fn bind_all(inner: &Inner, args: &[MemArg]) -> Result<SmallVec<[Binding; 8]>, Ex
 }
 
 impl Inner {
-    /// A completion's start or end time: the driver clock where timestamps are on,
-    /// else 0.
-    #[inline]
-    fn stamp(&self) -> u64 {
-        if self.timestamps {
-            self.ctx.now_ns()
-        } else {
-            0
-        }
-    }
-
     fn invalid(&self, message: String) -> ExecError {
         ExecError::Driver { device: self.info.name.clone(), message }
     }
@@ -413,7 +402,7 @@ impl Inner {
             let (op, preserve) = s.op.take().expect("operation started twice");
             (op, preserve, s.dependency_failure.take())
         };
-        let t0 = this.stamp();
+        let t0 = this.clock.stamp_ns();
         if let Some(e) = failed {
             return Started::Finished(Err(e), t0, t0);
         }
@@ -421,15 +410,15 @@ impl Inner {
         match spawn_on {
             None => {
                 let result = this.execute(op, preserve);
-                Started::Finished(result, t0, this.stamp())
+                Started::Finished(result, t0, this.clock.stamp_ns())
             }
             Some(pool) => {
                 let (this2, node2) = (this.clone(), node.clone());
                 pool.spawn(move || {
-                    let t0 = this2.stamp();
+                    let t0 = this2.clock.stamp_ns();
                     let result = this2.execute(op, preserve);
                     let mut ready = SmallVec::new();
-                    this2.finish(&node2, result, t0, this2.stamp(), &mut ready);
+                    this2.finish(&node2, result, t0, this2.clock.stamp_ns(), &mut ready);
                     for r in ready {
                         Inner::run_ready(&this2, r);
                     }

@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+mod clock;
 pub mod command_buffer;
 pub mod contain;
 pub mod driver;
@@ -40,6 +41,7 @@ pub mod range;
 pub mod sync;
 
 pub use bytemuck::{Pod, Zeroable};
+pub use clock::Clock;
 pub use command_buffer::{
     patch_buffer, CommandBuffer, CommandBufferBuilder, CommandBufferDesc, CommandBufferLaunch, OpPatch, Plan,
     PlanBuilder, PlannedOp, RecordedArg, RecordedHostFn, RecordedOp, SyncPoint,

@@ -433,11 +433,11 @@ impl RuntimeBuilder {
         let hand_back = (self.mode == Mode::Threaded).then(|| Arc::new(HandBack::new()));
         let inbox =
             Inbox { messages: mailbox.clone(), completions: done_rx.clone(), hand_back: hand_back.clone() };
+        let clock = gantry_driver::Clock { epoch, profiling };
         let config = SchedulerConfig {
             preserve_on_failure: self.preserve_on_failure,
-            epoch,
+            clock,
             ingest_limit: INGEST_LIMIT,
-            profiling,
         };
         let mut world = gantry_systems::scheduler_world(Devices(devices), inbox, config);
         if self.timeline {
@@ -489,8 +489,7 @@ impl RuntimeBuilder {
             hand_back,
             core: Mutex::new(Some(Core { stages: gantry_systems::Stages::new(&mut world), world })),
             senders: Senders::default(),
-            epoch,
-            profiling,
+            clock,
             next_id: AtomicU64::new(1),
             devices: infos,
             drivers: weak_drivers,

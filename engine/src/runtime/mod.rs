@@ -308,7 +308,7 @@ impl Runtime {
     /// Nanoseconds since the runtime started (the clock of submission timestamps and
     /// of the CPU device).
     pub fn now_ns(&self) -> u64 {
-        self.shared.now_ns()
+        self.shared.clock.now_ns()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bevy_ecs::world::World;
 use gantry_components::{
@@ -44,9 +44,8 @@ pub(crate) struct Shared {
     pub(crate) core: Mutex<Option<Core>>,
     /// Admits messages until the runtime drops, and counts them.
     pub(super) senders: Senders,
-    pub(crate) epoch: Instant,
-    /// Whether events record their timestamps (`RuntimeBuilder::profiling`).
-    pub(crate) profiling: bool,
+    /// The runtime's clock: events' submission times where it profiles.
+    pub(crate) clock: gantry_driver::Clock,
     pub(crate) next_id: AtomicU64,
     pub(crate) devices: Vec<DeviceInfo>,
     /// The drivers, by device id, for work that needs no scheduler (patching a command
@@ -148,19 +147,6 @@ pub(super) struct Progress {
 }
 
 impl Shared {
-    pub(crate) fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    /// A new event's submission time: the runtime's clock where it profiles, else 0.
-    pub(crate) fn stamp_ns(&self) -> u64 {
-        if self.profiling {
-            self.now_ns()
-        } else {
-            0
-        }
-    }
-
     /// Where a host task submitted for `device` runs: there if the device runs host
     /// tasks (the CPU, a simulated host pool), else on the CPU.
     pub(crate) fn host_task_device(&self, device: DeviceId) -> DeviceId {

@@ -68,7 +68,7 @@ pub fn partition(world: &mut World) {
                 .unwrap_or_else(|p| Err(FinalizeError::Panicked(gantry_driver::panic_message(&*p))))
         };
         *job.result.lock() = Some(result);
-        let now = world.resource::<SchedulerConfig>().stamp_ns();
+        let now = world.resource::<SchedulerConfig>().clock.stamp_ns();
         job.event.finish(Ok(()), now, now);
     }
 }
