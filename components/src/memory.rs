@@ -457,10 +457,10 @@ pub struct MemoryRecord {
     /// user synchronizes (see [`FailureSync`](crate::FailureSync)): a command
     /// resolved meanwhile that would have depended on one fails with it
     /// ([`MemoryRecord::kept_failure`]), as it would have had the failed command still
-    /// been alive. Empty but for failures: the common path checks one length.
+    /// been alive. Empty but for failures: the common path checks one length. The
+    /// record is in [`QueueFailures::records`](crate::QueueFailures) exactly while
+    /// this is not empty.
     pub failures: Vec<KeptFailure>,
-    /// Whether the record is in [`QueueFailures::records`](crate::QueueFailures).
-    pub failure_listed: bool,
 }
 
 /// A failed command's use of a buffer range, kept on the buffer's record.
@@ -541,7 +541,6 @@ impl MemoryRecord {
             }]),
             released: ReleasedLeaves::default(),
             failures: Vec::new(),
-            failure_listed: false,
         }
     }
 
@@ -777,22 +776,25 @@ mod tests {
         }
     }
 
+    /// The record of a fresh buffer of `bytes` bytes.
+    fn record_of(bytes: usize) -> MemoryRecord {
+        let buffer = crate::handle::BufferCore {
+            id: 1,
+            storage: Arc::new(gantry_driver::HostStorage::zeroed(bytes)),
+            bytes,
+            record: Default::default(),
+            dropped: Default::default(),
+            promotion: Default::default(),
+            recorded: Default::default(),
+        };
+        MemoryRecord::new(Arc::new(buffer))
+    }
+
     /// A record no longer names a finished command as the producer of a copy at once;
     /// its leaf waits for the removal.
     #[test]
     fn a_release_clears_the_producer_at_once() {
-        let record = || {
-            let buffer = crate::handle::BufferCore {
-                id: 1,
-                storage: Arc::new(gantry_driver::HostStorage::zeroed(8 * 40)),
-                bytes: 8 * 40,
-                record: Default::default(),
-                dropped: Default::default(),
-                promotion: Default::default(),
-                recorded: Default::default(),
-            };
-            MemoryRecord::new(Arc::new(buffer))
-        };
+        let record = || record_of(8 * 40);
         // An index: 40 disjoint writes of one command.
         let cmd = leaf(0, 0, 8);
         let mut indexed = record();
@@ -823,16 +825,7 @@ mod tests {
     /// disjoint ranges, do not depend on it.
     #[test]
     fn a_kept_failure_reaches_what_the_memory_rule_orders_after_it() {
-        let buffer = crate::handle::BufferCore {
-            id: 1,
-            storage: Arc::new(gantry_driver::HostStorage::zeroed(64)),
-            bytes: 64,
-            record: Default::default(),
-            dropped: Default::default(),
-            promotion: Default::default(),
-            recorded: Default::default(),
-        };
-        let mut record = MemoryRecord::new(Arc::new(buffer));
+        let mut record = record_of(64);
         let failure = |seq| crate::QueueFailure {
             command: "bad".into(),
             root: gantry_driver::ExecError::RuntimeDropped,

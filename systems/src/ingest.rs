@@ -254,8 +254,7 @@ fn apply_sync(world: &mut World, q: &mut Queries, n: u64) {
     records.retain(|&rec| {
         let Some(mut record) = q.record_mut(world, rec) else { return false };
         record.failures.retain(|f| f.failure.seq > n);
-        record.failure_listed = !record.failures.is_empty();
-        record.failure_listed
+        !record.failures.is_empty()
     });
     let mut failures = world.resource_mut::<QueueFailures>();
     (failures.queues, failures.records) = (queues, records);

@@ -314,12 +314,13 @@ fn record_buffer_failures(world: &mut World, q: &mut Queries, reqs: &[Requiremen
     for r in reqs.iter().filter(|r| !r.internal) {
         let Some(rec) = r.buffer.record.get() else { continue };
         let Some(mut record) = q.record_mut(world, rec) else { continue };
+        let first = record.failures.is_empty();
         record.failures.push(KeptFailure {
             range: r.range,
             writes: r.mode.writes(),
             failure: failure.clone(),
         });
-        if !std::mem::replace(&mut record.failure_listed, true) {
+        if first {
             world.resource_mut::<QueueFailures>().records.push(rec);
         }
     }
