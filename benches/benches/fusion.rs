@@ -1,5 +1,5 @@
 //! Queue-level kernel fusion on the CPU driver: a chain of K elementwise kernels
-//! (`tmp[i + 1][j] = step(tmp[i][j])`, `step(x) = x * 1.0001 + 0.5`) run four ways:
+//! (`tmp[i + 1][j] = step(tmp[i][j])`, `step(x) = x * 1.0001 + 0.5`) run these ways:
 //!
 //! * `hand_loop`: one serial Rust loop over the input applying `step` K times per
 //!   element (the baseline a user would write by hand, measured in the same run);
@@ -18,7 +18,12 @@
 //!   kernels (see below);
 //! * `fused_private_per_item`: `fused_private` with per-work-item closures. The fusion
 //!   compiler refuses it (`Unprofitable::MappedAccess`, checked at setup), so it
-//!   measures the refusal: the kernels run unfused, as `unfused_per_item`.
+//!   measures the refusal: the kernels run unfused, as `unfused_per_item`;
+//! * `graph_unfused`, `graph_fused`, `graph_fused_private`: the K kernels recorded
+//!   once into a command graph (as a frame is), finalized without fusion, with
+//!   fusion (`GraphProps::fused`), and with fusion and the intermediates promoted to
+//!   private memory; each round submits the graph and waits for it. A replay has no
+//!   fusion window: the chain was fused once, at finalize.
 //!
 //! Kernels are elementwise kernels, `cg.map(&input, &output, step)` over `cg.read`
 //! and `cg.elements_out` accessors: the runtime owns the loop and runs each
@@ -79,8 +84,8 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use gantry::{
-    Buffer, CancelReason, Event, FusionError, FusionOutcome, FusionProps, Mode, Promotion, Queue, Runtime,
-    Unprofitable,
+    Buffer, CancelReason, Event, ExecutableGraph, FusionError, FusionOutcome, FusionProps, GraphProps, Mode,
+    Promotion, Queue, Runtime, Unprofitable,
 };
 
 /// Launch-bound size: elements per buffer.
@@ -158,9 +163,12 @@ enum Variant {
     FusedPrivateNoBarriers,
     UnfusedPerItem,
     FusedPrivatePerItem,
+    GraphUnfused,
+    GraphFused,
+    GraphFusedPrivate,
 }
 
-const VARIANTS: [Variant; 8] = [
+const VARIANTS: [Variant; 11] = [
     Variant::HandLoop,
     Variant::HandLoopParallel,
     Variant::Unfused,
@@ -169,6 +177,9 @@ const VARIANTS: [Variant; 8] = [
     Variant::FusedPrivateNoBarriers,
     Variant::UnfusedPerItem,
     Variant::FusedPrivatePerItem,
+    Variant::GraphUnfused,
+    Variant::GraphFused,
+    Variant::GraphFusedPrivate,
 ];
 
 impl Variant {
@@ -182,10 +193,22 @@ impl Variant {
             Variant::FusedPrivateNoBarriers => "fused_private_no_barriers",
             Variant::UnfusedPerItem => "unfused_per_item",
             Variant::FusedPrivatePerItem => "fused_private_per_item",
+            Variant::GraphUnfused => "graph_unfused",
+            Variant::GraphFused => "graph_fused",
+            Variant::GraphFusedPrivate => "graph_fused_private",
         }
     }
     fn index(self) -> usize {
         self as usize
+    }
+    /// Index into [`Chain::graphs`] of a graph variant.
+    fn graph(self) -> Option<usize> {
+        match self {
+            Variant::GraphUnfused => Some(0),
+            Variant::GraphFused => Some(1),
+            Variant::GraphFusedPrivate => Some(2),
+            _ => None,
+        }
     }
 }
 
@@ -236,6 +259,11 @@ struct Chain {
     verified: [bool; VARIANTS.len()],
     /// Fused rounds run so far (each must reach the fusion compiler).
     fused_rounds: Cell<u64>,
+    /// The recorded chain of each graph variant, finalized on first use.
+    graphs: [Option<ExecutableGraph>; 3],
+    /// Lookups of the fusion compiler's cache made by finalizing those graphs (not
+    /// rounds: a replay does not fuse again).
+    graph_fusions: Cell<u64>,
 }
 
 impl Chain {
@@ -257,6 +285,8 @@ impl Chain {
             want,
             verified: [false; VARIANTS.len()],
             fused_rounds: Cell::new(0),
+            graphs: [None, None, None],
+            graph_fusions: Cell::new(0),
         }
     }
 
@@ -290,9 +320,45 @@ impl Chain {
         Ok(last.expect("a chain has kernels"))
     }
 
+    /// Records the chain into a command graph and finalizes it for graph variant `v`
+    /// (once), checking that the fused variants fused the whole chain.
+    fn graph(&mut self, label: &str, v: Variant) -> &ExecutableGraph {
+        let i = v.graph().expect("a graph variant");
+        if self.graphs[i].is_none() {
+            let lookups = || self.rt.fusion_cache_stats().map_or(0, |c| c.hits + c.misses);
+            let before = lookups();
+            let g = self.rt.graph();
+            g.begin_recording(&self.q).expect("begin recording");
+            self.submit_kernels(v == Variant::GraphFusedPrivate, false).expect("record the chain");
+            g.end_recording(&self.q).expect("end recording");
+            let props = match v {
+                Variant::GraphUnfused => GraphProps::default(),
+                _ => GraphProps::default().fused(),
+            };
+            let exec = g.finalize(props).expect("finalize");
+            let fused = exec.fused_chains();
+            match v {
+                Variant::GraphUnfused => assert!(fused.is_empty(), "{label}: fused {fused:?}"),
+                _ => assert!(
+                    fused.len() == 1 && fused[0].0.len() == self.k,
+                    "{label}: the chain was not fused whole: {fused:?}, not fused: {:?}",
+                    exec.not_fused()
+                ),
+            }
+            self.graph_fusions.set(self.graph_fusions.get() + lookups() - before);
+            self.graphs[i] = Some(exec);
+        }
+        self.graphs[i].as_ref().expect("finalized")
+    }
+
     /// One round of a Gantry variant, waited for.
     fn run(&self, v: Variant) -> gantry::Result<()> {
         match v {
+            Variant::GraphUnfused | Variant::GraphFused | Variant::GraphFusedPrivate => {
+                let g =
+                    self.graphs[v.graph().expect("a graph variant")].as_ref().expect("finalized at setup");
+                self.q.submit_graph(g)?.wait()
+            }
             Variant::HandLoop | Variant::HandLoopParallel => {
                 unreachable!("the hand loops run on the host copies")
             }
@@ -334,6 +400,9 @@ impl Chain {
                 assert_bits(label, &self.out, &self.want);
             }
             _ => {
+                if v.graph().is_some() {
+                    self.graph(label, v);
+                }
                 let sentinel = -7.0f32;
                 let inner = &self.bufs[1..self.k];
                 // Intermediates and output set to a sentinel, so a stale output or a
@@ -347,7 +416,12 @@ impl Chain {
                 assert_bits(label, &got, &self.want);
                 let outcome = self.q.fusion_outcome();
                 match v {
-                    Variant::Unfused | Variant::UnfusedPerItem => {}
+                    // Graph variants: checked when finalized; a replay sets no outcome.
+                    Variant::Unfused
+                    | Variant::UnfusedPerItem
+                    | Variant::GraphUnfused
+                    | Variant::GraphFused
+                    | Variant::GraphFusedPrivate => {}
                     // Refused: its kernels ran unfused.
                     Variant::FusedPrivatePerItem => match outcome {
                         Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
@@ -364,7 +438,10 @@ impl Chain {
                         other => panic!("{label}: not fused: {other:?}"),
                     },
                 }
-                if matches!(v, Variant::FusedPrivate | Variant::FusedPrivateNoBarriers) {
+                if matches!(
+                    v,
+                    Variant::FusedPrivate | Variant::FusedPrivateNoBarriers | Variant::GraphFusedPrivate
+                ) {
                     for (i, b) in inner.iter().enumerate() {
                         let t = b.to_vec().expect("read an intermediate");
                         assert!(
@@ -394,7 +471,7 @@ impl Chain {
         let cache = self.rt.fusion_cache_stats().expect("closure fusion cache");
         assert_eq!(
             cache.hits + cache.misses,
-            self.fused_rounds.get(),
+            self.fused_rounds.get() + self.graph_fusions.get(),
             "{label}: not every fused round was fused: {cache:?}"
         );
     }
