@@ -11,12 +11,14 @@
 //!   command. Instead the scheduler gives those last references back (a stage's pass
 //!   collects them in a [`Returning`] and gives them in one lock as it ends), and user
 //!   threads free them ([`HandBack::release`], from their sends and waits), where they
-//!   were allocated.
+//!   were allocated: kernels are dropped, events go to the thread's event pool
+//!   ([`event_pool`](crate::event_pool)) for its next commands.
 //! * Only last references are given back: a kernel or event someone else still holds
 //!   is dropped at once, which only decrements it.
 //! * Bounded: past [`LIMIT`] waiting items, the scheduler frees a batch itself. A
 //!   scheduler that goes idle frees what waits ([`HandBack::release`] on its thread),
-//!   so once the runtime is idle nothing of a finished command is kept.
+//!   so once the runtime is idle nothing of a finished command is kept but the
+//!   bounded event pools.
 //! * The thread that frees them goes on past a destructor that panics: closures
 //!   contain their captures' panics (`Contained`); any other destructor's panic (a
 //!   native image of the user's type) is reported, and the other items are still
@@ -75,11 +77,11 @@ impl Returned {
         }
     }
 
-    /// Drops every item, each on its own: a kernel whose destructor panics is
-    /// reported, and the rest are still dropped.
+    /// Drops every item, each on its own (events go to this thread's event pool): a
+    /// kernel whose destructor panics is reported, and the rest are still dropped.
     fn free(self) {
         let Returned { kernels, events } = self;
-        drop(events);
+        events.into_iter().for_each(crate::event_pool::recycle);
         for kernel in kernels {
             if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(kernel))) {
                 let message = gantry_driver::panic_message(&*payload);
@@ -176,10 +178,13 @@ impl Returning {
     }
 
     /// Keeps `event` to give back if this is its last reference (otherwise drops it);
-    /// dropped at once where nothing is collected.
+    /// where nothing is collected (the stages run on a user thread), it goes to this
+    /// thread's event pool at once.
     pub fn event(&mut self, event: Arc<EventShared>) {
         if self.collects() {
             self.batch.event(event);
+        } else {
+            crate::event_pool::recycle(event);
         }
     }
 

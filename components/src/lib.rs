@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod event;
+pub mod event_pool;
 pub mod fusion;
 pub mod graph;
 pub mod hand_back;

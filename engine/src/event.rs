@@ -1,5 +1,6 @@
 //! Events: handles to a submitted command's completion.
 
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Weak};
 
 use gantry_components::{
@@ -42,7 +43,9 @@ pub struct Event {
 /// Whose completion an [`Event`] stands for.
 #[derive(Clone)]
 enum Source {
-    Command(Arc<EventShared>),
+    /// Dropped by [`Event`]'s `Drop`, which gives a last reference back to the
+    /// thread's event pool.
+    Command(ManuallyDrop<Arc<EventShared>>),
     /// A fusion, whose event is its fusion command's (`FusionShared::event`): waiting
     /// on it while the fusion is collecting kernels cancels the fusion (the DPC++
     /// kernel-fusion design). Held once, not next to a clone of its event: a fused
@@ -57,11 +60,21 @@ impl std::fmt::Debug for Event {
     }
 }
 
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Source::Command(e) = &mut self.source {
+            // SAFETY: dropped once, here; the field is not used after.
+            let e = unsafe { ManuallyDrop::take(e) };
+            gantry_components::event_pool::recycle(e);
+        }
+    }
+}
+
 impl Event {
     /// The event of a command.
     pub(crate) fn of_command(shared: Arc<EventShared>, rt: &Arc<Shared>) -> Self {
         Self {
-            source: Source::Command(shared),
+            source: Source::Command(ManuallyDrop::new(shared)),
             rt: Arc::downgrade(rt),
             node: None,
             profiled: rt.clock.profiling,
@@ -71,7 +84,7 @@ impl Event {
     /// The event of a command recorded into a graph as `node`.
     pub(crate) fn of_node(shared: Arc<EventShared>, rt: &Arc<Shared>, node: crate::graph::Node) -> Self {
         Self {
-            source: Source::Command(shared),
+            source: Source::Command(ManuallyDrop::new(shared)),
             rt: Arc::downgrade(rt),
             node: Some(node),
             profiled: rt.clock.profiling,

@@ -424,7 +424,7 @@ impl Queue {
     /// The event of a new command named `name`.
     fn new_event(&self, name: &Arc<str>) -> Arc<EventShared> {
         let rt = &self.handle.rt;
-        Arc::new(EventShared::new(name.clone(), rt.id, rt.clock.stamp_ns()))
+        gantry_components::event_pool::new_event(name.clone(), rt.id, rt.clock.stamp_ns())
     }
 
     /// Sends a command, whose event is `event`, to the scheduler.

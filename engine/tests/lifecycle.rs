@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+mod common;
+
 use gantry::{Error, EventStatus, ExecError, Mode, Runtime};
 
 /// Dropping a buffer while commands use it is safe; its record goes when they finish.
@@ -278,4 +280,52 @@ fn try_result_default_device_and_queue_properties() {
     assert!(bad.wait().is_err());
     assert!(matches!(bad.try_result(), Some(Err(Error::Exec(ExecError::KernelPanicked { .. })))));
     assert_eq!(buf.to_vec().unwrap(), vec![3; 4]);
+}
+
+/// Finished events go back to the submitting thread's pool and later commands reuse
+/// them (`gantry_components::event_pool`), but never one a handle still holds: kept
+/// events report their own command's outcome after thousands of later commands.
+#[test]
+fn kept_events_keep_their_outcome_while_finished_events_are_reused() {
+    common::quiet_panics(|msg| msg.starts_with("kept kernel exploded"));
+    for mode in [Mode::Manual, Mode::Threaded] {
+        let rt = Runtime::builder().mode(mode).build();
+        let q = rt.queue();
+        let buf = rt.buffer(&[0u32; 4]);
+        let ok = q
+            .submit(|cg| {
+                cg.name("kept ok");
+                let b = cg.elements_mut(&buf);
+                cg.parallel_for(4, move |it| *b.elem(it) += 1);
+            })
+            .unwrap();
+        let failed = q
+            .submit(|cg| {
+                cg.name("kept failed");
+                cg.single_task(|_| panic!("kept kernel exploded"));
+            })
+            .unwrap();
+        // Their events are dropped at once: finished, they go to the pool and come back.
+        for round in 0..3 {
+            for _ in 0..1_000 {
+                q.submit(|cg| {
+                    let b = cg.elements_mut(&buf);
+                    cg.parallel_for(4, move |it| *b.elem(it) += 1);
+                })
+                .unwrap();
+            }
+            let _ = q.wait();
+            assert!(gantry::components::event_pool::kept() > 0, "{mode:?}, round {round}: nothing pooled");
+        }
+        assert_eq!((ok.name(), ok.status()), ("kept ok", EventStatus::Complete));
+        assert!(ok.wait().is_ok());
+        assert_eq!((failed.name(), failed.status()), ("kept failed", EventStatus::Failed));
+        match failed.error() {
+            Some(ExecError::KernelPanicked { kernel, message }) => {
+                assert_eq!((&*kernel, message.as_str()), ("kept failed", "kept kernel exploded"))
+            }
+            other => panic!("{mode:?}: {other:?}"),
+        }
+        assert_eq!(buf.to_vec().unwrap(), vec![3_001; 4]);
+    }
 }
