@@ -5,7 +5,7 @@
 //!
 //! * Only an event nobody else holds is kept ([`recycle`]): its last reference is the
 //!   one given, so no waiter, command or user handle can see it again, and
-//!   [`EventShared::reset`] may rewrite it in place.
+//!   the pool may make it a new pending event in place.
 //! * The pool is per thread, so taking and keeping an event costs no locked
 //!   operation. Events are made on the threads that submit commands, and their last
 //!   references come back to those threads: from the user's handle, or from the
