@@ -87,7 +87,7 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 impl Gpu {
     fn open() -> Option<Self> {
         let (tx, rx) = unbounded();
-        let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+        let ctx = DriverContext { completions: tx, clock: gantry::driver::Clock::starting_now(true) };
         match VulkanDriver::new(VulkanConfig::default(), ctx) {
             Ok(driver) => Some(Self { driver, rx }),
             Err(e) => {

@@ -59,7 +59,7 @@ impl<D: Driver> DeviceUnderTest<D> {
         open: impl FnOnce(DriverContext) -> Result<D, ExecError>,
     ) -> Option<Self> {
         let (tx, rx) = unbounded();
-        let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+        let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
         match open(ctx) {
             Ok(driver) => Some(Self { driver, rx, next: 0, done: HashMap::new() }),
             Err(e) => {

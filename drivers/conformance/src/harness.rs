@@ -115,7 +115,8 @@ impl Harness {
     pub fn new(factory: &Factory) -> Self {
         quiet_deliberate_panics();
         let (tx, rx) = unbounded();
-        let driver = factory(DriverContext { completions: tx, epoch: Instant::now() });
+        let driver =
+            factory(DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) });
         let info = driver.info();
         let (caps, name) = (info.caps, info.name.clone());
         Self {

@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Instant;
 
 use gantry_driver::sync::channel::unbounded;
 use gantry_driver::{Driver, DriverContext, ExecError};
@@ -77,7 +76,8 @@ pub fn run_check(
         panic!("the suite's skips name `{unknown}`, which is not a check (checks: {checks:?})");
     }
     let (tx, _rx) = unbounded();
-    let probe = match make(DriverContext { completions: tx, epoch: Instant::now() }) {
+    let probe = match make(DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) })
+    {
         Ok(driver) => driver,
         Err(e) => {
             let _ = writeln!(

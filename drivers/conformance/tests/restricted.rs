@@ -29,7 +29,7 @@ impl Restricted {
     fn new(ctx: DriverContext) -> Self {
         let (tx, rx) = unbounded();
         let config = CpuConfig { worker_threads: 2, host_threads: 1, ..Default::default() };
-        let inner = CpuDriver::new(config, DriverContext { completions: tx, epoch: ctx.epoch });
+        let inner = CpuDriver::new(config, DriverContext { completions: tx, clock: ctx.clock });
         let completed = Arc::new(Mutex::new(HashSet::new()));
         let seen = completed.clone();
         // Notes each completion before passing it on; ends when the inner driver goes.

@@ -59,10 +59,6 @@ pub struct CpuConfig {
     /// graph extension's implementation design). Off suits host tasks that block
     /// for long: in a buffer they hold its thread.
     pub record_host_tasks: bool,
-    /// Whether completions carry when each operation started and ended (two clock
-    /// reads an operation, a few percent of an eager command's host cost). A
-    /// runtime sets it from `RuntimeBuilder::profiling`; without it both are 0.
-    pub timestamps: bool,
 }
 
 impl Default for CpuConfig {
@@ -72,7 +68,6 @@ impl Default for CpuConfig {
             host_threads: 2,
             inline_items: 256,
             record_host_tasks: true,
-            timestamps: true,
         }
     }
 }
@@ -88,8 +83,6 @@ struct Inner {
     workers: Option<rayon::ThreadPool>,
     hosts: Option<rayon::ThreadPool>,
     inline_items: usize,
-    /// Completions' start and end times: read where `CpuConfig::timestamps` is on.
-    clock: gantry_driver::Clock,
     /// Runs bound operations, with the memory for the copies `preserve_on_failure`
     /// takes before each.
     runner: Runner,
@@ -153,7 +146,6 @@ impl CpuDriver {
         let runner = Runner::new(info.name.clone());
         let inner = Inner {
             info,
-            clock: gantry_driver::Clock { epoch: ctx.epoch, profiling: config.timestamps },
             ctx,
             workers: pool(config.worker_threads, "worker"),
             hosts: pool(config.host_threads, "host"),
@@ -218,9 +210,9 @@ impl Driver for CpuDriver {
         // and the scheduler learns the result from the return value: no graph node,
         // no completion message.
         if waits_done && self.inner.pool_for(&sub.op).is_none() {
-            let t0 = self.inner.clock.stamp_ns();
+            let t0 = self.inner.ctx.stamp_ns();
             let result = self.inner.execute(sub.op, sub.preserve_on_failure);
-            let t1 = self.inner.clock.stamp_ns();
+            let t1 = self.inner.ctx.stamp_ns();
             return Ok(Accepted::Done(Completion {
                 op: sub.id,
                 result,
@@ -402,7 +394,7 @@ impl Inner {
             let (op, preserve) = s.op.take().expect("operation started twice");
             (op, preserve, s.dependency_failure.take())
         };
-        let t0 = this.clock.stamp_ns();
+        let t0 = this.ctx.stamp_ns();
         if let Some(e) = failed {
             return Started::Finished(Err(e), t0, t0);
         }
@@ -410,15 +402,15 @@ impl Inner {
         match spawn_on {
             None => {
                 let result = this.execute(op, preserve);
-                Started::Finished(result, t0, this.clock.stamp_ns())
+                Started::Finished(result, t0, this.ctx.stamp_ns())
             }
             Some(pool) => {
                 let (this2, node2) = (this.clone(), node.clone());
                 pool.spawn(move || {
-                    let t0 = this2.clock.stamp_ns();
+                    let t0 = this2.ctx.stamp_ns();
                     let result = this2.execute(op, preserve);
                     let mut ready = SmallVec::new();
-                    this2.finish(&node2, result, t0, this2.clock.stamp_ns(), &mut ready);
+                    this2.finish(&node2, result, t0, this2.ctx.stamp_ns(), &mut ready);
                     for r in ready {
                         Inner::run_ready(&this2, r);
                     }
@@ -620,13 +612,12 @@ mod tests {
     use gantry_driver::sync::channel::unbounded;
     use gantry_driver::{AccessMode, Geometry, HostStorage, NdRange, Range, Scratch, ScratchKind};
     use gantry_host::{phase, Accessor, ClosureKernel, LocalAccessor, ReadWrite};
-    use std::time::Instant;
 
     fn driver(workers: usize) -> (CpuDriver, gantry_driver::sync::channel::Receiver<Completion>) {
         let (tx, rx) = unbounded();
         let d = CpuDriver::new(
             CpuConfig { worker_threads: workers, host_threads: 1, inline_items: 64, ..Default::default() },
-            DriverContext { completions: tx, epoch: Instant::now() },
+            DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) },
         );
         (d, rx)
     }

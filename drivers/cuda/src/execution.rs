@@ -456,7 +456,7 @@ fn finish(reporter: &Reporter, op: &Op, last_ended: u64) -> u64 {
         (None, None, _) => Ok(()),
     };
     drop(keep);
-    let ended = reporter.ctx.now_ns().max(started);
+    let ended = reporter.ctx.stamp_ns().max(started);
     {
         let mut s = lock(&op.state);
         s.result = Some((result.clone(), ended));
@@ -487,7 +487,7 @@ mod tests {
         let (tx, rx) = unbounded();
         let reporter = Reporter {
             device: "cuda:test".into(),
-            ctx: DriverContext { completions: tx, epoch: std::time::Instant::now() },
+            ctx: DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) },
             lost: OnceLock::new(),
             wait: Waiting { spin: Duration::ZERO, poll: Duration::ZERO },
         };

@@ -11,7 +11,7 @@
 //! use gantry_driver::{Driver, DriverContext};
 //! // Registered on a runtime: `gantry::Runtime::builder().driver(gantry_cuda::factory(0))`.
 //! let (tx, _rx) = gantry_driver::sync::channel::unbounded();
-//! let ctx = DriverContext { completions: tx, epoch: std::time::Instant::now() };
+//! let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
 //! let driver: Arc<dyn Driver> = gantry_cuda::factory(0)(ctx)?;
 //! assert_eq!(driver.info().kind, gantry_driver::DeviceKind::Other("cuda"));
 //! # Ok(()) }
@@ -546,7 +546,7 @@ impl Driver for CudaDriver {
     /// fails. A wait-list naming another driver's operation is refused.
     fn submit(&self, sub: Submission<'_>) -> Result<Accepted, ExecError> {
         let _serial = lock(&self.submitting);
-        let submitted_ns = self.dctx.now_ns();
+        let submitted_ns = self.dctx.stamp_ns();
         let mut waits = Vec::with_capacity(sub.waits.len());
         for h in sub.waits {
             let op = h.clone().downcast::<Op>().map_err(|_| {
@@ -619,7 +619,7 @@ mod tests {
     #[test]
     fn unavailable_cuda_is_a_typed_error_and_available_cuda_opens() {
         let (tx, _rx) = unbounded();
-        let ctx = DriverContext { completions: tx, epoch: std::time::Instant::now() };
+        let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
         match CudaDriver::new(CudaConfig::default(), ctx.clone()) {
             Ok(d) => {
                 assert_eq!(d.info().kind, KIND);

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gantry_cuda::{device_count, CudaConfig, CudaDriver, PEER_GROUP};
 use gantry_driver::sync::channel::{unbounded, Receiver};
@@ -21,7 +21,7 @@ struct Dev {
 
 fn open(ordinal: usize) -> Dev {
     let (tx, rx) = unbounded();
-    let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+    let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
     let driver =
         CudaDriver::new(CudaConfig { ordinal, ..Default::default() }, ctx).expect("the device opens");
     Dev { driver, rx }

@@ -21,6 +21,11 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// A clock whose epoch is now.
+    pub fn starting_now(profiling: bool) -> Self {
+        Self { epoch: Instant::now(), profiling }
+    }
+
     /// Nanoseconds since the epoch.
     #[inline]
     pub fn now_ns(&self) -> u64 {

@@ -3,10 +3,10 @@
 //! possibly out of order, device memory and host↔device copies).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::sync::channel::Sender;
 
+use crate::clock::Clock;
 use crate::command_buffer::{CommandBuffer, CommandBufferBuilder, CommandBufferDesc, OpPatch};
 use crate::error::ExecError;
 use crate::fusion::FusionCompiler;
@@ -97,14 +97,21 @@ pub struct DeviceInfo {
 pub struct DriverContext {
     /// The runtime's completion channel.
     pub completions: Sender<Completion>,
-    /// The runtime's time origin: real-time drivers report nanoseconds since it.
-    pub epoch: Instant,
+    /// The runtime's clock: real-time drivers report nanoseconds since its epoch, and
+    /// stamp completions by its rule ([`Clock::stamp_ns`]: 0 unless the runtime
+    /// profiles).
+    pub clock: Clock,
 }
 
 impl DriverContext {
     /// Nanoseconds since the epoch.
     pub fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.clock.now_ns()
+    }
+    /// A completion's timestamp: [`DriverContext::now_ns`] where the runtime
+    /// profiles, else 0 ([`Clock::stamp_ns`]).
+    pub fn stamp_ns(&self) -> u64 {
+        self.clock.stamp_ns()
     }
     /// Reports a completion; a closed channel means the runtime is gone and the report
     /// has no reader.

@@ -65,7 +65,7 @@ impl Default for SimConfig {
 ///     peer_bytes_per_ns: 50.0,
 ///     host: Some(HostPoolConfig { threads: 4, task_ns: 5_000, ..Default::default() }),
 /// });
-/// let ctx = DriverContext { completions: unbounded().0, epoch: std::time::Instant::now() };
+/// let ctx = DriverContext { completions: unbounded().0, clock: gantry_driver::Clock::starting_now(true) };
 /// let gpu = machine.device(SimConfig::default(), ctx.clone());
 /// let pool = machine.host_pool(ctx).expect("the machine has a host pool");
 /// assert_ne!(gpu.info().caps.peer_group, 0, "the link puts the GPUs in a peer group");

@@ -43,7 +43,7 @@ static NEXT_MACHINE: AtomicU64 = AtomicU64::new(1);
 /// use std::sync::Arc;
 /// use gantry_sim::{MachineConfig, SimConfig, SimMachine};
 /// let (tx, _rx) = gantry_driver::sync::channel::unbounded();
-/// let ctx = gantry_driver::DriverContext { completions: tx, epoch: std::time::Instant::now() };
+/// let ctx = gantry_driver::DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
 /// let machine = SimMachine::new(MachineConfig { peer_bytes_per_ns: 25.0, host: None });
 /// let gpu0 = machine.device(SimConfig { name: "gpu0".into(), ..Default::default() }, ctx.clone());
 /// let gpu1 = machine.device(SimConfig { name: "gpu1".into(), ..Default::default() }, ctx);
@@ -51,7 +51,7 @@ static NEXT_MACHINE: AtomicU64 = AtomicU64::new(1);
 /// assert_eq!(gpu0.info().caps.peer_group, gpu1.info().caps.peer_group);
 /// assert!(machine.host_pool(gantry_driver::DriverContext {
 ///     completions: gantry_driver::sync::channel::unbounded().0,
-///     epoch: std::time::Instant::now(),
+///     clock: gantry_driver::Clock::starting_now(true),
 /// }).is_none());
 /// ```
 pub struct SimMachine {
@@ -803,7 +803,9 @@ mod tests {
         }
         let machine = SimMachine::new(MachineConfig { host: Some(Default::default()), ..Default::default() });
         let (tx, rx) = unbounded();
-        let pool = machine.host_pool(DriverContext { completions: tx, epoch: Instant::now() }).unwrap();
+        let pool = machine
+            .host_pool(DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) })
+            .unwrap();
         let bomb = Bomb;
         let body = gantry_driver::contain::Contained::new(move |_: &gantry_driver::HostCtx<'_>| {
             let _ = &bomb;

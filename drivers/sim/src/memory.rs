@@ -189,7 +189,7 @@ mod tests {
     pub(crate) fn peer_memory_is_reachable_only_by_copies_over_a_link() {
         for peer_bytes_per_ns in [0.0, 8.0] {
             let (tx, rx) = unbounded();
-            let ctx = DriverContext { completions: tx, epoch: Instant::now() };
+            let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
             let machine = SimMachine::new(MachineConfig { peer_bytes_per_ns, host: None });
             let a = machine.device(SimConfig { latency_ns: 10, ..Default::default() }, ctx.clone());
             let b = machine.device(SimConfig { latency_ns: 10, ..Default::default() }, ctx);

@@ -753,7 +753,13 @@ mod tests {
         let device = |name: &'static str| {
             let (tx, rx) = unbounded();
             let config = SimConfig { name: name.into(), ..Default::default() };
-            (machine.device(config, DriverContext { completions: tx, epoch: Instant::now() }), rx)
+            (
+                machine.device(
+                    config,
+                    DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) },
+                ),
+                rx,
+            )
         };
         let ((d1, rx1), (d2, rx2)) = (device("one"), device("two"));
         let buffer = record(&d1, 1, vec![(rec_add(4, rarg(0, 0, 16), 1), vec![])]);

@@ -4,7 +4,6 @@
 // gave them before the crate was split).
 pub(crate) use std::sync::atomic::AtomicBool;
 pub(crate) use std::sync::{Arc, OnceLock};
-pub(crate) use std::time::Instant;
 
 pub(crate) use gantry_driver::sync::channel::{unbounded, Receiver};
 pub(crate) use gantry_driver::{
@@ -18,7 +17,10 @@ pub(crate) use crate::{CostModel, Fault, FaultPlan, MachineConfig, SimConfig, Si
 
 pub(crate) fn driver(config: SimConfig) -> (SimDriver, Receiver<Completion>) {
     let (tx, rx) = unbounded();
-    let d = SimDriver::new(config, DriverContext { completions: tx, epoch: Instant::now() });
+    let d = SimDriver::new(
+        config,
+        DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) },
+    );
     (d, rx)
 }
 

@@ -537,7 +537,7 @@ fn finish(
         lock(commands).pools[queue as usize].1.push(cmd);
     }
     drop(keep);
-    let ended = reporter.ctx.now_ns().max(started);
+    let ended = reporter.ctx.stamp_ns().max(started);
     lock(&op.state).result = Some((result.clone(), ended));
     op.done.notify_all();
     reporter.ctx.complete(Completion {

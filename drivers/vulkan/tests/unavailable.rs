@@ -12,7 +12,7 @@ fn no_vulkan_driver_is_a_typed_unsupported_error() {
         std::env::set_var(var, "/nonexistent/gantry-no-such-icd.json");
     }
     let (tx, _rx) = unbounded();
-    let ctx = DriverContext { completions: tx, epoch: std::time::Instant::now() };
+    let ctx = DriverContext { completions: tx, clock: gantry_driver::Clock::starting_now(true) };
     match gantry_vulkan::factory(0)(ctx) {
         Err(ExecError::Unsupported { device, what }) => {
             assert_eq!(&*device, "vulkan:0");

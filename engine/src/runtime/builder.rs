@@ -3,7 +3,7 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gantry_components::{
     Device, Devices, Fusions, GraphPolicy, HandBack, Inbox, Linearizer, QueueCore, QueueFailures,
@@ -392,17 +392,16 @@ impl RuntimeBuilder {
     /// Starts the drivers (and the scheduler thread in threaded mode), or returns the
     /// error of a registered backend that could not start.
     pub fn try_build(self) -> Result<Runtime> {
-        let epoch = Instant::now();
         let mailbox = Arc::new(gantry_components::Mailbox::new());
         let (done_tx, done_rx) = unbounded::<Completion>();
-        let ctx = DriverContext { completions: done_tx, epoch };
         #[cfg(feature = "sim")]
         let simulated = !self.sims.is_empty() || self.machine.host.is_some();
         #[cfg(not(feature = "sim"))]
         let simulated = false;
-        let profiling = self.timeline || self.profiling.unwrap_or(simulated);
-        let cpu = CpuConfig { timestamps: profiling, ..self.cpu.clone() };
-        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(cpu, ctx.clone()))];
+        // One clock, one profiling rule, for the runtime, the scheduler and every driver.
+        let clock = gantry_driver::Clock::starting_now(self.timeline || self.profiling.unwrap_or(simulated));
+        let ctx = DriverContext { completions: done_tx, clock };
+        let mut drivers: Vec<Arc<dyn Driver>> = vec![Arc::new(CpuDriver::new(self.cpu.clone(), ctx.clone()))];
         #[cfg(feature = "sim")]
         if simulated {
             let machine = gantry_sim::SimMachine::new(self.machine.clone());
@@ -433,7 +432,6 @@ impl RuntimeBuilder {
         let hand_back = (self.mode == Mode::Threaded).then(|| Arc::new(HandBack::new()));
         let inbox =
             Inbox { messages: mailbox.clone(), completions: done_rx.clone(), hand_back: hand_back.clone() };
-        let clock = gantry_driver::Clock { epoch, profiling };
         let config = SchedulerConfig {
             preserve_on_failure: self.preserve_on_failure,
             clock,
