@@ -91,20 +91,6 @@ impl EventShared {
         }
     }
 
-    /// Makes it a pending event again, for a new command: what [`EventShared::new`]
-    /// makes. Only its owner can (`&mut`: nobody else holds it).
-    pub(crate) fn reset(&mut self, name: Arc<str>, runtime: u64, submitted_ns: u64) {
-        self.status.store(EventStatus::Pending as u8, Ordering::Relaxed);
-        self.error = OnceLock::new();
-        self.times[0].store(submitted_ns, Ordering::Relaxed);
-        self.times[1].store(0, Ordering::Relaxed);
-        self.times[2].store(0, Ordering::Relaxed);
-        self.waiters.store(0, Ordering::Relaxed);
-        self.name = name;
-        self.command = EntitySlot::default();
-        self.runtime = runtime;
-    }
-
     /// Current status.
     #[inline]
     pub fn status(&self) -> EventStatus {

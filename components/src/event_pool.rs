@@ -27,15 +27,15 @@ thread_local! {
     static POOL: std::cell::RefCell<Vec<Arc<EventShared>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A pending event submitted at `submitted_ns`: a pooled one reset in place where
-/// this thread has one, else a new one.
+/// A pending event submitted at `submitted_ns`: made in the allocation of a pooled
+/// one where this thread has one, else in a new allocation.
 pub fn new_event(name: Arc<str>, runtime: u64, submitted_ns: u64) -> Arc<EventShared> {
     #[cfg(not(shuttle))]
     {
         let kept = POOL.try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop())).ok().flatten();
         if let Some(mut event) = kept {
             if let Some(e) = Arc::get_mut(&mut event) {
-                e.reset(name, runtime, submitted_ns);
+                *e = EventShared::new(name, runtime, submitted_ns);
                 return event;
             }
         }
