@@ -168,6 +168,21 @@ pub struct WorkLists {
 }
 
 impl WorkLists {
+    /// Puts back a list a stage took out of `slot` to work through, so that its
+    /// allocation serves the next flush: what was added to `slot` meanwhile follows
+    /// what `taken` still holds.
+    ///
+    /// ```
+    /// let mut slot = vec![3];
+    /// let taken = Vec::with_capacity(64);
+    /// gantry_components::WorkLists::give_back(&mut slot, taken);
+    /// assert!(slot == vec![3] && slot.capacity() >= 64);
+    /// ```
+    pub fn give_back<T>(slot: &mut Vec<T>, mut taken: Vec<T>) {
+        taken.append(slot);
+        *slot = taken;
+    }
+
     /// Whether a further flush would make progress without new input.
     pub fn has_work(&self) -> bool {
         !(self.resolve.is_empty()

@@ -76,10 +76,7 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
     if pass.in_driver > 0 {
         world.resource_mut::<Stats>().in_driver += pass.in_driver;
     }
-    let mut lists = world.resource_mut::<WorkLists>();
-    // (Nothing else adds to it during enqueue; kept in order if something did.)
-    pass.finished.append(&mut lists.finished);
-    lists.finished = std::mem::take(&mut pass.finished);
+    WorkLists::give_back(&mut world.resource_mut::<WorkLists>().finished, pass.finished);
     pass.returning.give();
 }
 

@@ -43,11 +43,8 @@ impl NewCommands {
     }
 
     /// Gives the resolve list back, with this pass's commands at its end.
-    fn give_back(mut self, world: &mut World) {
-        let mut lists = world.resource_mut::<WorkLists>();
-        // (Nothing else adds to it during ingest; kept in order if something did.)
-        self.spawned.append(&mut lists.resolve);
-        lists.resolve = self.spawned;
+    fn give_back(self, world: &mut World) {
+        WorkLists::give_back(&mut world.resource_mut::<WorkLists>().resolve, self.spawned);
     }
 
     /// Spawns the command `desc` describes; a kernel of a fusing queue joins its list.

@@ -57,7 +57,7 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
         return;
     }
     q.refresh(world);
-    let list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
+    let mut list = std::mem::take(&mut world.resource_mut::<WorkLists>().resolve);
     // Lists start at ingest and end in later stages: read once per run.
     let (fusing, ending) = world
         .get_resource::<Fusions>()
@@ -72,12 +72,8 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
     if fusing || ending {
         world.resource_mut::<WorkLists>().resolved.extend_from_slice(&list);
     }
-    // Hand the allocation back to keep the list's capacity.
-    let mut lists = world.resource_mut::<WorkLists>();
-    if lists.resolve.is_empty() {
-        lists.resolve = list;
-        lists.resolve.clear();
-    }
+    list.clear();
+    WorkLists::give_back(&mut world.resource_mut::<WorkLists>().resolve, list);
 }
 
 /// Collects a predecessor; duplicates are removed once, in [`connect`], so a command

@@ -50,17 +50,12 @@ pub(crate) fn pass(world: &mut World, q: &mut Queries) {
         for f in finished.drain(..) {
             finish(world, q, f, &mut timeline, virtual_time.as_deref(), &mut returning);
         }
-        // The list's allocation, kept for the next flush (enqueue and resolve add to
-        // it).
-        let mut lists = world.resource_mut::<WorkLists>();
-        if lists.finished.is_empty() {
-            lists.finished = finished;
-        }
         if let Some(t) = timeline {
             world.insert_resource(t);
         }
         returning.give();
     }
+    WorkLists::give_back(&mut world.resource_mut::<WorkLists>().finished, finished);
     remove_released_leaves(world, q);
     crate::fusion::delete_replaced_lists(world, q);
     release_idle_records(world, q);
