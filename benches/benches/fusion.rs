@@ -322,7 +322,7 @@ impl Chain {
 
     /// Records the chain into a command graph and finalizes it for graph variant `v`
     /// (once), checking that the fused variants fused the whole chain.
-    fn graph(&mut self, label: &str, v: Variant) -> &ExecutableGraph {
+    fn finalize_graph(&mut self, label: &str, v: Variant) {
         let i = v.graph().expect("a graph variant");
         if self.graphs[i].is_none() {
             let lookups = || self.rt.fusion_cache_stats().map_or(0, |c| c.hits + c.misses);
@@ -348,7 +348,6 @@ impl Chain {
             self.graph_fusions.set(self.graph_fusions.get() + lookups() - before);
             self.graphs[i] = Some(exec);
         }
-        self.graphs[i].as_ref().expect("finalized")
     }
 
     /// One round of a Gantry variant, waited for.
@@ -401,7 +400,7 @@ impl Chain {
             }
             _ => {
                 if v.graph().is_some() {
-                    self.graph(label, v);
+                    self.finalize_graph(label, v);
                 }
                 let sentinel = -7.0f32;
                 let inner = &self.bufs[1..self.k];
