@@ -304,6 +304,7 @@ fn inline_driver(
             max_private_memory: 1 << 20,
             virtual_time: false,
             peer_group: 0,
+            fusion_window: gantry::driver::fusion::WindowThresholds::ALWAYS,
         };
         let info = DeviceInfo { name: "inline".into(), kind: DeviceKind::Other("inline"), caps };
         Ok(Arc::new(Inline {

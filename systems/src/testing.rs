@@ -88,6 +88,7 @@ fn scripted(
                 max_private_memory: 0,
                 virtual_time: false,
                 peer_group: 0,
+                fusion_window: gantry_driver::fusion::WindowThresholds::ALWAYS,
             },
         },
         submitted: Mutex::new(Vec::new()),

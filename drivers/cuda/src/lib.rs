@@ -266,6 +266,7 @@ impl CudaDriver {
             max_private_memory: 0,
             virtual_time: false,
             peer_group: if props.peers { PEER_GROUP } else { 0 },
+            fusion_window: gantry_driver::fusion::WindowThresholds::ALWAYS,
         };
         Ok(Self {
             info: DeviceInfo { name: name.clone(), kind: KIND, caps },

@@ -56,7 +56,7 @@ pub struct Phase {
     pub elementwise: Option<ElementwisePhase>,
     /// Set for a phase that makes any fused chain slower than its kernels unfused
     /// (a reduction's): the closure fusion compiler refuses the chain with this reason.
-    pub unprofitable: Option<gantry_driver::fusion::Unprofitable>,
+    pub unprofitable: Option<SlowerFused>,
     /// Whether the phase reaches its slots as contiguous runs where it can (a map's
     /// loop: ordinary memory, and private memory of one element per work-item), rather
     /// than one accessor call per access (a closure's). The closure fusion compiler
@@ -65,6 +65,27 @@ pub struct Phase {
     /// access would be mapped out of line
     /// ([`Unprofitable::MappedAccess`](gantry_driver::fusion::Unprofitable::MappedAccess)).
     pub runs: bool,
+}
+
+/// The forms of phase that make any fused chain slower than its kernels unfused: the
+/// [`Unprofitable`](gantry_driver::fusion::Unprofitable) reasons a phase carries, in
+/// one byte (phases are carried by value, and that enum's reasons about a window's
+/// size carry figures).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlowerFused {
+    /// [`Unprofitable::Reduction`](gantry_driver::fusion::Unprofitable::Reduction).
+    Reduction,
+    /// [`Unprofitable::Neighborhood`](gantry_driver::fusion::Unprofitable::Neighborhood).
+    Neighborhood,
+}
+
+impl From<SlowerFused> for gantry_driver::fusion::Unprofitable {
+    fn from(form: SlowerFused) -> Self {
+        match form {
+            SlowerFused::Reduction => Self::Reduction,
+            SlowerFused::Neighborhood => Self::Neighborhood,
+        }
+    }
 }
 
 /// What an elementwise phase touches, so fusion knows which internalized buffers it

@@ -54,7 +54,7 @@ pub use access::{
 };
 pub use closure::{
     phase, phase_twice, Arena, ClosureImage, ClosureKernel, Elementwise, ElementwisePhase, MapLoop, Phase,
-    ResolvedMap,
+    ResolvedMap, SlowerFused,
 };
 pub use elementwise::map_phase;
 pub use fusion::{CacheStats, ClosureFusion, Unfused};

@@ -293,7 +293,7 @@ where
         per_item: false,
         code: TypeId::of::<ReduceCode<T, U, M, R>>(),
         elementwise: None,
-        unprofitable: Some(gantry_driver::fusion::Unprofitable::Reduction),
+        unprofitable: Some(crate::closure::SlowerFused::Reduction),
         runs: true,
     }
 }

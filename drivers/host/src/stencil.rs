@@ -168,7 +168,7 @@ where
         per_item: true,
         code: TypeId::of::<StencilCode<T, U, F>>(),
         elementwise: None,
-        unprofitable: Some(gantry_driver::fusion::Unprofitable::Neighborhood),
+        unprofitable: Some(crate::closure::SlowerFused::Neighborhood),
         runs: false,
     }
 }
@@ -547,6 +547,6 @@ mod tests {
     fn fusion_is_refused_with_its_reason() {
         let (a, o) = (Accessor::<f32, Read>::new(0, 3, 4), ElemAccessor::<f32, DiscardWrite>::new(1, 3, 4));
         let phase = stencil_phase(a, o, [2, 2], diffuse);
-        assert_eq!(phase.unprofitable, Some(gantry_driver::fusion::Unprofitable::Neighborhood));
+        assert_eq!(phase.unprofitable, Some(crate::closure::SlowerFused::Neighborhood));
     }
 }

@@ -9,7 +9,7 @@ use crate::sync::channel::Sender;
 use crate::clock::Clock;
 use crate::command_buffer::{CommandBuffer, CommandBufferBuilder, CommandBufferDesc, OpPatch};
 use crate::error::ExecError;
-use crate::fusion::FusionCompiler;
+use crate::fusion::{FusionCompiler, WindowThresholds};
 use crate::image::ImageKind;
 use crate::memory::AllocId;
 use crate::op::{Accepted, Completion, Submission};
@@ -79,6 +79,9 @@ pub struct Capabilities {
     /// (a device-to-device link); otherwise memory moves between them go through host
     /// memory.
     pub peer_group: u64,
+    /// From which size a fusion window's kernels pay to fuse
+    /// ([`WindowThresholds::ALWAYS`] where fusing saves launches at any size).
+    pub fusion_window: WindowThresholds,
 }
 
 /// Name, kind and capabilities of a device.

@@ -223,6 +223,7 @@ impl SimDriver {
                 max_private_memory: if host_pool { 0 } else { MAX_PRIVATE_MEMORY },
                 virtual_time: true,
                 peer_group: if host_pool { 0 } else { machine.peer_group() },
+                fusion_window: gantry_driver::fusion::WindowThresholds::ALWAYS,
             },
         };
         let runner = Runner::new(info.name.clone());

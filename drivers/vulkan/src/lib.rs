@@ -285,6 +285,7 @@ impl VulkanDriver {
             max_private_memory: 0,
             virtual_time: false,
             peer_group: 0,
+            fusion_window: gantry_driver::fusion::WindowThresholds::ALWAYS,
         };
         Ok(Self {
             info: DeviceInfo { name, kind: KIND, caps },

@@ -239,6 +239,7 @@ mod tests {
             max_private_memory: 0,
             virtual_time: false,
             peer_group: 0,
+            fusion_window: gantry_driver::fusion::WindowThresholds::ALWAYS,
         };
         let info = DeviceInfo { name: "patchy".into(), kind: DeviceKind::Sim, caps };
         Arc::new(Patchy { info, calls: AtomicUsize::new(0), refuse })

@@ -74,7 +74,7 @@ use std::sync::{Arc, Mutex};
 
 use gantry_driver::fusion::{
     Fused, FusedArg, FusionCompiler, FusionError, FusionRequest, FusionWarning, InternalArg, KeptOnFailure,
-    Promotion,
+    Promotion, Unprofitable,
 };
 use gantry_driver::{AccessMode, Geometry, ImageKind, KernelRef, ScalarBlock, Scratch};
 use smallvec::SmallVec;
@@ -425,7 +425,9 @@ impl ClosureFusion {
         // A phase that makes any chain slower (a reduction's) refuses the chain: its
         // kernels run unfused.
         for k in request.kernels.iter().filter(|_| !unprofitable) {
-            if let Some(reason) = closure_of(&k.kernel).phases.iter().find_map(|p| p.unprofitable) {
+            if let Some(reason) =
+                closure_of(&k.kernel).phases.iter().find_map(|p| p.unprofitable.map(Unprofitable::from))
+            {
                 return Err(FusionError::Unprofitable { kernel: k.kernel.name.to_string(), reason });
             }
         }

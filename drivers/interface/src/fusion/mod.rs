@@ -21,8 +21,10 @@ use smallvec::SmallVec;
 
 mod module;
 pub mod rules;
+mod window;
 
 pub use module::{fused_name, merged_mode, FusedModule};
+pub use window::WindowThresholds;
 
 use crate::image::ImageKind;
 use crate::kernel::{KernelRef, ScalarBlock};
@@ -244,6 +246,29 @@ pub enum Unprofitable {
     /// chain would write while it reads them: only unfused are they all written first.
     #[error("is a stencil, which reads cells other work-groups of a fused chain write")]
     Neighborhood,
+    /// The window's first kernel has fewer work-items than fusing pays for on its
+    /// device ([`WindowThresholds::min_items`]): the window runs its kernels as they
+    /// are submitted.
+    #[error(
+        "has {items} work-items, fewer than the {min_items} from which a fusion window pays on its device"
+    )]
+    LaunchBound {
+        /// The kernel's work-items.
+        items: u64,
+        /// The device's threshold.
+        min_items: u64,
+    },
+    /// The window's first kernel promotes none of its accessors and touches less
+    /// global memory than fusing pays for on its device
+    /// ([`WindowThresholds::min_global_bytes`]): the caches hold what fusing would
+    /// keep on chip. The window runs its kernels as they are submitted.
+    #[error("promotes no accessor and touches {bytes} bytes of global memory, fewer than the {min_bytes} from which a fusion window pays on its device")]
+    CacheResident {
+        /// The bytes its accessors' ranges cover.
+        bytes: u64,
+        /// The device's threshold.
+        min_bytes: u64,
+    },
 }
 
 /// Why a promotion hint was not followed (the buffer stays in global memory).
