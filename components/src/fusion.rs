@@ -30,6 +30,11 @@ pub enum FusionStatus {
     Cancelled,
     /// `complete_fusion` was called; the outcome says whether the kernels were fused.
     Completed,
+    /// The window's first kernel was too small for fusing to pay on its device
+    /// ([`WindowThresholds`](gantry_driver::fusion::WindowThresholds)): the queue is
+    /// still in fusion mode, but its kernels run as they are submitted, and the outcome
+    /// says why. The scheduler never hears of the fusion.
+    PassingThrough,
 }
 
 impl FusionStatus {
@@ -37,8 +42,15 @@ impl FusionStatus {
         match v {
             0 => FusionStatus::Active,
             1 => FusionStatus::Cancelled,
-            _ => FusionStatus::Completed,
+            2 => FusionStatus::Completed,
+            _ => FusionStatus::PassingThrough,
         }
+    }
+
+    /// Whether the queue is in fusion mode: between `start_fusion` and
+    /// `complete_fusion`, unless cancelled.
+    pub fn is_open(self) -> bool {
+        matches!(self, FusionStatus::Active | FusionStatus::PassingThrough)
     }
 }
 
@@ -209,9 +221,37 @@ impl FusionShared {
         Some(r)
     }
 
+    /// Turns an active fusion that has no kernel yet into one that passes its kernels
+    /// through ([`FusionStatus::PassingThrough`]), with `outcome`; returns whether it
+    /// did. Its event completes now: the fusion never has a command, and the kernels
+    /// it passes through carry events of their own.
+    pub fn pass_through(&self, outcome: FusionOutcome) -> bool {
+        let mut slot = self.outcome.lock();
+        if self.status() != FusionStatus::Active || self.sent() != 0 {
+            return false;
+        }
+        *slot = Some(outcome);
+        self.set_status(FusionStatus::PassingThrough);
+        self.event.finish(Ok(()), 0, 0);
+        true
+    }
+
+    /// Ends a fusion that passes its kernels through, as `status` (completed, or
+    /// cancelled: its outcome stays the reason it passed them through); returns
+    /// whether it was one.
+    pub fn end_passing(&self, status: FusionStatus) -> bool {
+        let _transitions = self.outcome.lock();
+        if self.status() != FusionStatus::PassingThrough {
+            return false;
+        }
+        self.set_status(status);
+        true
+    }
+
     /// Cancels the fusion unless it has already ended, running `send` (which tells the
     /// scheduler) under the lock. A completed fusion not yet fused can still be
-    /// cancelled (by the scheduler). Returns whether this call cancelled it.
+    /// cancelled (by the scheduler). Returns whether this call cancelled it. (A fusion
+    /// that passes its kernels through ends with [`FusionShared::end_passing`].)
     pub fn cancel(&self, reason: CancelReason, send: impl FnOnce()) -> bool {
         let mut outcome = self.outcome.lock();
         if self.status() == FusionStatus::Cancelled || outcome.is_some() {
@@ -472,5 +512,33 @@ mod tests {
         assert_eq!(f.send_kernel(7, |k| k * 2), Err(7));
         assert_eq!(f.sent(), 1);
         assert_eq!(f.outcome(), Some(FusionOutcome::Cancelled(CancelReason::Requested)));
+    }
+
+    /// Only an active fusion with no kernel yet passes its kernels through; its event
+    /// completes at once, it stays open (in fusion mode) until it ends, takes no
+    /// kernel, and keeps the reason it passed them through as its outcome.
+    #[test]
+    fn passing_through_is_decided_before_the_first_kernel() {
+        let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
+        let new = || FusionShared::new(queue.clone(), Arc::new(EventShared::new("fusion".into(), 0, 0)));
+        let reason = FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Empty));
+
+        let listed = new();
+        assert_eq!(listed.send_kernel(1, |k| k), Ok(1));
+        assert!(!listed.pass_through(reason.clone()), "a kernel is listed already");
+        assert_eq!(listed.status(), FusionStatus::Active);
+
+        let f = new();
+        assert!(!f.end_passing(FusionStatus::Completed), "not passing yet");
+        assert!(f.pass_through(reason.clone()));
+        assert_eq!(f.status(), FusionStatus::PassingThrough);
+        assert!(f.status().is_open());
+        assert_eq!(f.event.status(), crate::EventStatus::Complete);
+        assert_eq!(f.send_kernel(7, |k| k), Err(7), "its kernels are not listed");
+        assert!(!f.cancel(CancelReason::Requested, || panic!("nothing to tell the scheduler")));
+        assert!(f.end_passing(FusionStatus::Cancelled));
+        assert!(!f.status().is_open());
+        assert!(!f.end_passing(FusionStatus::Completed), "ended once");
+        assert_eq!(f.outcome(), Some(reason));
     }
 }

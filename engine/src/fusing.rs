@@ -61,6 +61,13 @@ impl Fusing {
         self.len.store(entries.len(), Ordering::Release);
     }
 
+    /// Forgets `fusion`, which lists no kernel (it passes them through).
+    pub(crate) fn end(&self, fusion: &Arc<FusionShared>) {
+        let mut entries = self.entries.lock();
+        entries.retain(|e| !Arc::ptr_eq(&e.fusion, fusion) && e.fusion.status() == FusionStatus::Active);
+        self.len.store(entries.len(), Ordering::Release);
+    }
+
     /// Records the buffers of a kernel listed in `fusion`, and what it depends on:
     /// another fusion's kernels. Returns the other fusions that already depend on
     /// this one: fusing both would form a cycle, so the caller cancels them with

@@ -48,6 +48,7 @@ mod event;
 mod fusing;
 mod graph;
 mod handler;
+mod passing;
 mod queue;
 mod runtime;
 mod task_scope;
@@ -68,7 +69,7 @@ pub use gantry_components::{
 pub use gantry_cpu::CpuConfig;
 pub use gantry_driver::fusion::{
     Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, Promotion, PromotionMismatch,
-    Unprofitable,
+    Unprofitable, WindowThresholds,
 };
 pub use gantry_driver::{
     AccessMode, BackendStatus, CodeImage, DeviceInfo, DeviceKind, ExecError, HostCtx, ImageKind, Kernel,

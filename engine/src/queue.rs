@@ -6,13 +6,15 @@ use gantry_components::{
     warn_fusion, CancelReason, CommandDesc, CommandKind, EventShared, FusionOutcome, FusionProps,
     FusionShared, FusionStatus, Message, QueueCore, Work,
 };
-use gantry_driver::sync::Mutex;
+use gantry_driver::fusion::{FusionError, Promotion};
+use gantry_driver::sync::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::graph::{CommandGraph, ExecutableGraph, GraphShared};
-use crate::handler::Handler;
+use crate::handler::{Built, Handler};
+use crate::passing::PassedKernels;
 use crate::runtime::{DeviceId, Shared};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,9 +30,8 @@ pub struct QueueOptions {
 struct QueueHandle {
     core: Arc<QueueCore>,
     rt: Arc<Shared>,
-    /// The queue's latest fusion (the DPC++ kernel-fusion design: kept until the next
-    /// `start_fusion`, so a late `complete_fusion` still finds its event).
-    fusion: Mutex<Option<Arc<FusionShared>>>,
+    /// The queue's latest fusion, and the kernels it passed through.
+    fusion: Mutex<FusionSlot>,
     /// The graph this queue records into, if any (checked first through `recording`).
     /// Weak: a recording ends when the user drops the graph.
     graph: Mutex<Option<Weak<GraphShared>>>,
@@ -38,6 +39,15 @@ struct QueueHandle {
     /// The event of the latest graph submission: its last partition may finish after
     /// a barrier submitted behind it, which `wait` must not return before.
     last_graph: Mutex<Option<Event>>,
+}
+
+/// A queue's latest fusion (the DPC++ kernel-fusion design: kept until the next
+/// `start_fusion`, so a late `complete_fusion` still finds its event), and, where it
+/// passes its kernels through, those kernels.
+#[derive(Default)]
+struct FusionSlot {
+    current: Option<Arc<FusionShared>>,
+    passed: PassedKernels,
 }
 
 impl Drop for QueueHandle {
@@ -73,7 +83,7 @@ impl Queue {
         let handle = QueueHandle {
             core,
             rt,
-            fusion: Mutex::new(None),
+            fusion: Mutex::new(FusionSlot::default()),
             graph: Mutex::new(None),
             recording: AtomicBool::new(false),
             last_graph: Mutex::new(None),
@@ -210,9 +220,21 @@ impl Queue {
             return graph.record(&self.handle.core, built);
         }
         let on_host = built.kind == CommandKind::HostTask;
+        // A kernel of a window that passes its kernels through: its fusion, and what it
+        // uses, for the window's event.
+        let mut passing = None;
         if built.kind == CommandKind::Kernel {
             let slot = self.handle.fusion.lock();
-            if let Some(fusion) = slot.as_ref().filter(|f| f.status() == FusionStatus::Active) {
+            if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::Active) {
+                if fusion.sent() == 0 {
+                    self.judge_window(fusion, &built);
+                }
+            }
+            if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::PassingThrough)
+            {
+                passing = Some((fusion.clone(), PassedKernels::uses(&built.requirements)));
+            } else if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::Active)
+            {
                 // Sent under the fusion's lock, so the scheduler counts it in the list;
                 // if the fusion was cancelled meanwhile, it is submitted as an ordinary
                 // kernel. `submit` returns the fusion's event, which the kernel carries
@@ -253,35 +275,76 @@ impl Queue {
         let (kind, name, work, reqs, waits) =
             (built.kind, built.name, built.work, built.requirements, built.waits);
         self.send(kind, name, work, reqs, waits, on_host, None, event.clone())?;
+        if let Some((fusion, uses)) = passing {
+            let mut slot = self.handle.fusion.lock();
+            if slot.current.as_ref().is_some_and(|f| Arc::ptr_eq(f, &fusion)) {
+                slot.passed.push(event.clone(), uses, self.handle.core.in_order);
+            }
+        }
         Ok(Event::of_command(event, rt))
     }
 
+    /// At a window's first kernel: if fusing the window would not pay on the queue's
+    /// device ([`WindowThresholds`](gantry_driver::fusion::WindowThresholds), unless
+    /// the runtime fuses unprofitable chains), the fusion passes its kernels through,
+    /// this one first, and says why.
+    fn judge_window(&self, fusion: &Arc<FusionShared>, built: &Built) {
+        let rt = &self.handle.rt;
+        let Work::Kernel { geometry, .. } = &built.work else { return };
+        let (mut global_bytes, mut promotes) = (0u64, false);
+        for r in &built.requirements {
+            match r.promotion {
+                Promotion::None => global_bytes += r.range.len() as u64,
+                _ => promotes = true,
+            }
+        }
+        let items = geometry.global_size() as u64;
+        let Some(reason) = rt.fusion_windows[self.device() as usize].judge(items, global_bytes, promotes)
+        else {
+            return;
+        };
+        let error = FusionError::Unprofitable { kernel: built.name.to_string(), reason };
+        let message = format!("fusion on queue {}: {error}; its kernels run unfused", self.id());
+        if fusion.pass_through(FusionOutcome::Cancelled(CancelReason::Failed(error))) {
+            rt.fusing.end(fusion);
+            warn_fusion(&rt.fusion_warnings, format_args!("{message}"));
+        }
+    }
+
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {
-        // Every kernel submit asks: clone the handle only when the fusion is active.
-        self.handle.fusion.lock().as_ref().filter(|f| f.status() == FusionStatus::Active).cloned()
+        // Every kernel submit asks: clone the handle only when the fusion is open.
+        self.handle.fusion.lock().current.as_ref().filter(|f| f.status().is_open()).cloned()
     }
 
     /// Puts the queue in fusion mode (the DPC++ kernel-fusion design): kernels
     /// submitted from now on are collected, not run, and `submit` returns the fusion's
     /// event, which completes after them. Other commands (copies, fills, host tasks,
     /// barriers) are not fused; if one depends on a collected kernel, the fusion is
-    /// cancelled early.
+    /// cancelled early. Where fusing would not pay on the device (on the CPU, a
+    /// launch-bound first kernel), the window runs its kernels as they are submitted
+    /// instead, and [`Queue::fusion_outcome`] says why.
     ///
     /// ```
-    /// use gantry::{FusionOutcome, FusionProps, Runtime};
+    /// use gantry::{FusionOutcome, FusionProps, Promotion, Runtime};
     /// let rt = Runtime::new();
-    /// let q = rt.in_order_queue();
-    /// let buf = rt.buffer(&[1u32; 64]);
+    /// let q = rt.queue();
+    /// let n = 1 << 16;
+    /// let input = rt.buffer(&vec![1.0f32; n]);
+    /// let (tmp, out) = (rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(n));
     /// q.start_fusion()?;
-    /// for _ in 0..3 {
-    ///     q.submit(|cg| {
-    ///         let b = cg.elements_mut(&buf);
-    ///         cg.parallel_for(64, move |it| *b.elem(it) *= 2);
-    ///     })?;
-    /// }
+    /// q.submit(|cg| {
+    ///     let (a, t) = (cg.read(&input), cg.elements_out(&tmp));
+    ///     cg.promote(&t, Promotion::Private); // only the fused kernel needs it
+    ///     cg.map(&a, &t, |x: f32| x * 2.0);
+    /// })?;
+    /// q.submit(|cg| {
+    ///     let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+    ///     cg.promote(&t, Promotion::Private);
+    ///     cg.map(&t, &o, |x: f32| x + 1.0);
+    /// })?;
     /// q.complete_fusion(FusionProps::default())?.wait()?;
-    /// assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 3, .. })));
-    /// assert_eq!(buf.to_vec()?, vec![8; 64]);
+    /// assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+    /// assert!(out.to_vec()?.iter().all(|&x| x == 3.0));
     /// # Ok::<(), gantry::Error>(())
     /// ```
     pub fn start_fusion(&self) -> Result<()> {
@@ -289,7 +352,7 @@ impl Queue {
             return Err(Error::QueueRecording(self.id()));
         }
         let mut slot = self.handle.fusion.lock();
-        if slot.as_ref().is_some_and(|f| f.status() == FusionStatus::Active) {
+        if slot.current.as_ref().is_some_and(|f| f.status().is_open()) {
             return Err(Error::AlreadyFusing(self.handle.core.id));
         }
         let rt = &self.handle.rt;
@@ -299,12 +362,16 @@ impl Queue {
         // No message: the scheduler starts the list at the first one about it.
         let fusion = Arc::new(FusionShared::new(self.handle.core.clone(), event));
         rt.fusing.start(&fusion);
-        *slot = Some(fusion);
+        slot.current = Some(fusion);
+        slot.passed.clear();
         Ok(())
     }
 
-    /// Whether kernels submitted now join a fusion list (false after an early
-    /// cancellation).
+    /// Whether the queue is in fusion mode: between `start_fusion` and
+    /// `complete_fusion`, unless the fusion was cancelled (early, or by
+    /// `cancel_fusion`). A window whose kernels would not pay to fuse on the device is
+    /// in fusion mode too, but runs its kernels as they are submitted
+    /// ([`Queue::fusion_outcome`] says why from its first kernel on).
     pub fn is_in_fusion_mode(&self) -> bool {
         self.active_fusion().is_some()
     }
@@ -327,6 +394,11 @@ impl Queue {
     }
 
     fn cancel(&self, f: &Arc<FusionShared>, reason: CancelReason) {
+        // A window that passes its kernels through has nothing to cancel: it ends, and
+        // keeps the reason it passed them through.
+        if f.end_passing(FusionStatus::Cancelled) {
+            return;
+        }
         let rt = &self.handle.rt;
         f.cancel(reason, || {
             let _ = rt.send(Message::CancelFusion(f.clone()));
@@ -354,10 +426,16 @@ impl Queue {
     pub fn complete_fusion(&self, props: FusionProps) -> Result<Event> {
         let rt = &self.handle.rt;
         let slot = self.handle.fusion.lock();
-        let fusion = slot.as_ref().ok_or(Error::NotFusing(self.handle.core.id))?;
+        let fusion = slot.current.clone().ok_or(Error::NotFusing(self.handle.core.id))?;
+        if fusion.end_passing(FusionStatus::Completed) {
+            return self.passed_event(slot, &fusion);
+        }
         let completed = fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props)));
-        let event = Event::of_fusion(fusion.clone(), rt);
-        drop(slot);
+        let event = match completed {
+            Some(_) => Event::of_fusion(fusion.clone(), rt),
+            // A window that passed its kernels through and was cancelled since.
+            None => self.passed_event(slot, &fusion)?,
+        };
         match completed {
             Some(sent) => sent?,
             None => self.warn_not_fusing("complete_fusion"),
@@ -365,10 +443,71 @@ impl Queue {
         Ok(event)
     }
 
+    /// The event of a window that passed its kernels through: one that completes after
+    /// all of them ([`PassedKernels`]), or, where it passed none, the fusion's own,
+    /// which is complete. Unlocks the slot before it sends anything.
+    fn passed_event(&self, slot: MutexGuard<'_, FusionSlot>, fusion: &Arc<FusionShared>) -> Result<Event> {
+        let rt = &self.handle.rt;
+        let mut sinks = slot.passed.sinks();
+        if sinks.len() < 2 {
+            return Ok(match sinks.pop() {
+                Some(sink) => Event::of_command(sink, rt),
+                None => Event::of_fusion(fusion.clone(), rt),
+            });
+        }
+        drop(slot);
+        let name = fusion.event.name.clone();
+        let marker = self.new_event(&name);
+        let waits = sinks.into_iter().collect();
+        self.send(
+            CommandKind::Marker,
+            name,
+            Work::Marker,
+            SmallVec::new(),
+            waits,
+            false,
+            None,
+            marker.clone(),
+        )?;
+        let mut slot = self.handle.fusion.lock();
+        if slot.current.as_ref().is_some_and(|f| Arc::ptr_eq(f, fusion)) {
+            slot.passed.join(marker.clone());
+        }
+        Ok(Event::of_command(marker, rt))
+    }
+
     /// How the queue's latest fusion ended: fused (with the compiler's warnings) or
-    /// cancelled (with the reason); `None` while it is active or undecided.
+    /// cancelled (with the reason); `None` while it is active or undecided. A window
+    /// whose kernels would not pay to fuse says so from its first kernel on
+    /// (`Cancelled(Failed(FusionError::Unprofitable { .. }))`, with a
+    /// [`LaunchBound`](crate::Unprofitable::LaunchBound) or
+    /// [`CacheResident`](crate::Unprofitable::CacheResident) reason).
+    ///
+    /// ```
+    /// use gantry::{CancelReason, FusionError, FusionOutcome, FusionProps, Runtime, Unprofitable};
+    /// let rt = Runtime::new();
+    /// let q = rt.queue();
+    /// let buf = rt.buffer(&[1u32; 64]);
+    /// q.start_fusion()?;
+    /// for _ in 0..3 {
+    ///     q.submit(|cg| {
+    ///         let b = cg.elements_mut(&buf);
+    ///         cg.parallel_for(64, move |it| *b.elem(it) *= 2);
+    ///     })?;
+    /// }
+    /// q.complete_fusion(FusionProps::default())?.wait()?;
+    /// assert_eq!(buf.to_vec()?, vec![8; 64]);
+    /// // 64 work-items: on the CPU, the window costs more than fusing would save.
+    /// let Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable { reason, .. }))) =
+    ///     q.fusion_outcome()
+    /// else {
+    ///     panic!("fused")
+    /// };
+    /// assert!(matches!(reason, Unprofitable::LaunchBound { items: 64, .. }));
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
     pub fn fusion_outcome(&self) -> Option<FusionOutcome> {
-        self.handle.fusion.lock().as_ref().and_then(|f| f.outcome())
+        self.handle.fusion.lock().current.as_ref().and_then(|f| f.outcome())
     }
 
     /// Submits a barrier: an event that completes when everything submitted to this
@@ -410,7 +549,7 @@ impl Queue {
         // cancelled list spawns; a graph submission's after its last partition. The
         // barrier orders the commands themselves (and reports their errors) but may
         // finish before those events do. A stopped runtime is the one error here.
-        let fusion = self.handle.fusion.lock().clone().filter(|f| !f.event.status().is_final());
+        let fusion = self.handle.fusion.lock().current.clone().filter(|f| !f.event.status().is_final());
         if let Some(f) = fusion {
             rt.wait_for(&f.event, gantry_components::EventStatus::Complete)?;
         }

@@ -4,11 +4,20 @@
 
 use gantry::{
     Buffer, CancelReason, Error, Event, EventStatus, FusionError, FusionOutcome, FusionProps, Mode, NdRange,
-    Promotion, Queue, Range, Runtime,
+    Promotion, Queue, Range, Runtime, WindowThresholds,
 };
 
+/// A manual runtime whose fusion windows fuse whatever their size: these tests fuse
+/// chains of a few dozen work-items, whose windows the CPU driver would otherwise run
+/// unfused (`window_*` tests cover that).
 fn manual() -> Runtime {
-    Runtime::builder().mode(Mode::Manual).worker_threads(0).timeline(true).fusion_warnings(0).build()
+    Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .timeline(true)
+        .fusion_warnings(0)
+        .fusion_window(WindowThresholds::ALWAYS)
+        .build()
 }
 
 /// [`manual`], fusing the forms measured slower fused (the fused semantics they
@@ -714,7 +723,11 @@ fn fusion_on_the_simulated_device() {
 /// Threaded mode: fusion windows every frame, with readbacks right after completion.
 #[test]
 fn threaded_frames_fuse_every_time() {
-    let rt = Runtime::builder().worker_threads(2).fusion_warnings(0).build();
+    let rt = Runtime::builder()
+        .worker_threads(2)
+        .fusion_warnings(0)
+        .fusion_window(WindowThresholds::ALWAYS)
+        .build();
     let q = rt.in_order_queue();
     let a = rt.buffer(&[0u32; 1024]);
     for frame in 1..=20u32 {
@@ -807,6 +820,7 @@ fn a_custom_fusion_compiler_is_used() {
             .mode(Mode::Manual)
             .fusion_compiler(compiler.clone())
             .fusion_warnings(0)
+            .fusion_window(WindowThresholds::ALWAYS)
             .build();
         assert!(rt.fusion_cache_stats().is_none(), "the default compiler is not in use");
         let q = rt.queue();

@@ -239,7 +239,8 @@ fn graph_fusion_fuses_opencl_c_kernels() {
 #[test]
 fn a_list_mixing_closure_and_ir_kernels_is_cancelled_with_the_reason() {
     let n = 1024usize;
-    let rt = Runtime::new();
+    // A window this small would run unfused before it reached the compilers.
+    let rt = Runtime::builder().fusion_window(gantry::WindowThresholds::ALWAYS).build();
     let q = rt.in_order_queue();
     let (x, y, z) = (rt.buffer(&vec![2f32; n]), rt.buffer_zeroed::<f32>(n), rt.buffer_zeroed::<f32>(n));
     let kernel = step_kernel();

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry::{Error, EventStatus, ExecError, FusionProps, GraphProps, Mode, Runtime, Stage};
+use gantry::{
+    Error, EventStatus, ExecError, FusionProps, GraphProps, Mode, Runtime, Stage, WindowThresholds,
+};
 
 /// Runs `f` on a thread and fails the test if it does not return within `secs`: a
 /// hang is a failure, not a stuck CI job.
@@ -331,9 +333,21 @@ fn make_edge_while_recording_is_refused() {
 
 // ---- 13. Fusion is cancelled when the cancelling call returns ----
 
+/// A runtime whose fusion windows fuse whatever their size: the CPU driver would run
+/// these small kernels as they are submitted, with nothing to cancel.
+fn fusing_runtime() -> Runtime {
+    Runtime::builder().fusion_window(WindowThresholds::ALWAYS).build()
+}
+
+/// [`runtimes`], fusing every window.
+fn fusing_runtimes() -> [Runtime; 2] {
+    let manual = Runtime::builder().mode(Mode::Manual).worker_threads(0);
+    [fusing_runtime(), manual.fusion_window(WindowThresholds::ALWAYS).build()]
+}
+
 #[test]
 fn dropping_a_listed_buffer_cancels_the_fusion_at_once() {
-    let rt = Runtime::new();
+    let rt = fusing_runtime();
     let q = rt.queue();
     let buf = rt.buffer_zeroed::<u32>(64);
     let other = rt.buffer_zeroed::<u32>(64);
@@ -356,7 +370,7 @@ fn dropping_a_listed_buffer_cancels_the_fusion_at_once() {
 
 #[test]
 fn a_dependent_command_elsewhere_cancels_the_fusion_at_once() {
-    let rt = Runtime::new();
+    let rt = fusing_runtime();
     let (q, other_q) = (rt.queue(), rt.queue());
     let buf = rt.buffer_zeroed::<u32>(64);
     q.start_fusion().unwrap();
@@ -378,7 +392,7 @@ fn a_dependent_command_elsewhere_cancels_the_fusion_at_once() {
 /// range no listed kernel touches leaves the fusion alone.
 #[test]
 fn an_independent_command_elsewhere_leaves_the_fusion_alone() {
-    let rt = Runtime::new();
+    let rt = fusing_runtime();
     let (q, other_q) = (rt.queue(), rt.queue());
     let buf = rt.buffer_zeroed::<u32>(128);
     q.start_fusion().unwrap();
@@ -402,7 +416,7 @@ fn an_independent_command_elsewhere_leaves_the_fusion_alone() {
 /// closes the cycle cancels the other fusion before its submit returns.
 #[test]
 fn a_cycle_between_fusing_queues_cancels_one_at_the_call() {
-    for rt in runtimes() {
+    for rt in fusing_runtimes() {
         let (qa, qb) = (rt.queue(), rt.queue());
         let (x, y) = (rt.buffer(&[1u32; 8]), rt.buffer(&[2u32; 8]));
         qa.start_fusion().unwrap();

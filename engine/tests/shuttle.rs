@@ -28,7 +28,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use gantry::{Buffer, Error, Event, EventStatus, ExecError, Mode, Queue, Runtime};
+use gantry::{Buffer, Error, Event, EventStatus, ExecError, Mode, Queue, Runtime, WindowThresholds};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::sync::mpsc;
 use shuttle::{thread, Config, Runner};
@@ -366,7 +366,12 @@ fn manual_mode_waits_on_two_threads() {
 #[test]
 fn a_fusion_cancelled_while_its_kernels_arrive() {
     check(|| {
-        let rt = runtime();
+        // Fusing whatever its size: the CPU driver would run these kernels unfused.
+        let rt = Runtime::builder()
+            .worker_threads(0)
+            .host_threads(0)
+            .fusion_window(WindowThresholds::ALWAYS)
+            .build();
         let q = rt.queue();
         let buf = rt.buffer(&[0u32; 4]);
         q.start_fusion().unwrap();

@@ -116,7 +116,8 @@ fn a_hundred_thousand_queues_keep_memory_flat() {
 #[ignore = "a soak: run with --ignored"]
 fn a_hundred_thousand_distinct_fusions_keep_memory_flat() {
     let _turn = turn();
-    let rt = Runtime::builder().fusion_warnings(0).build();
+    // Every window fuses, small ones too (the CPU driver would run them unfused).
+    let rt = Runtime::builder().fusion_warnings(0).fusion_window(gantry::WindowThresholds::ALWAYS).build();
     let q = rt.in_order_queue();
     let buf = rt.buffer_zeroed::<u32>(1 << 17);
     let mut n = 0usize;

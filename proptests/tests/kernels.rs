@@ -156,8 +156,13 @@ proptest! {
 /// run unfused with the right result.
 #[test]
 fn a_reduction_refuses_fusion_with_a_reason() {
-    use gantry::{CancelReason, FusionError, FusionOutcome, FusionProps, Unprofitable};
-    let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).build();
+    use gantry::{CancelReason, FusionError, FusionOutcome, FusionProps, Unprofitable, WindowThresholds};
+    // Four elements: the window must fuse whatever its size to reach the compiler.
+    let rt = Runtime::builder()
+        .mode(Mode::Manual)
+        .worker_threads(0)
+        .fusion_window(WindowThresholds::ALWAYS)
+        .build();
     let q = rt.in_order_queue();
     let x = rt.buffer(&[1.0f32, 2.0, 3.0, 4.0]);
     let (y, out) = (rt.buffer_zeroed::<f32>(4), rt.buffer_zeroed::<f32>(1));

@@ -60,6 +60,7 @@ pub struct RuntimeBuilder {
     max_pending: usize,
     fusion_cache: usize,
     fuse_unprofitable: bool,
+    fusion_window: Option<gantry_driver::fusion::WindowThresholds>,
     factories: Vec<Factory>,
 }
 
@@ -125,6 +126,7 @@ impl Default for RuntimeBuilder {
             max_pending: DEFAULT_MAX_PENDING,
             fusion_cache: ClosureFusion::DEFAULT_CAPACITY,
             fuse_unprofitable: false,
+            fusion_window: None,
             factories: Vec::new(),
         }
     }
@@ -278,7 +280,8 @@ impl RuntimeBuilder {
     /// kernels run unfused, with the same results). On: per-work-item closures fuse
     /// through internalized and shared memory and without barriers, as the DPC++
     /// kernel-fusion design describes, at a cost per access
-    /// ([`ClosureFusion::fusing_unprofitable`]).
+    /// ([`ClosureFusion::fusing_unprofitable`]). On, every fusion window fuses too,
+    /// whatever its size ([`RuntimeBuilder::fusion_window`]).
     ///
     /// ```
     /// let rt = gantry::Runtime::builder().fuse_unprofitable(true).build();
@@ -286,6 +289,33 @@ impl RuntimeBuilder {
     /// ```
     pub fn fuse_unprofitable(mut self, on: bool) -> Self {
         self.fuse_unprofitable = on;
+        self
+    }
+    /// From which size a fusion window fuses, on every device (default: each
+    /// driver's [`Capabilities::fusion_window`](gantry_driver::Capabilities::fusion_window);
+    /// on the CPU driver, windows whose first kernel is launch-bound, or keeps its
+    /// intermediates in global memory the caches hold, run their kernels as they are
+    /// submitted). [`WindowThresholds::ALWAYS`](crate::WindowThresholds::ALWAYS) fuses
+    /// every window.
+    ///
+    /// ```
+    /// use gantry::{FusionOutcome, FusionProps, Runtime, WindowThresholds};
+    /// let rt = Runtime::builder().fusion_window(WindowThresholds::ALWAYS).build();
+    /// let q = rt.queue();
+    /// let buf = rt.buffer(&[1u32; 64]);
+    /// q.start_fusion()?;
+    /// for _ in 0..2 {
+    ///     q.submit(|cg| {
+    ///         let b = cg.elements_mut(&buf);
+    ///         cg.parallel_for(64, move |it| *b.elem(it) += 1);
+    ///     })?;
+    /// }
+    /// q.complete_fusion(FusionProps::default())?.wait()?;
+    /// assert!(matches!(q.fusion_outcome(), Some(FusionOutcome::Fused { kernels: 2, .. })));
+    /// # Ok::<(), gantry::Error>(())
+    /// ```
+    pub fn fusion_window(mut self, thresholds: gantry_driver::fusion::WindowThresholds) -> Self {
+        self.fusion_window = Some(thresholds);
         self
     }
     /// A fusion compiler tried first on every device, for kernels that all have an
@@ -426,7 +456,7 @@ impl RuntimeBuilder {
                 Device { driver, info, space, lost: Default::default() }
             })
             .collect();
-        let infos = devices.iter().map(|d| d.info.clone()).collect();
+        let infos: Vec<_> = devices.iter().map(|d| d.info.clone()).collect();
         let lost = devices.iter().map(|d| d.lost.clone()).collect();
         // Only a scheduler thread of its own frees what user threads allocated.
         let hand_back = (self.mode == Mode::Threaded).then(|| Arc::new(HandBack::new()));
@@ -480,6 +510,13 @@ impl RuntimeBuilder {
         }
         let failures = world.resource::<QueueFailures>().sync.clone();
         let (wake_tx, wake_rx) = unbounded::<()>();
+        let fusion_windows = infos
+            .iter()
+            .map(|i| match self.fuse_unprofitable {
+                true => gantry_driver::fusion::WindowThresholds::ALWAYS,
+                false => self.fusion_window.unwrap_or(i.caps.fusion_window),
+            })
+            .collect();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             mode: self.mode,
@@ -502,6 +539,7 @@ impl RuntimeBuilder {
             failure: std::sync::OnceLock::new(),
             system_errors: Mutex::new(Vec::new()),
             max_pending: self.max_pending as u64,
+            fusion_windows,
             fusing: Default::default(),
             failures,
         });

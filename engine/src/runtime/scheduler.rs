@@ -71,6 +71,9 @@ pub(crate) struct Shared {
     pub(super) system_errors: Mutex<Vec<Error>>,
     /// Pending commands past which `submit` waits.
     pub(super) max_pending: u64,
+    /// Per device, from which size a fusion window pays to fuse (every window, where
+    /// the runtime fuses unprofitable chains).
+    pub(crate) fusion_windows: Vec<gantry_driver::fusion::WindowThresholds>,
     /// The active fusions, for cancellations at the call.
     pub(crate) fusing: crate::fusing::Fusing,
     /// Failures kept on in-order queues; waits and flushes clear them (`synced`).
