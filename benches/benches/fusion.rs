@@ -9,7 +9,10 @@
 //! * `unfused`: K kernels submitted normally, then a wait on the last one;
 //! * `fused`: `start_fusion`, the K kernels, `complete_fusion` (with barriers, the
 //!   default), a wait on the fusion's event; the intermediate buffers stay in global
-//!   memory;
+//!   memory. The eager `fused*` variants run the window as a user's would: where the
+//!   CPU driver's `WindowThresholds` judge that fusing does not pay (a launch-bound
+//!   first kernel; global intermediates the caches hold), the window runs its
+//!   kernels as they are submitted, and the setup checks that reason instead;
 //! * `fused_private`: the same with every intermediate buffer promoted to private
 //!   memory, so the fused kernel only reads the input and writes the output;
 //! * `fused_private_no_barriers`: `fused_private` fused without barriers
@@ -59,11 +62,14 @@
 //! per-item chains; `-- --quick` about one.)
 //!
 //! `fusion_overhead/{set}/fused` times one round of a tiny chain (2 kernels of one
-//! work-item) with `start_fusion` + submits + `complete_fusion` + wait, the plan
-//! coming from the fusion cache (checked at setup: the second round is
-//! `Fused { cached: true, .. }`, and after the benchmark every round after the first
-//! was a cache hit); `fusion_overhead/{set}/unfused_overhead` is the same two kernels
-//! submitted unfused and waited for. Their difference is the host cost of fusing,
+//! work-item) with `start_fusion` + submits + `complete_fusion` + wait, fused whatever
+//! its size (`fusion_window(WindowThresholds::ALWAYS)`), the plan coming from the
+//! fusion cache (checked at setup: the second round is `Fused { cached: true, .. }`,
+//! and after the benchmark every round after the first was a cache hit);
+//! `fusion_overhead/{set}/passed_through` is the same round on the CPU driver's
+//! thresholds, which run the window's kernels as they are submitted (checked:
+//! `LaunchBound`, the compiler never asked); `fusion_overhead/{set}/unfused_overhead`
+//! is the same two kernels submitted unfused and waited for. Their difference is the host cost of fusing,
 //! which `fusion_overhead/inline/fused_minus_unfused` measures directly: each
 //! iteration is a fused round's time minus an unfused round's, the two run in
 //! alternating blocks of 64 (separate benchmarks, seconds apart, see different
@@ -85,7 +91,7 @@ use criterion::{
 };
 use gantry::{
     Buffer, CancelReason, Event, ExecutableGraph, FusionError, FusionOutcome, FusionProps, GraphProps, Mode,
-    Promotion, Queue, Runtime, Unprofitable,
+    Promotion, Queue, Runtime, RuntimeBuilder, Unprofitable, WindowThresholds,
 };
 
 /// Launch-bound size: elements per buffer.
@@ -226,11 +232,13 @@ impl Set {
         }
     }
     fn runtime(self) -> Runtime {
+        self.builder().build()
+    }
+    fn builder(self) -> RuntimeBuilder {
+        let b = Runtime::builder().preserve_on_failure(false).fusion_warnings(0);
         match self {
-            Set::Inline => {
-                Runtime::builder().preserve_on_failure(false).mode(Mode::Manual).worker_threads(0).build()
-            }
-            Set::Threaded => Runtime::builder().preserve_on_failure(false).mode(Mode::Threaded).build(),
+            Set::Inline => b.mode(Mode::Manual).worker_threads(0),
+            Set::Threaded => b.mode(Mode::Threaded),
         }
     }
 }
@@ -367,13 +375,25 @@ impl Chain {
             | Variant::FusedPrivate
             | Variant::FusedPrivateNoBarriers
             | Variant::FusedPrivatePerItem => {
-                self.fused_rounds.set(self.fused_rounds.get() + 1);
+                if self.window_refusal(v).is_none() {
+                    self.fused_rounds.set(self.fused_rounds.get() + 1);
+                }
                 self.q.start_fusion()?;
                 self.submit_kernels(v != Variant::Fused, v == Variant::FusedPrivatePerItem)?;
                 let barriers = v != Variant::FusedPrivateNoBarriers;
                 self.q.complete_fusion(FusionProps { barriers })?.wait()
             }
         }
+    }
+
+    /// Why the runtime runs eager variant `v`'s window unfused on the CPU (its first
+    /// kernel judged by the device's `WindowThresholds`: launch-bound, or global
+    /// intermediates the caches hold), if it does.
+    fn window_refusal(&self, v: Variant) -> Option<Unprofitable> {
+        let promotes = v != Variant::Fused && self.k > 1;
+        let elements = if promotes { self.n } else { 2 * self.n };
+        let bytes = (elements * std::mem::size_of::<f32>()) as u64;
+        self.rt.devices()[0].caps.fusion_window.judge(self.n as u64, bytes, promotes)
     }
 
     /// One round of `v`, timed by the caller.
@@ -414,7 +434,23 @@ impl Chain {
                 let got = self.bufs[self.k].to_vec().expect("read the output");
                 assert_bits(label, &got, &self.want);
                 let outcome = self.q.fusion_outcome();
+                let eager = matches!(
+                    v,
+                    Variant::Fused
+                        | Variant::FusedPrivate
+                        | Variant::FusedPrivateNoBarriers
+                        | Variant::FusedPrivatePerItem
+                );
+                let refused = self.window_refusal(v).filter(|_| eager);
                 match v {
+                    // A window that does not pay: its kernels ran as submitted.
+                    _ if refused.is_some() => match outcome {
+                        Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
+                            reason,
+                            ..
+                        }))) if Some(reason) == refused => {}
+                        other => panic!("{label}: expected the window refused ({refused:?}): {other:?}"),
+                    },
                     // Graph variants: checked when finalized; a replay sets no outcome.
                     Variant::Unfused
                     | Variant::UnfusedPerItem
@@ -437,10 +473,11 @@ impl Chain {
                         other => panic!("{label}: not fused: {other:?}"),
                     },
                 }
-                if matches!(
+                let internalized = matches!(
                     v,
                     Variant::FusedPrivate | Variant::FusedPrivateNoBarriers | Variant::GraphFusedPrivate
-                ) {
+                );
+                if internalized && refused.is_none() {
                     for (i, b) in inner.iter().enumerate() {
                         let t = b.to_vec().expect("read an intermediate");
                         assert!(
@@ -524,22 +561,27 @@ fn chain_bench(c: &mut Criterion, set: Set, n: usize) {
 const BLOCK: u64 = 64;
 
 /// The tiny chain of `fusion_overhead`: two one-element `map` kernels (a form the
-/// fusion compiler fuses; per-work-item closures it refuses).
+/// fusion compiler fuses; per-work-item closures it refuses). Its window fuses
+/// (`fusion_window(WindowThresholds::ALWAYS)`: what fusing costs the host), or, with
+/// `passing`, runs on the CPU driver's thresholds, which pass a window of one-element
+/// kernels through.
 struct Tiny {
     rt: Runtime,
     q: Queue,
     bufs: [Buffer<f32>; 3],
+    passing: bool,
     checked: bool,
     /// Fused rounds run so far.
     rounds: u64,
 }
 
 impl Tiny {
-    fn new(set: Set) -> Self {
-        let rt = set.runtime();
+    fn new(set: Set, passing: bool) -> Self {
+        let b = set.builder();
+        let rt = if passing { b.build() } else { b.fusion_window(WindowThresholds::ALWAYS).build() };
         let q = rt.queue();
         let bufs = [rt.buffer(&[1.0f32]), rt.buffer_zeroed(1), rt.buffer_zeroed(1)];
-        Self { rt, q, bufs, checked: false, rounds: 0 }
+        Self { rt, q, bufs, passing, checked: false, rounds: 0 }
     }
 
     fn submit(&self) -> gantry::Result<Event> {
@@ -592,6 +634,8 @@ impl Tiny {
     }
 
     /// Two fused rounds: the second must come from the cache, with the right result.
+    /// Passing through: both refused as launch-bound, with the right result, and the
+    /// compiler never asked.
     fn check(&mut self, label: &str) {
         if self.checked {
             return;
@@ -601,15 +645,23 @@ impl Tiny {
             self.bufs[2].write().expect("host write")[0] = 0.0;
             self.fused().expect("fused round");
             assert_bits(label, &self.bufs[2].to_vec().expect("read"), &want);
-            match self.q.fusion_outcome() {
-                Some(FusionOutcome::Fused { kernels: 2, cached, .. }) => {
+            match (self.passing, self.q.fusion_outcome()) {
+                (false, Some(FusionOutcome::Fused { kernels: 2, cached, .. })) => {
                     assert_eq!(cached, round == 1, "{label}: round {round} cached")
                 }
-                other => panic!("{label}: round {round} not fused: {other:?}"),
+                (
+                    true,
+                    Some(FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
+                        reason: Unprofitable::LaunchBound { items: 1, .. },
+                        ..
+                    }))),
+                ) => {}
+                (_, other) => panic!("{label}: round {round}: {other:?}"),
             }
         }
         let stats = self.rt.fusion_cache_stats().expect("closure fusion cache");
-        assert_eq!((stats.hits, stats.misses), (1, 1), "{label}: cache after two rounds");
+        let want = if self.passing { (0, 0) } else { (1, 1) };
+        assert_eq!((stats.hits, stats.misses), want, "{label}: cache after two rounds");
         self.checked = true;
     }
 }
@@ -621,12 +673,22 @@ fn overhead_bench(c: &mut Criterion) {
         .measurement_time(Duration::from_millis(1_000))
         .warm_up_time(Duration::from_millis(300));
     for set in [Set::Inline, Set::Threaded] {
-        let mut tiny = Tiny::new(set);
+        let mut tiny = Tiny::new(set, false);
         let label = format!("fusion_overhead/{}/fused", set.name());
         group.bench_function(BenchmarkId::from_parameter(format!("{}/fused", set.name())), |b| {
             tiny.check(&label);
             b.iter(|| tiny.fused().expect("fused round"));
         });
+        let mut passing = Tiny::new(set, true);
+        let passed_label = format!("fusion_overhead/{}/passed_through", set.name());
+        group.bench_function(BenchmarkId::from_parameter(format!("{}/passed_through", set.name())), |b| {
+            passing.check(&passed_label);
+            b.iter(|| passing.fused().expect("passed-through round"));
+        });
+        if passing.checked {
+            let stats = passing.rt.fusion_cache_stats().expect("closure fusion cache");
+            assert_eq!(stats.hits + stats.misses, 0, "{passed_label}: a window reached the compiler");
+        }
         group.bench_function(BenchmarkId::from_parameter(format!("{}/unfused_overhead", set.name())), |b| {
             b.iter(|| tiny.unfused().expect("unfused round"));
         });
