@@ -53,26 +53,15 @@ pub(crate) struct Fusing {
 }
 
 impl Fusing {
-    /// Registers a fusion `start_fusion` began.
-    pub(crate) fn start(&self, fusion: &Arc<FusionShared>) {
-        let mut entries = self.entries.lock();
-        entries.retain(|e| e.fusion.status() == FusionStatus::Active);
-        entries.push(Entry { fusion: fusion.clone(), uses: SmallVec::new(), deps: SmallVec::new() });
-        self.len.store(entries.len(), Ordering::Release);
-    }
-
-    /// Forgets `fusion`, which lists no kernel (it passes them through).
-    pub(crate) fn end(&self, fusion: &Arc<FusionShared>) {
-        let mut entries = self.entries.lock();
-        entries.retain(|e| !Arc::ptr_eq(&e.fusion, fusion) && e.fusion.status() == FusionStatus::Active);
-        self.len.store(entries.len(), Ordering::Release);
-    }
-
     /// Records the buffers of a kernel listed in `fusion`, and what it depends on:
     /// another fusion's kernels. Returns the other fusions that already depend on
     /// this one: fusing both would form a cycle, so the caller cancels them with
     /// [`Fusing::cancel_cycles`] (once it no longer holds `fusion`'s lock: a
     /// cancellation takes the other fusion's).
+    ///
+    /// A fusion is registered at its first listed kernel, not at `start_fusion`:
+    /// until then nothing can depend on it (its event is handed out with its first
+    /// kernel), and a window that passes its kernels through never is.
     #[must_use]
     pub(crate) fn listed(
         &self,
@@ -81,6 +70,11 @@ impl Fusing {
     ) -> SmallVec<[Arc<FusionShared>; 1]> {
         let mut cycles: SmallVec<[Arc<FusionShared>; 1]> = SmallVec::new();
         let mut entries = self.entries.lock();
+        if fusion.sent() == 0 {
+            entries.retain(|e| e.fusion.status() == FusionStatus::Active);
+            entries.push(Entry { fusion: fusion.clone(), uses: SmallVec::new(), deps: SmallVec::new() });
+            self.len.store(entries.len(), Ordering::Release);
+        }
         if entries.len() > 1 {
             let others: SmallVec<[Arc<FusionShared>; 2]> = entries
                 .iter()

@@ -304,10 +304,12 @@ impl Queue {
             return;
         };
         let error = FusionError::Unprofitable { kernel: built.name.to_string(), reason };
-        let message = format!("fusion on queue {}: {error}; its kernels run unfused", self.id());
         if fusion.pass_through(FusionOutcome::Cancelled(CancelReason::Failed(error))) {
-            rt.fusing.end(fusion);
-            warn_fusion(&rt.fusion_warnings, format_args!("{message}"));
+            let (id, kernel) = (self.id(), &built.name);
+            warn_fusion(
+                &rt.fusion_warnings,
+                format_args!("fusion on queue {id}: not fused: `{kernel}` {reason}; its kernels run unfused"),
+            );
         }
     }
 
@@ -361,7 +363,6 @@ impl Queue {
         let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.clock.stamp_ns()));
         // No message: the scheduler starts the list at the first one about it.
         let fusion = Arc::new(FusionShared::new(self.handle.core.clone(), event));
-        rt.fusing.start(&fusion);
         slot.current = Some(fusion);
         slot.passed.clear();
         Ok(())
