@@ -92,7 +92,7 @@ fn a_launch_bound_window_runs_its_kernels_as_submitted() {
 fn only_chains_that_save_memory_traffic_fuse_at_cache_resident_sizes() {
     let rt = Runtime::builder().mode(Mode::Manual).worker_threads(0).fusion_warnings(0).build();
     let t = cpu_thresholds(&rt);
-    let n: usize = 1 << 16;
+    let n = t.min_items as usize;
     let bytes = 2 * 4 * n as u64;
     assert!(t.min_items <= n as u64 && bytes < t.min_global_bytes, "{t:?}: the case this test checks");
     let q = rt.queue();

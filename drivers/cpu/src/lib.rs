@@ -20,6 +20,8 @@
 
 #![warn(missing_docs)]
 
+mod window;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -141,7 +143,7 @@ impl CpuDriver {
                 max_private_memory: MAX_PRIVATE_MEMORY,
                 virtual_time: false,
                 peer_group: 0,
-                fusion_window: FUSION_WINDOW,
+                fusion_window: window::thresholds(),
             },
         };
         let runner = Runner::new(info.name.clone());
@@ -572,15 +574,6 @@ impl Groups for Workers<'_> {
 /// The most scratch a thread keeps between launches; a launch that needed more gives
 /// it back when it ends.
 const KEPT_ARENA_BYTES: usize = 8 << 20;
-
-/// Where a fusion window pays on the CPU: a launch costs the host about what a fused
-/// kernel's does, and the window itself about as much again, so fusing must save
-/// memory traffic. A chain with private intermediates saves it from about 32K
-/// work-items on; one that keeps its intermediates in global memory only once its
-/// kernels reach past what the caches hold (measured: `docs/PERFORMANCE.md`, "Fusion
-/// windows that do not pay").
-const FUSION_WINDOW: gantry_driver::fusion::WindowThresholds =
-    gantry_driver::fusion::WindowThresholds { min_items: 32_768, min_global_bytes: 1 << 20 };
 
 /// Private memory per work-group a kernel may ask for: the arena holds a group's
 /// private regions at once, so a request past this is refused at submit rather than
