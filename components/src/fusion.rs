@@ -176,6 +176,20 @@ impl FusionShared {
         }
     }
 
+    /// Makes `fusion` a new, active fusion whose event is pending, submitted at
+    /// `submitted_ns`, in place, where nothing else holds it or its event (a window
+    /// that passed its kernels through is never handed to the scheduler, and its event
+    /// to nobody); returns whether it did. `start_fusion` then allocates nothing, as
+    /// pooled events ([`event_pool`](crate::event_pool)) do not.
+    pub fn renew(fusion: &mut Arc<FusionShared>, submitted_ns: u64) -> bool {
+        let Some(f) = Arc::get_mut(fusion) else { return false };
+        let Some(event) = Arc::get_mut(&mut f.event) else { return false };
+        *event = EventShared::new(event.name.clone(), event.runtime, submitted_ns);
+        let (queue, event) = (f.queue.clone(), f.event.clone());
+        *f = FusionShared::new(queue, event);
+        true
+    }
+
     /// The status.
     pub fn status(&self) -> FusionStatus {
         FusionStatus::from_u8(self.status.load(Ordering::Acquire))
@@ -512,6 +526,29 @@ mod tests {
         assert_eq!(f.send_kernel(7, |k| k * 2), Err(7));
         assert_eq!(f.sent(), 1);
         assert_eq!(f.outcome(), Some(FusionOutcome::Cancelled(CancelReason::Requested)));
+    }
+
+    /// A fusion nobody else holds is renewed in place, pending and active again; one
+    /// whose event someone holds is not.
+    #[test]
+    fn only_a_fusion_nobody_holds_is_renewed() {
+        let queue = Arc::new(QueueCore { id: 1, device: 0, in_order: false, entity: Default::default() });
+        let mut f = Arc::new(FusionShared::new(queue, Arc::new(EventShared::new("fusion".into(), 0, 5))));
+        assert!(f.pass_through(FusionOutcome::Cancelled(CancelReason::Empty)));
+        assert!(f.end_passing(FusionStatus::Completed));
+        let before = Arc::as_ptr(&f);
+        assert!(FusionShared::renew(&mut f, 9));
+        assert_eq!(Arc::as_ptr(&f), before, "in place");
+        assert_eq!((f.status(), f.sent(), f.outcome()), (FusionStatus::Active, 0, None));
+        assert_eq!((f.event.status(), f.event.timestamps().submitted_ns), (crate::EventStatus::Pending, 9));
+
+        let held = f.event.clone();
+        assert!(!FusionShared::renew(&mut f, 10), "its event is held");
+        drop(held);
+        let other = f.clone();
+        assert!(!FusionShared::renew(&mut f, 10), "the fusion is held");
+        drop(other);
+        assert!(FusionShared::renew(&mut f, 10));
     }
 
     /// Only an active fusion with no kernel yet passes its kernels through; its event

@@ -10,10 +10,13 @@
 //! on an in-order queue, always. A chain therefore ends with one sink, whose own
 //! event is the window's; a window of independent kernels ends with several, and a
 //! marker waiting on them stands for the window.
+//!
+//! An event the sinks let go of goes back to the thread's event pool, as a user's
+//! handle's would: the sinks often hold a kernel's last reference.
 
 use std::sync::Arc;
 
-use gantry_components::{ByteRange, EventShared, Requirement};
+use gantry_components::{event_pool, ByteRange, EventShared, Requirement};
 use smallvec::SmallVec;
 
 /// What a kernel's requirements use: (buffer id, bytes, writes).
@@ -41,9 +44,16 @@ impl PassedKernels {
     /// and what it uses; `in_order`: its queue orders it after all of them.
     pub(crate) fn push(&mut self, event: Arc<EventShared>, uses: Uses, in_order: bool) {
         if in_order {
-            self.sinks.clear();
+            self.clear();
         } else {
-            self.sinks.retain(|s| !conflicts(&s.uses, &uses));
+            let mut i = 0;
+            while i < self.sinks.len() {
+                if conflicts(&self.sinks[i].uses, &uses) {
+                    event_pool::recycle(self.sinks.remove(i).event);
+                } else {
+                    i += 1;
+                }
+            }
         }
         self.sinks.push(Sink { event, uses });
     }
@@ -56,13 +66,15 @@ impl PassedKernels {
     /// Replaces the sinks by one event that completes after all of them (a marker
     /// waiting on them), so a later call finds it alone.
     pub(crate) fn join(&mut self, event: Arc<EventShared>) {
-        self.sinks.clear();
+        self.clear();
         self.sinks.push(Sink { event, uses: Uses::new() });
     }
 
     /// Forgets every kernel (a new window starts).
     pub(crate) fn clear(&mut self) {
-        self.sinks.clear();
+        for sink in self.sinks.drain(..) {
+            event_pool::recycle(sink.event);
+        }
     }
 }
 

@@ -358,13 +358,15 @@ impl Queue {
             return Err(Error::AlreadyFusing(self.handle.core.id));
         }
         let rt = &self.handle.rt;
-        // Every fusion's event shares one name (a fusion is one allocation fewer).
-        static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
-        let event = Arc::new(EventShared::new(NAME.clone(), rt.id, rt.clock.stamp_ns()));
-        // No message: the scheduler starts the list at the first one about it.
-        let fusion = Arc::new(FusionShared::new(self.handle.core.clone(), event));
-        slot.current = Some(fusion);
         slot.passed.clear();
+        // No message: the scheduler starts the list at the first one about it.
+        let stamp = rt.clock.stamp_ns();
+        if !slot.current.as_mut().is_some_and(|f| FusionShared::renew(f, stamp)) {
+            // Every fusion's event shares one name (a fusion is one allocation fewer).
+            static NAME: LazyLock<Arc<str>> = LazyLock::new(|| CommandKind::Fusion.name().into());
+            let event = Arc::new(EventShared::new(NAME.clone(), rt.id, stamp));
+            slot.current = Some(Arc::new(FusionShared::new(self.handle.core.clone(), event)));
+        }
         Ok(())
     }
 
