@@ -221,9 +221,20 @@ fn cancelling_or_waiting_ends_a_passing_window() {
 }
 
 /// `fusion_window(WindowThresholds::ALWAYS)` and `fuse_unprofitable` fuse every
-/// window, whatever its size; the device still reports its own thresholds.
+/// window, whatever its size; the device still reports its own thresholds. An explicit
+/// `fusion_window` holds with `fuse_unprofitable` too.
 #[test]
 fn every_window_fuses_when_the_runtime_says_so() {
+    let never = WindowThresholds { min_items: u64::MAX, min_global_bytes: 0 };
+    let rt = Runtime::builder().fuse_unprofitable(true).fusion_window(never).mode(Mode::Manual).build();
+    let q = rt.queue();
+    let bufs: Vec<Buffer<u32>> = (0..3).map(|_| rt.buffer_zeroed(1 << 16)).collect();
+    q.start_fusion().unwrap();
+    step(&q, &bufs[0], &bufs[1], (false, true));
+    step(&q, &bufs[1], &bufs[2], (true, false));
+    q.complete_fusion(FusionProps::default()).unwrap().wait().unwrap();
+    assert!(matches!(refusal(&q), Unprofitable::LaunchBound { items: 65_536, min_items: u64::MAX }));
+
     let builders = [
         Runtime::builder().fusion_window(WindowThresholds::ALWAYS),
         Runtime::builder().fuse_unprofitable(true),

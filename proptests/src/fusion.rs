@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use gantry::{CancelReason, FusionOutcome, Promotion};
+use gantry::{CancelReason, FusionError, FusionOutcome, Promotion, Unprofitable};
 
 use super::*;
 
@@ -281,6 +281,26 @@ pub fn check_outcome(p: &Program, w: &Window, o: &FusionOutcome) -> Result<(), S
         return bad(format!("a pure window must end as {:?}", predicted(p, w)));
     }
     Ok(())
+}
+
+/// Checks the outcome `o` of window `w` on a runtime whose windows pass their kernels
+/// through ([`Config::pass_windows`](crate::Config::pass_windows)): never fused; a
+/// window that took a kernel while open says it ran it unfused as launch-bound; other
+/// endings are the ordinary cancellations (before any kernel, or a completion with
+/// none).
+pub fn check_passed_outcome(w: &Window, o: &FusionOutcome) -> Result<(), String> {
+    let bad =
+        |what: &str| Err(format!("window #{} ({} kernels): outcome {o:?}: {what}", w.start, w.kernels.len()));
+    match o {
+        FusionOutcome::Fused { .. } => bad("fused, where every window passes its kernels through"),
+        FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
+            reason: Unprofitable::LaunchBound { .. },
+            ..
+        })) if !w.kernels.is_empty() => Ok(()),
+        FusionOutcome::Cancelled(CancelReason::Failed(_)) => bad("refused for another reason"),
+        FusionOutcome::Cancelled(CancelReason::Empty) if !w.completed => bad("empty, yet not completed"),
+        FusionOutcome::Cancelled(_) => Ok(()),
+    }
 }
 
 // ---------------------------------------------------------------------------------

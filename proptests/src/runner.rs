@@ -27,16 +27,35 @@ pub struct Config {
     /// Add a simulated device (device 1). Without it, `Dev::Sim` submissions go to
     /// the CPU.
     pub sim: bool,
+    /// Every fusion window passes its kernels through, unfused, from its first kernel
+    /// on (a window threshold no kernel reaches), as the CPU driver does with windows
+    /// that would not pay: the window's kernels run as they are submitted, and its
+    /// event must still cover them.
+    pub pass_windows: bool,
 }
 
 impl Config {
     /// Manual mode, everything inline.
     pub fn manual(sim: bool) -> Config {
-        Config { mode: gantry::Mode::Manual, workers: 0, host_threads: 0, inline_items: 0, sim }
+        Config {
+            mode: gantry::Mode::Manual,
+            workers: 0,
+            host_threads: 0,
+            inline_items: 0,
+            sim,
+            pass_windows: false,
+        }
     }
     /// Threaded mode with `workers` kernel threads, two host-task threads, nothing inline.
     pub fn threaded(workers: usize, sim: bool) -> Config {
-        Config { mode: gantry::Mode::Threaded, workers, host_threads: 2, inline_items: 0, sim }
+        Config {
+            mode: gantry::Mode::Threaded,
+            workers,
+            host_threads: 2,
+            inline_items: 0,
+            sim,
+            pass_windows: false,
+        }
     }
     /// Builds the runtime.
     pub fn build(&self) -> Runtime {
@@ -45,7 +64,8 @@ impl Config {
     /// The runtime builder of [`Config::build`] (to add options). It fuses every form
     /// the fusion compiler accepts, those it refuses by default as slower fused
     /// included: the properties are about what fusion computes, and the model
-    /// predicts fusion by the fusion rules alone.
+    /// predicts fusion by the fusion rules alone. With [`Config::pass_windows`], no
+    /// window fuses.
     pub fn builder(&self) -> gantry::RuntimeBuilder {
         let mut b = Runtime::builder().fuse_unprofitable(true).mode(self.mode).cpu(CpuConfig {
             worker_threads: self.workers,
@@ -55,6 +75,9 @@ impl Config {
         });
         if self.sim {
             b = b.sim(SimConfig::default());
+        }
+        if self.pass_windows {
+            b = b.fusion_window(gantry::WindowThresholds { min_items: u64::MAX, min_global_bytes: 0 });
         }
         b
     }
@@ -139,6 +162,16 @@ impl Session {
             .iter()
             .find(|w| if end { w.end == Some(i) } else { w.start == i })
             .ok_or_else(|| format!("#{i}: no fusion window {} here", if end { "ends" } else { "starts" }))
+    }
+
+    /// Checks a window's outcome: by the fusion rules ([`fusion::check_outcome`]), or,
+    /// where windows pass their kernels through, that none fused
+    /// ([`fusion::check_passed_outcome`]).
+    fn check_outcome(&self, w: &fusion::Window, o: &FusionOutcome) -> Result<(), String> {
+        match self.config.pass_windows {
+            true => fusion::check_passed_outcome(w, o),
+            false => fusion::check_outcome(&self.program, w, o),
+        }
     }
 
     fn fusion_outcome(&mut self, i: usize, q: &Queue) -> Result<FusionOutcome, String> {
@@ -255,8 +288,7 @@ impl Session {
                     self.set_progress(|| format!("#{i}: waiting on the completed fusion's event"));
                     ev.wait().map_err(|e| format!("#{i}: waiting on the fusion failed: {e}"))?;
                     let o = self.fusion_outcome(i, &q)?;
-                    fusion::check_outcome(&self.program, self.window_at(i, true)?, &o)
-                        .map_err(|e| format!("#{i}: {e}"))?;
+                    self.check_outcome(self.window_at(i, true)?, &o).map_err(|e| format!("#{i}: {e}"))?;
                 }
             }
             Op::CancelFusion { queue, dev } => {
@@ -269,8 +301,7 @@ impl Session {
                 if !matches!(o, FusionOutcome::Cancelled(_)) {
                     return Err(format!("#{i}: outcome {o:?} after cancel_fusion"));
                 }
-                fusion::check_outcome(&self.program, self.window_at(i, true)?, &o)
-                    .map_err(|e| format!("#{i}: {e}"))?;
+                self.check_outcome(self.window_at(i, true)?, &o).map_err(|e| format!("#{i}: {e}"))?;
             }
             Op::SetPromotion { buf, promotion } => Bufs(&self.buffers)[*buf].set_promotion(*promotion),
         }
@@ -310,7 +341,7 @@ impl Session {
                 let o = queue.fusion_outcome().ok_or_else(|| {
                     format!("the outcome of the window at #{} is unknown after the final waits", w.start)
                 })?;
-                fusion::check_outcome(&self.program, w, &o).map_err(|e| format!("at the end: {e}"))?;
+                self.check_outcome(w, &o).map_err(|e| format!("at the end: {e}"))?;
                 if w.end.is_none() && !matches!(o, FusionOutcome::Cancelled(_)) {
                     return Err(format!("the window at #{} was never ended, yet {o:?}", w.start));
                 }

@@ -14,7 +14,9 @@
 //! Configurations: manual mode, and threaded mode with 2 workers (random
 //! `host_threads` and `inline_items`), each on a CPU-only runtime and on a CPU + sim
 //! one (where `@sim` queues are on the simulated device, so buffers move between
-//! memories around fused kernels).
+//! memories around fused kernels). Two more run every window passing its kernels
+//! through (`Config::pass_windows`), as the CPU driver does with windows that would
+//! not pay: no window fuses, and the results are the same.
 //!
 //! # Case counts
 //! Each property runs 1,000 cases by default (about 3 s for the file on 2 cores,
@@ -173,6 +175,19 @@ proptest! {
         check(&p, threaded(true, h, inl)).map_err(TestCaseError::fail)?;
     }
 
+    /// Every window passes its kernels through, as the CPU driver does with windows
+    /// that would not pay: the same programs, the same serial results, and each
+    /// window's event still covers its kernels (the properties wait on it).
+    #[test]
+    fn fusion_passed_through_manual_cpu(p in common::fusion_program(MAX_OPS, gen())) {
+        check(&p, Config { pass_windows: true, ..Config::manual(false) }).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn fusion_passed_through_threaded2_sim(p in common::fusion_program(MAX_OPS, gen()), h in 0..=2usize, inl in inline_items()) {
+        check(&p, Config { pass_windows: true, ..threaded(true, h, inl) }).map_err(TestCaseError::fail)?;
+    }
+
     #[test]
     fn fusion_programs_are_fusion_safe(p in common::fusion_program(MAX_OPS, gen())) {
         fusion_safe_program(&p, &gen()).map_err(|e| TestCaseError::fail(format!("{e}\n{p:?}")))?;
@@ -210,6 +225,34 @@ fn fusion_programs_have_map_kernels_in_fused_windows() {
     // 1,000 programs of the deterministic runner make 50, 7 of them promoted.
     assert!(in_completed >= 25, "{in_completed} map kernels in completed windows");
     assert!(promoted >= 3, "{promoted} of them with promoted accessors");
+}
+
+/// The passed-through properties do pass windows through: across the deterministic
+/// runner's programs, windows that took kernels say they ran them unfused as
+/// launch-bound, and none fused.
+#[test]
+fn passed_through_windows_say_so() {
+    use gantry::{FusionError, Unprofitable};
+    use proptest::strategy::ValueTree;
+    let strategy = common::fusion_program(MAX_OPS, gen());
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut passed = 0;
+    for _ in 0..200 {
+        let p = strategy.new_tree(&mut runner).expect("a program").current();
+        let (_, fusions) = run_with_fusions(&p, Config { pass_windows: true, ..Config::manual(false) });
+        for (i, o) in fusions {
+            assert!(!matches!(o, FusionOutcome::Fused { .. }), "#{i}: {o:?}\n{p:?}");
+            passed += usize::from(matches!(
+                o,
+                FusionOutcome::Cancelled(CancelReason::Failed(FusionError::Unprofitable {
+                    reason: Unprofitable::LaunchBound { .. },
+                    ..
+                }))
+            ));
+        }
+    }
+    // 146 with the deterministic runner.
+    assert!(passed >= 100, "{passed} windows passed their kernels through");
 }
 
 // ---------------------------------------------------------------------------------

@@ -281,7 +281,7 @@ impl RuntimeBuilder {
     /// through internalized and shared memory and without barriers, as the DPC++
     /// kernel-fusion design describes, at a cost per access
     /// ([`ClosureFusion::fusing_unprofitable`]). On, every fusion window fuses too,
-    /// whatever its size ([`RuntimeBuilder::fusion_window`]).
+    /// whatever its size, unless [`RuntimeBuilder::fusion_window`] says otherwise.
     ///
     /// ```
     /// let rt = gantry::Runtime::builder().fuse_unprofitable(true).build();
@@ -296,7 +296,8 @@ impl RuntimeBuilder {
     /// on the CPU driver, windows whose first kernel is launch-bound, or keeps its
     /// intermediates in global memory the caches hold, run their kernels as they are
     /// submitted). [`WindowThresholds::ALWAYS`](crate::WindowThresholds::ALWAYS) fuses
-    /// every window.
+    /// every window. Set, it holds whether or not the runtime
+    /// [fuses unprofitable forms](RuntimeBuilder::fuse_unprofitable).
     ///
     /// ```
     /// use gantry::{FusionOutcome, FusionProps, Runtime, WindowThresholds};
@@ -512,9 +513,10 @@ impl RuntimeBuilder {
         let (wake_tx, wake_rx) = unbounded::<()>();
         let fusion_windows = infos
             .iter()
-            .map(|i| match self.fuse_unprofitable {
-                true => gantry_driver::fusion::WindowThresholds::ALWAYS,
-                false => self.fusion_window.unwrap_or(i.caps.fusion_window),
+            .map(|i| match (self.fusion_window, self.fuse_unprofitable) {
+                (Some(thresholds), _) => thresholds,
+                (None, true) => gantry_driver::fusion::WindowThresholds::ALWAYS,
+                (None, false) => i.caps.fusion_window,
             })
             .collect();
         let shared = Arc::new(Shared {
