@@ -16,18 +16,17 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use gantry_components::{
-    ByteRange, CancelReason, EventShared, FusionShared, FusionStatus, Message, Requirement,
-};
+use gantry_components::{CancelReason, EventShared, FusionShared, FusionStatus, Message, Requirement};
 use gantry_driver::sync::Mutex;
 use smallvec::SmallVec;
 
+use crate::buffer_use::BufferUse;
 use crate::runtime::Shared;
 
-/// An active fusion and what its listed kernels use: (buffer id, bytes, writes).
+/// An active fusion and what its listed kernels use.
 struct Entry {
     fusion: Arc<FusionShared>,
-    uses: SmallVec<[(u64, ByteRange, bool); 8]>,
+    uses: SmallVec<[BufferUse; 8]>,
     /// The fusions whose kernels some of its kernels depend on.
     deps: SmallVec<[Arc<FusionShared>; 2]>,
 }
@@ -36,9 +35,8 @@ impl Entry {
     /// Whether a command with these requirements depends on this fusion's kernels.
     fn conflicts(&self, requirements: &[Requirement]) -> bool {
         requirements.iter().any(|r| {
-            self.uses.iter().any(|&(id, range, writes)| {
-                id == r.buffer.id && range.overlaps(&r.range) && (writes || r.mode.writes())
-            })
+            let other = BufferUse::of(r);
+            self.uses.iter().any(|u| u.conflicts(&other))
         })
     }
 }
@@ -94,10 +92,10 @@ impl Fusing {
         }
         if let Some(e) = entries.iter_mut().find(|e| Arc::ptr_eq(&e.fusion, fusion)) {
             for r in requirements {
-                let (id, writes) = (r.buffer.id, r.mode.writes());
-                match e.uses.iter_mut().find(|u| u.0 == id && u.1 == r.range) {
-                    Some(u) => u.2 |= writes,
-                    None => e.uses.push((id, r.range, writes)),
+                let new = BufferUse::of(r);
+                match e.uses.iter_mut().find(|u| (u.buffer, u.range) == (new.buffer, new.range)) {
+                    Some(u) => u.writes |= new.writes,
+                    None => e.uses.push(new),
                 }
             }
         }
@@ -146,7 +144,7 @@ impl Fusing {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
-        let uses = |e: &Entry| e.uses.iter().any(|u| u.0 == id);
+        let uses = |e: &Entry| e.uses.iter().any(|u| u.buffer == id);
         self.cancel_where(rt, uses, || CancelReason::BufferDropped { buffer: id });
     }
 

@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod buffer;
+mod buffer_use;
 mod error;
 mod event;
 mod fusing;

@@ -6,7 +6,7 @@
 //! Only the kernels no later kernel of the window depends on are kept (the window's
 //! *sinks*): a kernel completes after every kernel it depends on, and fails when one
 //! of them fails, so the sinks' completion is the window's. A kernel depends on an
-//! earlier one where their byte ranges of a buffer overlap and either writes, or,
+//! earlier one where their uses of a buffer conflict ([`BufferUse::conflicts`]), or,
 //! on an in-order queue, always. A chain therefore ends with one sink, whose own
 //! event is the window's; a window of independent kernels ends with several, and a
 //! marker waiting on them stands for the window.
@@ -16,11 +16,13 @@
 
 use std::sync::Arc;
 
-use gantry_components::{event_pool, ByteRange, EventShared, Requirement};
+use gantry_components::{event_pool, EventShared, Requirement};
 use smallvec::SmallVec;
 
-/// What a kernel's requirements use: (buffer id, bytes, writes).
-type Uses = SmallVec<[(u64, ByteRange, bool); 4]>;
+use crate::buffer_use::BufferUse;
+
+/// What a kernel's requirements use.
+type Uses = SmallVec<[BufferUse; 4]>;
 
 /// A passed kernel no later passed kernel depends on.
 struct Sink {
@@ -37,7 +39,7 @@ pub(crate) struct PassedKernels {
 impl PassedKernels {
     /// What `requirements` use, taken before they are sent.
     pub(crate) fn uses(requirements: &[Requirement]) -> Uses {
-        requirements.iter().map(|r| (r.buffer.id, r.range, r.mode.writes())).collect()
+        requirements.iter().map(BufferUse::of).collect()
     }
 
     /// Adds a kernel passed through after every kernel already added, with its event
@@ -78,19 +80,15 @@ impl PassedKernels {
     }
 }
 
-/// Whether a kernel using `later` depends on one using `earlier`: a byte range of a
-/// buffer both use overlaps, and one of them writes it.
+/// Whether a kernel using `later` depends on one using `earlier`.
 fn conflicts(earlier: &Uses, later: &Uses) -> bool {
-    earlier.iter().any(|&(id, range, writes)| {
-        later
-            .iter()
-            .any(|&(id2, range2, writes2)| id == id2 && range.overlaps(&range2) && (writes || writes2))
-    })
+    earlier.iter().any(|u| later.iter().any(|v| u.conflicts(v)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gantry_components::ByteRange;
 
     fn event(name: &str) -> Arc<EventShared> {
         Arc::new(EventShared::new(name.into(), 0, 0))
@@ -98,7 +96,9 @@ mod tests {
 
     /// (buffer, first byte, one past the last, writes) per requirement.
     fn uses(list: &[(u64, usize, usize, bool)]) -> Uses {
-        list.iter().map(|&(id, start, end, writes)| (id, ByteRange { start, end }, writes)).collect()
+        let use_ =
+            |&(buffer, start, end, writes)| BufferUse { buffer, range: ByteRange { start, end }, writes };
+        list.iter().map(use_).collect()
     }
 
     fn names(p: &PassedKernels) -> Vec<String> {

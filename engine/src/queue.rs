@@ -223,18 +223,15 @@ impl Queue {
         // A kernel of a window that passes its kernels through: its fusion, and what it
         // uses, for the window's event.
         let mut passing = None;
-        if built.kind == CommandKind::Kernel {
-            let slot = self.handle.fusion.lock();
-            if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::Active) {
-                if fusion.sent() == 0 {
-                    self.judge_window(fusion, &built);
-                }
+        let slot = (built.kind == CommandKind::Kernel).then(|| self.handle.fusion.lock());
+        if let Some(fusion) = slot.as_ref().and_then(|s| s.current.as_ref()) {
+            let mut status = fusion.status();
+            if status == FusionStatus::Active && fusion.sent() == 0 {
+                status = self.judge_window(fusion, &built);
             }
-            if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::PassingThrough)
-            {
+            if status == FusionStatus::PassingThrough {
                 passing = Some((fusion.clone(), PassedKernels::uses(&built.requirements)));
-            } else if let Some(fusion) = slot.current.as_ref().filter(|f| f.status() == FusionStatus::Active)
-            {
+            } else if status == FusionStatus::Active {
                 // Sent under the fusion's lock, so the scheduler counts it in the list;
                 // if the fusion was cancelled meanwhile, it is submitted as an ordinary
                 // kernel. `submit` returns the fusion's event, which the kernel carries
@@ -254,6 +251,7 @@ impl Queue {
                 }
             }
         }
+        drop(slot);
         // A command that depends on a listed kernel cancels its fusion now, not when
         // the scheduler sees it: by queue order, or by a buffer or an event.
         if rt.fusing.any() {
@@ -287,10 +285,10 @@ impl Queue {
     /// At a window's first kernel: if fusing the window would not pay on the queue's
     /// device ([`WindowThresholds`](gantry_driver::fusion::WindowThresholds), unless
     /// the runtime fuses unprofitable chains), the fusion passes its kernels through,
-    /// this one first, and says why.
-    fn judge_window(&self, fusion: &Arc<FusionShared>, built: &Built) {
+    /// this one first, and says why. Returns the fusion's status after.
+    fn judge_window(&self, fusion: &Arc<FusionShared>, built: &Built) -> FusionStatus {
         let rt = &self.handle.rt;
-        let Work::Kernel { geometry, .. } = &built.work else { return };
+        let Work::Kernel { geometry, .. } = &built.work else { return fusion.status() };
         let (mut global_bytes, mut promotes) = (0u64, false);
         for r in &built.requirements {
             match r.promotion {
@@ -301,7 +299,7 @@ impl Queue {
         let items = geometry.global_size() as u64;
         let Some(reason) = rt.fusion_windows[self.device() as usize].judge(items, global_bytes, promotes)
         else {
-            return;
+            return fusion.status();
         };
         let error = FusionError::Unprofitable { kernel: built.name.to_string(), reason };
         if fusion.pass_through(FusionOutcome::Cancelled(CancelReason::Failed(error))) {
@@ -311,6 +309,7 @@ impl Queue {
                 format_args!("fusion on queue {id}: not fused: `{kernel}` {reason}; its kernels run unfused"),
             );
         }
+        fusion.status()
     }
 
     fn active_fusion(&self) -> Option<Arc<FusionShared>> {
@@ -433,17 +432,19 @@ impl Queue {
         if fusion.end_passing(FusionStatus::Completed) {
             return self.passed_event(slot, &fusion);
         }
-        let completed = fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props)));
-        let event = match completed {
-            Some(_) => Event::of_fusion(fusion.clone(), rt),
-            // A window that passed its kernels through and was cancelled since.
-            None => self.passed_event(slot, &fusion)?,
-        };
-        match completed {
-            Some(sent) => sent?,
-            None => self.warn_not_fusing("complete_fusion"),
+        match fusion.complete(|| rt.send(Message::CompleteFusion(fusion.clone(), props))) {
+            Some(sent) => {
+                drop(slot);
+                sent?;
+                Ok(Event::of_fusion(fusion, rt))
+            }
+            // Cancelled: early, or after it passed its kernels through.
+            None => {
+                let event = self.passed_event(slot, &fusion)?;
+                self.warn_not_fusing("complete_fusion");
+                Ok(event)
+            }
         }
-        Ok(event)
     }
 
     /// The event of a window that passed its kernels through: one that completes after
