@@ -26,7 +26,10 @@
 //!   once into a command graph (as a frame is), finalized without fusion, with
 //!   fusion (`GraphProps::fused`), and with fusion and the intermediates promoted to
 //!   private memory; each round submits the graph and waits for it. A replay has no
-//!   fusion window: the chain was fused once, at finalize.
+//!   fusion window: the chain was fused once, at finalize. Where the CPU driver's
+//!   thresholds judge the recorded chain not worth fusing (`judge_chain`: global
+//!   intermediates whose whole chain the caches hold), `graph_fused` runs it
+//!   unfused, and the setup checks that reason instead.
 //!
 //! Kernels are elementwise kernels, `cg.map(&input, &output, step)` over `cg.read`
 //! and `cg.elements_out` accessors: the runtime owns the loop and runs each
@@ -91,7 +94,7 @@ use criterion::{
 };
 use gantry::{
     Buffer, CancelReason, Event, ExecutableGraph, FusionError, FusionOutcome, FusionProps, GraphProps, Mode,
-    Promotion, Queue, Runtime, RuntimeBuilder, Unprofitable, WindowThresholds,
+    NotFused, Promotion, Queue, Runtime, RuntimeBuilder, Unprofitable, WindowThresholds,
 };
 
 /// Launch-bound size: elements per buffer.
@@ -345,8 +348,21 @@ impl Chain {
             };
             let exec = g.finalize(props).expect("finalize");
             let fused = exec.fused_chains();
+            let refused = self.graph_refusal(v).filter(|_| v != Variant::GraphUnfused);
             match v {
                 Variant::GraphUnfused => assert!(fused.is_empty(), "{label}: fused {fused:?}"),
+                _ if refused.is_some() => {
+                    assert!(fused.is_empty(), "{label}: fused {fused:?}, expected {refused:?}");
+                    assert!(
+                        matches!(
+                            &exec.not_fused()[..],
+                            [NotFused::Refused { reason: FusionError::Unprofitable { reason, .. }, .. }]
+                                if Some(*reason) == refused
+                        ),
+                        "{label}: expected the chain refused ({refused:?}): {:?}",
+                        exec.not_fused()
+                    );
+                }
                 _ => assert!(
                     fused.len() == 1 && fused[0].0.len() == self.k,
                     "{label}: the chain was not fused whole: {fused:?}, not fused: {:?}",
@@ -394,6 +410,15 @@ impl Chain {
         let elements = if promotes { self.n } else { 2 * self.n };
         let bytes = (elements * std::mem::size_of::<f32>()) as u64;
         self.rt.devices()[0].caps.fusion_window.judge(self.n as u64, bytes, promotes)
+    }
+
+    /// Why graph finalize leaves graph variant `v`'s chain unfused on the CPU (the
+    /// whole chain judged by the device's `WindowThresholds`: global intermediates
+    /// the caches hold), if it does.
+    fn graph_refusal(&self, v: Variant) -> Option<Unprofitable> {
+        let promotes = v == Variant::GraphFusedPrivate && self.k > 1;
+        let footprint = ((self.k + 1) * self.n * std::mem::size_of::<f32>()) as u64;
+        self.rt.devices()[0].caps.fusion_window.judge_chain(footprint, promotes)
     }
 
     /// One round of `v`, timed by the caller.

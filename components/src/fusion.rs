@@ -12,7 +12,7 @@ use bevy_ecs::component::Component;
 use bevy_ecs::entity::Entity;
 use bevy_ecs::resource::Resource;
 use gantry_driver::fusion::{
-    Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, KeptOnFailure,
+    Fused, FusionCompiler, FusionError, FusionRequest, FusionWarning, KeptOnFailure, WindowThresholds,
 };
 use gantry_driver::sync::atomic::{AtomicU64, AtomicU8};
 use gantry_driver::sync::Mutex;
@@ -423,6 +423,10 @@ pub struct Fusions {
     /// Turns fusion lists into kernels: each device's compilers (by device id; one entry
     /// per device, empty where nothing fuses its kernels).
     pub compilers: Vec<Compilers>,
+    /// From which size fusing pays on each device (by device id): its driver's
+    /// [`Capabilities::fusion_window`](gantry_driver::Capabilities::fusion_window) or the
+    /// runtime's override. Graph finalize judges recorded chains by it.
+    pub thresholds: Vec<WindowThresholds>,
     /// The current list of each queue (by queue id).
     pub by_queue: HashMap<u64, Entity>,
     /// Lists still collecting kernels.
@@ -438,9 +442,14 @@ pub struct Fusions {
 
 impl Fusions {
     /// No lists yet.
-    pub fn new(compilers: Vec<Compilers>, warnings: Arc<AtomicUsize>) -> Self {
+    pub fn new(
+        compilers: Vec<Compilers>,
+        thresholds: Vec<WindowThresholds>,
+        warnings: Arc<AtomicUsize>,
+    ) -> Self {
         Self {
             compilers,
+            thresholds,
             by_queue: HashMap::new(),
             active: Vec::new(),
             pending: Vec::new(),

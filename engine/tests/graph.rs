@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gantry::{
-    BreadthFirst, Buffer, CommandGraph, Error, EventStatus, ExecError, FinalizeError, GraphProps, Mode,
-    Promotion, Runtime, SimConfig,
+    BreadthFirst, Buffer, CommandGraph, Error, EventStatus, ExecError, FinalizeError, FusionError,
+    GraphProps, Mode, Promotion, Runtime, SimConfig, Unprofitable, WindowThresholds,
 };
 
 /// Messages a manual runtime's scheduler has taken in, after a flush: a whole-graph
@@ -27,6 +27,11 @@ fn manual() -> Runtime {
 /// does: what the partitioning tests check.
 fn manual_isolating() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).record_host_tasks(false).build()
+}
+
+/// [`manual`] whose fusions pay from `thresholds` on the CPU.
+fn manual_with(thresholds: WindowThresholds) -> Runtime {
+    Runtime::builder().mode(Mode::Manual).worker_threads(0).fusion_window(thresholds).build()
 }
 
 /// [`manual`] with a simulated device (device 1).
@@ -808,9 +813,89 @@ fn two_chains_internalizing_one_buffer_order_against_it_once() {
     assert_eq!(tmp.to_vec().unwrap(), vec![0; n], "internalized: never written back");
 }
 
+/// A recorded chain whose intermediates stay in global memory fuses only where its
+/// memory outgrows what the device's caches hold
+/// ([`WindowThresholds::judge_chain`]): on the CPU, a small one stays unfused and
+/// `not_fused` says why; the same chain with its intermediate promoted, or over
+/// more memory than the threshold, fuses; results are the same each way.
+#[test]
+fn graph_fusion_leaves_cache_resident_global_chains_unfused() {
+    let n = 4096;
+    // A 64 KiB threshold: the chain over 4,096 `u32` (three 16 KiB buffers) is below
+    // it; over 8,192 (three 32 KiB buffers) above.
+    let small = WindowThresholds { min_items: 1 << 20, min_global_bytes: 64 << 10 };
+    let cases = [
+        ("the CPU's own thresholds", manual(), n, false),
+        ("a 64 KiB threshold", manual_with(small), n, false),
+        ("a 64 KiB threshold, over twice the memory", manual_with(small), 2 * n, false),
+        ("a 64 KiB threshold, the intermediate promoted", manual_with(small), n, true),
+    ];
+    for (label, rt, len, private) in cases {
+        let threshold = match label {
+            "the CPU's own thresholds" => rt.devices()[0].caps.fusion_window.min_global_bytes,
+            _ => small.min_global_bytes,
+        };
+        let (x, tmp, out) =
+            (rt.buffer(&vec![3u32; len]), rt.buffer_zeroed::<u32>(len), rt.buffer_zeroed::<u32>(len));
+        let graph = rt.graph();
+        let k1 = graph
+            .add(
+                |cg| {
+                    let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
+                    if private {
+                        cg.promote(&t, Promotion::Private);
+                    }
+                    cg.map(&x, &t, |v| v + 1);
+                },
+                &[],
+            )
+            .unwrap();
+        graph
+            .add(
+                |cg| {
+                    let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
+                    if private {
+                        cg.promote(&t, Promotion::Private);
+                    }
+                    cg.map(&t, &o, |v| v * 10);
+                },
+                &[k1],
+            )
+            .unwrap();
+        let exec = graph.finalize(GraphProps::default().fused()).unwrap();
+        let bytes = (3 * len * 4) as u64;
+        if !private && bytes < threshold {
+            assert!(exec.fused_chains().is_empty(), "{label}: {:?}", exec.fused_chains());
+            let why = exec.not_fused();
+            assert!(
+                matches!(
+                    &why[..],
+                    [gantry::NotFused::Refused {
+                        reason: FusionError::Unprofitable {
+                            reason: Unprofitable::CacheResident { bytes: b, min_bytes: m },
+                            ..
+                        },
+                        ..
+                    }] if *b == bytes && *m == threshold
+                ),
+                "{label}: {why:?}"
+            );
+        } else {
+            assert_eq!(exec.fused_chains().len(), 1, "{label}: {:?}", exec.not_fused());
+        }
+        for _ in 0..2 {
+            rt.queue().submit_graph(&exec).unwrap().wait().unwrap();
+            assert_eq!(out.to_vec().unwrap(), vec![40; len], "{label}");
+        }
+        let written = if private && !exec.fused_chains().is_empty() { 0 } else { 4 };
+        assert_eq!(tmp.to_vec().unwrap(), vec![written; len], "{label}: the intermediate");
+    }
+}
+
 #[test]
 fn graph_fusion_does_not_fuse_across_a_copy_between_kernels() {
-    let rt = manual();
+    // Fusion's mechanics, not its thresholds: the chains fuse at any size.
+    let rt = manual_with(WindowThresholds::ALWAYS);
     let (a, b, c) = (rt.buffer(&[1u32; 64]), rt.buffer_zeroed::<u32>(64), rt.buffer_zeroed::<u32>(64));
     let graph = rt.graph();
     let k1 = affine(&graph, &a, 2, 0, &[]);

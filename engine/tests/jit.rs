@@ -218,7 +218,9 @@ fn graph_fusion_fuses_opencl_c_kernels() {
     let n = 4096usize;
     let x: Vec<f32> = (0..n).map(|i| i as f32 / 3.0).collect();
     let kernel = step_kernel();
-    let rt = Runtime::new();
+    // Fusion's mechanics, not its thresholds: the CPU's would leave a chain whose
+    // global memory its caches hold unfused.
+    let rt = Runtime::builder().fusion_window(gantry::WindowThresholds::ALWAYS).build();
     let q = rt.in_order_queue();
     let buffers: Vec<gantry::Buffer<f32>> =
         std::iter::once(rt.buffer(&x)).chain((0..4).map(|_| rt.buffer_zeroed(n))).collect();

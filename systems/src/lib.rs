@@ -52,12 +52,15 @@ pub fn scheduler_world(devices: Devices, inbox: Inbox, config: SchedulerConfig) 
     world.insert_resource(GraphPolicy { linearizer: std::sync::Arc::new(graph::ReverseDfs) });
     let closure: std::sync::Arc<dyn gantry_driver::fusion::FusionCompiler> =
         std::sync::Arc::new(gantry_host::ClosureFusion::new());
-    let compilers = {
+    let (compilers, thresholds) = {
         let devices = world.resource::<Devices>();
-        devices.0.iter().map(|d| gantry_components::device_compilers(&*d.driver, &closure)).collect()
+        let compilers =
+            devices.0.iter().map(|d| gantry_components::device_compilers(&*d.driver, &closure)).collect();
+        (compilers, devices.0.iter().map(|d| d.info.caps.fusion_window).collect())
     };
     world.insert_resource(Fusions::new(
         compilers,
+        thresholds,
         std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(16)),
     ));
     world

@@ -505,13 +505,7 @@ impl RuntimeBuilder {
                 compilers
             })
             .collect();
-        world.insert_resource(Fusions::new(compilers, fusion_warnings.clone()));
-        if let Some(Policy(linearizer)) = &self.linearizer {
-            world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
-        }
-        let failures = world.resource::<QueueFailures>().sync.clone();
-        let (wake_tx, wake_rx) = unbounded::<()>();
-        let fusion_windows = infos
+        let fusion_windows: Vec<_> = infos
             .iter()
             .map(|i| match (self.fusion_window, self.fuse_unprofitable) {
                 (Some(thresholds), _) => thresholds,
@@ -519,6 +513,12 @@ impl RuntimeBuilder {
                 (None, false) => i.caps.fusion_window,
             })
             .collect();
+        world.insert_resource(Fusions::new(compilers, fusion_windows.clone(), fusion_warnings.clone()));
+        if let Some(Policy(linearizer)) = &self.linearizer {
+            world.insert_resource(GraphPolicy { linearizer: linearizer.clone() });
+        }
+        let failures = world.resource::<QueueFailures>().sync.clone();
+        let (wake_tx, wake_rx) = unbounded::<()>();
         let shared = Arc::new(Shared {
             id: NEXT_RUNTIME.fetch_add(1, Ordering::Relaxed),
             mode: self.mode,

@@ -7,7 +7,7 @@ use gantry_components::{
     fuse_with, warn_fusion, CommandKind, ExecPlan, FusedChain, GraphNode, NodeId, NodeUse, NodeWork,
     NotFused, Requirement,
 };
-use gantry_driver::fusion::{FusionKernel, FusionRequest};
+use gantry_driver::fusion::{FusionError, FusionKernel, FusionRequest, Promotion};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -52,6 +52,34 @@ pub fn fusion_chains(nodes: &[NodeId], graph: &[GraphNode]) -> (Vec<Vec<NodeId>>
     chains.push(current);
     chains.retain(|c| c.len() > 1);
     (chains, why)
+}
+
+/// The bytes of global memory a chain's requirements span (each byte of a buffer
+/// counted once, however many kernels use it), and whether any of them is promoted:
+/// what [`WindowThresholds::judge_chain`](gantry_driver::fusion::WindowThresholds::judge_chain)
+/// weighs.
+pub(super) fn chain_memory(reqs: &[Vec<Requirement>]) -> (u64, bool) {
+    let promotes = reqs.iter().flatten().any(|r| r.promotion != Promotion::None);
+    let mut ranges: Vec<(u64, usize, usize)> =
+        reqs.iter().flatten().map(|r| (r.buffer.id, r.range.start, r.range.end)).collect();
+    ranges.sort_unstable();
+    let mut footprint = 0u64;
+    // The merged run being summed: its buffer and bytes.
+    let mut run: Option<(u64, usize, usize)> = None;
+    for (buffer, start, end) in ranges {
+        match &mut run {
+            Some((b, _, e)) if *b == buffer && start <= *e => *e = (*e).max(end),
+            _ => {
+                if let Some((_, s, e)) = run.replace((buffer, start, end)) {
+                    footprint += (e - s) as u64;
+                }
+            }
+        }
+    }
+    if let Some((_, s, e)) = run {
+        footprint += (e - s) as u64;
+    }
+    (footprint, promotes)
 }
 
 impl Finalize<'_> {
@@ -186,14 +214,20 @@ impl Finalize<'_> {
             });
         }
         let device = nodes[chain[0] as usize].device as usize;
+        let refused = |reason| {
+            Box::new(NotFused::Refused {
+                nodes: chain.to_vec(),
+                kernels: chain.iter().map(|&n| nodes[n as usize].name.to_string()).collect(),
+                reason,
+            })
+        };
+        let (footprint, promotes) = chain_memory(&reqs);
+        if let Some(reason) = self.thresholds[device].judge_chain(footprint, promotes) {
+            let kernel = nodes[chain[0] as usize].name.to_string();
+            return Err(refused(FusionError::Unprofitable { kernel, reason }));
+        }
         let fused =
-            fuse_with(&self.compilers[device], &self.devices[device].1.name, &request).map_err(|reason| {
-                Box::new(NotFused::Refused {
-                    nodes: chain.to_vec(),
-                    kernels: chain.iter().map(|&n| nodes[n as usize].name.to_string()).collect(),
-                    reason,
-                })
-            })?;
+            fuse_with(&self.compilers[device], &self.devices[device].1.name, &request).map_err(refused)?;
         let reqs: Vec<&[Requirement]> = reqs.iter().map(|r| &r[..]).collect();
         let uses = fused_requirements(&fused, &reqs).into_iter().map(NodeUse::from).collect();
         let info =
@@ -206,5 +240,42 @@ impl Finalize<'_> {
             deps: SmallVec::new(),
         };
         Ok((step, info))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gantry_components::{BufferCore, ByteRange};
+    use gantry_driver::AccessMode;
+
+    use super::*;
+    use crate::testing::Harness;
+
+    /// A chain's footprint counts each byte of a buffer once, whichever kernels read
+    /// or write it, and adds disjoint buffers and ranges; any promoted accessor marks
+    /// the chain as promoting.
+    #[test]
+    fn a_chain_spans_each_byte_once() {
+        let h = Harness::new(false);
+        let buffer = |id| Arc::new(BufferCore { id, ..Arc::into_inner(h.buffer(4096)).unwrap() });
+        let (a, b, c) = (buffer(1), buffer(2), buffer(3));
+        let req = |buf: &Arc<BufferCore>, mode, start, end| {
+            Requirement::new(buf.clone(), mode, ByteRange { start, end })
+        };
+        // a → b → c over 1 KiB each, then a kernel reading b's second half and a's
+        // bytes 512..2048 (overlapping a's first use).
+        let mut chain = vec![
+            vec![req(&a, AccessMode::Read, 0, 1024), req(&b, AccessMode::DiscardWrite, 0, 1024)],
+            vec![req(&b, AccessMode::Read, 0, 1024), req(&c, AccessMode::DiscardWrite, 0, 1024)],
+            vec![req(&b, AccessMode::Read, 512, 1024), req(&a, AccessMode::ReadWrite, 512, 2048)],
+        ];
+        assert_eq!(chain_memory(&chain), (2048 + 1024 + 1024, false));
+        // A disjoint range of c counts on its own.
+        chain[1].push(req(&c, AccessMode::Read, 3072, 4096));
+        assert_eq!(chain_memory(&chain), (2048 + 1024 + 2048, false));
+        chain[0][1].promotion = Promotion::Private;
+        assert_eq!(chain_memory(&chain), (2048 + 1024 + 2048, true));
     }
 }

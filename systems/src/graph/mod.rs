@@ -60,6 +60,7 @@ pub fn partition(world: &mut World) {
                 devices: &devices,
                 linearizer: &*linearizer,
                 compilers: &fusions.compilers,
+                thresholds: &fusions.thresholds,
                 warnings: &fusions.warnings,
             };
             // The linearizer and the fusion compiler may be user code: a panic in
@@ -78,6 +79,8 @@ struct Finalize<'a> {
     devices: &'a [(Arc<dyn Driver>, DeviceInfo)],
     linearizer: &'a dyn Linearizer,
     compilers: &'a [Compilers],
+    /// From which size fusing pays, per device ([`Fusions::thresholds`]).
+    thresholds: &'a [gantry_driver::fusion::WindowThresholds],
     warnings: &'a std::sync::atomic::AtomicUsize,
 }
 

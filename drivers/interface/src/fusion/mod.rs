@@ -258,11 +258,13 @@ pub enum Unprofitable {
         /// The device's threshold.
         min_items: u64,
     },
-    /// The window's first kernel promotes none of its accessors and touches less
-    /// global memory than fusing pays for on its device
-    /// ([`WindowThresholds::min_global_bytes`]): the caches hold what fusing would
-    /// keep on chip. The window runs its kernels as they are submitted.
-    #[error("promotes no accessor and touches {bytes} bytes of global memory, fewer than the {min_bytes} from which a fusion window pays on its device")]
+    /// No accessor is promoted and the memory touched is less than fusing pays for
+    /// on its device ([`WindowThresholds::min_global_bytes`]): the caches hold what
+    /// fusing would keep on chip. In a fusion window this is the first kernel's
+    /// memory, and the window runs its kernels as they are submitted; in a recorded
+    /// graph, the whole chain's ([`WindowThresholds::judge_chain`]), and the chain's
+    /// kernels stay unfused.
+    #[error("promotes no accessor and touches {bytes} bytes of global memory, fewer than the {min_bytes} from which fusing pays on its device")]
     CacheResident {
         /// The bytes its accessors' ranges cover.
         bytes: u64,

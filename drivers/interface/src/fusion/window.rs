@@ -7,6 +7,11 @@
 //! more than it saves (the CPU driver: a kernel's launch costs about what a fused
 //! kernel's does, and the window itself costs more), the window then runs its
 //! kernels as they are submitted, and its outcome names the reason.
+//!
+//! A chain recorded in a command graph has no window: it is fused once, at finalize,
+//! and a replay launches its kernels, fused or not, from one command buffer, so
+//! fusing saves the host little. There only the memory rule applies, judged over the
+//! whole chain ([`WindowThresholds::judge_chain`]).
 
 use super::Unprofitable;
 
@@ -33,9 +38,10 @@ pub struct WindowThresholds {
     /// fuse: below it, the window's fixed cost outweighs what fusing saves.
     pub min_items: u64,
     /// The fewest bytes of global memory (its accessors' ranges) a first kernel that
-    /// promotes none of its accessors must touch for the window to fuse: a chain
-    /// whose intermediates stay in global memory saves only the trips to memory the
-    /// caches would not have saved anyway.
+    /// promotes none of its accessors must touch for the window to fuse, and a
+    /// recorded chain that promotes none must span: a chain whose intermediates stay
+    /// in global memory saves only the trips to memory the caches would not have
+    /// saved anyway.
     pub min_global_bytes: u64,
 }
 
@@ -56,6 +62,33 @@ impl WindowThresholds {
                 bytes: global_bytes,
                 min_bytes: self.min_global_bytes,
             });
+        }
+        None
+    }
+
+    /// Why a chain recorded in a command graph, which spans `footprint` bytes of
+    /// global memory (its accessors' ranges, each byte counted once) and promotes
+    /// some accessor (`promotes`) or none, would run slower fused than unfused;
+    /// `None` where it should fuse. A recorded chain costs no window and a replay
+    /// launches its kernels from one command buffer, so its size in work-items does
+    /// not count: fusing it pays where its intermediates leave global memory or its
+    /// memory outgrows the caches.
+    ///
+    /// ```
+    /// use gantry_driver::fusion::{Unprofitable, WindowThresholds};
+    /// let cpu = WindowThresholds { min_items: 32_768, min_global_bytes: 1 << 20 };
+    /// // Four kernels chained over five 64 KiB buffers: the caches hold all of it.
+    /// assert_eq!(
+    ///     cpu.judge_chain(5 << 16, false),
+    ///     Some(Unprofitable::CacheResident { bytes: 5 << 16, min_bytes: 1 << 20 })
+    /// );
+    /// // The same chain with its intermediates promoted, or over 1 MiB buffers, fuses.
+    /// assert_eq!(cpu.judge_chain(2 << 16, true), None);
+    /// assert_eq!(cpu.judge_chain(5 << 20, false), None);
+    /// ```
+    pub fn judge_chain(&self, footprint: u64, promotes: bool) -> Option<Unprofitable> {
+        if !promotes && footprint < self.min_global_bytes {
+            return Some(Unprofitable::CacheResident { bytes: footprint, min_bytes: self.min_global_bytes });
         }
         None
     }
