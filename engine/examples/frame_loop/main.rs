@@ -39,7 +39,8 @@
 //! other, bit for bit, and their mean frame times are printed. With `--fusion` too,
 //! all runs use the row-group kernels of `--fusion`, and a third run finalizes the
 //! graphs with `GraphProps::default().fused()`, which fuses each graph's stencil and
-//! row reduction (graph fusion); the fused chains are printed.
+//! row reduction (graph fusion); the fused chains are printed, or why a chain was
+//! not fused (on the CPU, a chain fusion would not speed up is a valid outcome).
 //!
 //! `--device cuda` (feature `cuda`) runs the frame's kernels as CUDA C on an NVIDIA GPU
 //! (`kernels.rs`), its copies on the GPU and its host task on the CPU, verified against
