@@ -960,6 +960,44 @@ pub fn check_plan(
     Ok(())
 }
 
+/// Under a memory threshold no chain reaches ([`Config::pass_windows`]), graph
+/// fusion fuses only chains with a promoted accessor, so every fused chain touches a
+/// buffer some kernel or `set_promotion` gave a hint; the other chains stay unfused,
+/// each refused as `CacheResident`.
+pub fn check_unpromoted_chains_unfused(p: &GraphProgram, exec: &ExecutableGraph) -> Result<(), String> {
+    let promoted = fusion::promoted_buffers(&p.flatten().program);
+    let nodes: Vec<&Rec> = p.nodes().map(|n| n.1).collect();
+    for (chain, name) in exec.fused_chains() {
+        let touches_promoted = chain.iter().any(|&x| match nodes.get(x as usize) {
+            Some(Rec::Node { cmd, .. }) => {
+                let (reads, writes) = cmd.accesses();
+                reads.iter().chain(&writes).any(|s| promoted.contains(&s.buf))
+            }
+            _ => false,
+        });
+        if !touches_promoted {
+            return Err(format!(
+                "fused chain `{name}` {chain:?} promotes nothing, under a memory threshold no chain reaches"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether graph fusion left a chain unfused because the caches hold its memory.
+fn cache_resident(why: &gantry::NotFused) -> bool {
+    matches!(
+        why,
+        gantry::NotFused::Refused {
+            reason: gantry::FusionError::Unprofitable {
+                reason: gantry::Unprofitable::CacheResident { .. },
+                ..
+            },
+            ..
+        }
+    )
+}
+
 // ---------------------------------------------------------------------------------
 // Running through Gantry
 // ---------------------------------------------------------------------------------
@@ -967,11 +1005,11 @@ pub fn check_plan(
 /// What the executable graphs of the programs run so far (in this process) looked
 /// like, for coverage reports: `[graphs, partitions, host-task partitions,
 /// partitions on the simulated device, graphs with a fused chain, fused chains, fused
-/// kernels]`.
-pub struct Stats([std::sync::atomic::AtomicUsize; 7]);
+/// kernels, chains left unfused as cache-resident]`.
+pub struct Stats([std::sync::atomic::AtomicUsize; 8]);
 
 /// The counters of [`Stats`].
-pub static STATS: Stats = Stats([const { std::sync::atomic::AtomicUsize::new(0) }; 7]);
+pub static STATS: Stats = Stats([const { std::sync::atomic::AtomicUsize::new(0) }; 8]);
 
 impl Stats {
     fn count(&self, exec: &ExecutableGraph) {
@@ -985,6 +1023,7 @@ impl Stats {
             usize::from(!chains.is_empty()),
             chains.len(),
             chains.iter().map(|c| c.0.len()).sum(),
+            exec.not_fused().iter().filter(|w| cache_resident(w)).count(),
         ];
         for (c, v) in self.0.iter().zip(values) {
             c.fetch_add(v, std::sync::atomic::Ordering::Relaxed);
@@ -992,7 +1031,7 @@ impl Stats {
     }
 
     /// The counters now.
-    pub fn get(&self) -> [usize; 7] {
+    pub fn get(&self) -> [usize; 8] {
         self.0.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
@@ -1087,6 +1126,9 @@ fn drive(p: &GraphProgram, flat: &Flat, s: &mut Session) -> Result<Driven, Strin
     check_edges(p, &edges)?;
     let mut execs = vec![graph.finalize(p.props()).map_err(|e| format!("finalize: {e}"))?];
     check_plan(p, &edges, &execs[0], p.fusion.is_some())?;
+    if s.config.pass_windows {
+        check_unpromoted_chains_unfused(p, &execs[0])?;
+    }
     STATS.count(&execs[0]);
     if p.schedule.iter().any(|s| matches!(s, Step::Replay { exec: 1, .. })) {
         execs.push(graph.finalize(GraphProps::default()).map_err(|e| format!("plain finalize: {e}"))?);

@@ -30,7 +30,8 @@ pub struct Config {
     /// Every fusion window passes its kernels through, unfused, from its first kernel
     /// on (a window threshold no kernel reaches), as the CPU driver does with windows
     /// that would not pay: the window's kernels run as they are submitted, and its
-    /// event must still cover them.
+    /// event must still cover them. Graph finalize likewise leaves every recorded
+    /// chain that promotes no accessor unfused (a memory threshold no chain reaches).
     pub pass_windows: bool,
 }
 
@@ -65,7 +66,7 @@ impl Config {
     /// the fusion compiler accepts, those it refuses by default as slower fused
     /// included: the properties are about what fusion computes, and the model
     /// predicts fusion by the fusion rules alone. With [`Config::pass_windows`], no
-    /// window fuses.
+    /// window fuses, nor a recorded chain without a promoted accessor.
     pub fn builder(&self) -> gantry::RuntimeBuilder {
         let mut b = Runtime::builder().fuse_unprofitable(true).mode(self.mode).cpu(CpuConfig {
             worker_threads: self.workers,
@@ -77,7 +78,7 @@ impl Config {
             b = b.sim(SimConfig::default());
         }
         if self.pass_windows {
-            b = b.fusion_window(gantry::WindowThresholds { min_items: u64::MAX, min_global_bytes: 0 });
+            b = b.fusion_window(gantry::WindowThresholds { min_items: u64::MAX, min_global_bytes: u64::MAX });
         }
         b
     }
