@@ -29,6 +29,32 @@ fn manual_isolating() -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).record_host_tasks(false).build()
 }
 
+/// Adds `tmp = x + 1` and `out = tmp * 10` as two `map` nodes, the second after the
+/// first, with `tmp`'s accessors promoted to private memory if `private`.
+fn add_chain(graph: &CommandGraph, [x, tmp, out]: [&Buffer<u32>; 3], private: bool) {
+    let promotion = if private { Promotion::Private } else { Promotion::None };
+    let k1 = graph
+        .add(
+            |cg| {
+                let (x, t) = (cg.read(x), cg.elements_out(tmp));
+                cg.promote(&t, promotion);
+                cg.map(&x, &t, |v| v + 1);
+            },
+            &[],
+        )
+        .unwrap();
+    graph
+        .add(
+            |cg| {
+                let (t, o) = (cg.read(tmp), cg.elements_out(out));
+                cg.promote(&t, promotion);
+                cg.map(&t, &o, |v| v * 10);
+            },
+            &[k1],
+        )
+        .unwrap();
+}
+
 /// [`manual`] whose fusions pay from `thresholds` on the CPU.
 fn manual_with(thresholds: WindowThresholds) -> Runtime {
     Runtime::builder().mode(Mode::Manual).worker_threads(0).fusion_window(thresholds).build()
@@ -720,26 +746,7 @@ fn graph_fusion_fuses_a_chain_with_an_internalized_buffer() {
     let n = 256;
     let (x, tmp, out) = (rt.buffer(&vec![3u32; n]), rt.buffer_zeroed::<u32>(n), rt.buffer_zeroed::<u32>(n));
     let graph = rt.graph();
-    let k1 = graph
-        .add(
-            |cg| {
-                let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
-                cg.promote(&t, Promotion::Private);
-                cg.map(&x, &t, |v| v + 1);
-            },
-            &[],
-        )
-        .unwrap();
-    graph
-        .add(
-            |cg| {
-                let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
-                cg.promote(&t, Promotion::Private);
-                cg.map(&t, &o, |v| v * 10);
-            },
-            &[k1],
-        )
-        .unwrap();
+    add_chain(&graph, [&x, &tmp, &out], true);
     let fused = graph.finalize(GraphProps::default().fused()).unwrap();
     assert_eq!(fused.fused_chains().len(), 1);
     assert_eq!(fused.fused_chains()[0].0, vec![0, 1]);
@@ -838,30 +845,7 @@ fn graph_fusion_leaves_cache_resident_global_chains_unfused() {
         let (x, tmp, out) =
             (rt.buffer(&vec![3u32; len]), rt.buffer_zeroed::<u32>(len), rt.buffer_zeroed::<u32>(len));
         let graph = rt.graph();
-        let k1 = graph
-            .add(
-                |cg| {
-                    let (x, t) = (cg.read(&x), cg.elements_out(&tmp));
-                    if private {
-                        cg.promote(&t, Promotion::Private);
-                    }
-                    cg.map(&x, &t, |v| v + 1);
-                },
-                &[],
-            )
-            .unwrap();
-        graph
-            .add(
-                |cg| {
-                    let (t, o) = (cg.read(&tmp), cg.elements_out(&out));
-                    if private {
-                        cg.promote(&t, Promotion::Private);
-                    }
-                    cg.map(&t, &o, |v| v * 10);
-                },
-                &[k1],
-            )
-            .unwrap();
+        add_chain(&graph, [&x, &tmp, &out], private);
         let exec = graph.finalize(GraphProps::default().fused()).unwrap();
         let bytes = (3 * len * 4) as u64;
         if !private && bytes < threshold {
