@@ -64,20 +64,13 @@ pub(super) fn chain_memory(reqs: &[Vec<Requirement>]) -> (u64, bool) {
         reqs.iter().flatten().map(|r| (r.buffer.id, r.range.start, r.range.end)).collect();
     ranges.sort_unstable();
     let mut footprint = 0u64;
-    // The merged run being summed: its buffer and bytes.
-    let mut run: Option<(u64, usize, usize)> = None;
+    // The buffer last counted and the end of its bytes counted so far: sorted, a
+    // range adds only its bytes past that end.
+    let mut counted: Option<(u64, usize)> = None;
     for (buffer, start, end) in ranges {
-        match &mut run {
-            Some((b, _, e)) if *b == buffer && start <= *e => *e = (*e).max(end),
-            _ => {
-                if let Some((_, s, e)) = run.replace((buffer, start, end)) {
-                    footprint += (e - s) as u64;
-                }
-            }
-        }
-    }
-    if let Some((_, s, e)) = run {
-        footprint += (e - s) as u64;
+        let covered = counted.filter(|&(b, _)| b == buffer).map_or(0, |(_, e)| e);
+        footprint += end.saturating_sub(start.max(covered)) as u64;
+        counted = Some((buffer, end.max(covered)));
     }
     (footprint, promotes)
 }
@@ -190,6 +183,21 @@ impl Finalize<'_> {
             .iter()
             .map(|&n| nodes[n as usize].uses.iter().map(NodeUse::requirement).collect())
             .collect();
+        let device = nodes[chain[0] as usize].device as usize;
+        let refused = |reason| {
+            Box::new(NotFused::Refused {
+                nodes: chain.to_vec(),
+                kernels: chain.iter().map(|&n| nodes[n as usize].name.to_string()).collect(),
+                reason,
+            })
+        };
+        // Judged before the compilers see it: a chain fusing would not speed up costs
+        // no fusion request.
+        let (footprint, promotes) = chain_memory(&reqs);
+        if let Some(reason) = self.thresholds[device].judge_chain(footprint, promotes) {
+            let kernel = nodes[chain[0] as usize].name.to_string();
+            return Err(refused(FusionError::Unprofitable { kernel, reason }));
+        }
         let mut request = FusionRequest { kernels: Vec::with_capacity(chain.len()), barriers };
         for (i, (&n, reqs)) in chain.iter().zip(&reqs).enumerate() {
             let node = &nodes[n as usize];
@@ -212,19 +220,6 @@ impl Finalize<'_> {
                 deps,
                 scalars: scalars.clone(),
             });
-        }
-        let device = nodes[chain[0] as usize].device as usize;
-        let refused = |reason| {
-            Box::new(NotFused::Refused {
-                nodes: chain.to_vec(),
-                kernels: chain.iter().map(|&n| nodes[n as usize].name.to_string()).collect(),
-                reason,
-            })
-        };
-        let (footprint, promotes) = chain_memory(&reqs);
-        if let Some(reason) = self.thresholds[device].judge_chain(footprint, promotes) {
-            let kernel = nodes[chain[0] as usize].name.to_string();
-            return Err(refused(FusionError::Unprofitable { kernel, reason }));
         }
         let fused =
             fuse_with(&self.compilers[device], &self.devices[device].1.name, &request).map_err(refused)?;
