@@ -31,7 +31,7 @@ pub enum FusionStatus {
     /// `complete_fusion` was called; the outcome says whether the kernels were fused.
     Completed,
     /// The window's first kernel was too small for fusing to pay on its device
-    /// ([`WindowThresholds`](gantry_driver::fusion::WindowThresholds)): the queue is
+    /// ([`WindowThresholds`]): the queue is
     /// still in fusion mode, but its kernels run as they are submitted, and the outcome
     /// says why. The scheduler never hears of the fusion.
     PassingThrough,
