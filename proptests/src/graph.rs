@@ -962,8 +962,8 @@ pub fn check_plan(
 
 /// Under a memory threshold no chain reaches ([`Config::pass_windows`]), graph
 /// fusion fuses only chains with a promoted accessor, so every fused chain touches a
-/// buffer some kernel or `set_promotion` gave a hint; the other chains stay unfused,
-/// each refused as `CacheResident`.
+/// buffer some kernel or `set_promotion` gave a hint. (The other chains stay unfused,
+/// refused as `CacheResident`: [`Stats`] counts those.)
 pub fn check_unpromoted_chains_unfused(p: &GraphProgram, exec: &ExecutableGraph) -> Result<(), String> {
     let promoted = fusion::promoted_buffers(&p.flatten().program);
     let nodes: Vec<&Rec> = p.nodes().map(|n| n.1).collect();
