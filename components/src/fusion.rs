@@ -30,10 +30,10 @@ pub enum FusionStatus {
     Cancelled,
     /// `complete_fusion` was called; the outcome says whether the kernels were fused.
     Completed,
-    /// The window's first kernel was too small for fusing to pay on its device
-    /// ([`WindowThresholds`]): the queue is
-    /// still in fusion mode, but its kernels run as they are submitted, and the outcome
-    /// says why. The scheduler never hears of the fusion.
+    /// By the window's first kernel, fusing would not pay on its device
+    /// ([`WindowThresholds`]: launch-bound, or global memory the caches hold): the
+    /// queue is still in fusion mode, but its kernels run as they are submitted, and
+    /// the outcome says why. The scheduler never hears of the fusion.
     PassingThrough,
 }
 

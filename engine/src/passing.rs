@@ -37,9 +37,14 @@ pub(crate) struct PassedKernels {
 }
 
 impl PassedKernels {
-    /// What `requirements` use, taken before they are sent.
-    pub(crate) fn uses(requirements: &[Requirement]) -> Uses {
-        requirements.iter().map(BufferUse::of).collect()
+    /// What `requirements` use, taken before they are sent: what decides whether a
+    /// later kernel depends on this one. Nothing on an in-order queue, which orders
+    /// every later kernel after it anyway ([`PassedKernels::push`]).
+    pub(crate) fn uses(requirements: &[Requirement], in_order: bool) -> Uses {
+        match in_order {
+            true => Uses::new(),
+            false => requirements.iter().map(BufferUse::of).collect(),
+        }
     }
 
     /// Adds a kernel passed through after every kernel already added, with its event

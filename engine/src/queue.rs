@@ -230,7 +230,8 @@ impl Queue {
                 status = self.judge_window(fusion, &built);
             }
             if status == FusionStatus::PassingThrough {
-                passing = Some((fusion.clone(), PassedKernels::uses(&built.requirements)));
+                let uses = PassedKernels::uses(&built.requirements, self.handle.core.in_order);
+                passing = Some((fusion.clone(), uses));
             } else if status == FusionStatus::Active {
                 // Sent under the fusion's lock, so the scheduler counts it in the list;
                 // if the fusion was cancelled meanwhile, it is submitted as an ordinary

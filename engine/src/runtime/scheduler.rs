@@ -72,7 +72,8 @@ pub(crate) struct Shared {
     /// Pending commands past which `submit` waits.
     pub(super) max_pending: u64,
     /// Per device, from which size a fusion window pays to fuse (every window, where
-    /// the runtime fuses unprofitable chains).
+    /// the runtime fuses unprofitable chains), read by `submit` on the user's thread.
+    /// The world holds the same values as `Fusions::thresholds`, for graph finalize.
     pub(crate) fusion_windows: Vec<gantry_driver::fusion::WindowThresholds>,
     /// The active fusions, for cancellations at the call.
     pub(crate) fusing: crate::fusing::Fusing,
